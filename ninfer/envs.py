@@ -1,0 +1,47 @@
+"""Every NINFER_* environment variable is read here and nowhere else."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _int_or_none(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
+
+
+def cache_dir() -> Path:
+    """Directory for built artifacts (the demo model) and compiled kernels.
+
+    NINFER_CACHE_DIR overrides the default ~/.cache/ninfer.
+    """
+    raw = os.environ.get("NINFER_CACHE_DIR")
+    if raw:
+        return Path(raw).expanduser()
+    return Path.home() / ".cache" / "ninfer"
+
+
+def vram_budget_mib() -> int | None:
+    """NINFER_VRAM_BUDGET_MIB: cap on the engine's device memory budget, in MiB."""
+    return _int_or_none("NINFER_VRAM_BUDGET_MIB")
+
+
+def host_snapshot_budget_mib() -> int | None:
+    """NINFER_HOST_SNAPSHOT_MIB: host memory that paused Snapshots may hold, in MiB."""
+    return _int_or_none("NINFER_HOST_SNAPSHOT_MIB")
+
+
+def cuda_debug_sync() -> bool:
+    """NINFER_CUDA_SYNC=1: synchronize and check errors after every CUDA launch."""
+    return os.environ.get("NINFER_CUDA_SYNC", "") not in ("", "0")
+
+
+def kernel_cache_dir() -> Path:
+    """NINFER_KERNEL_CACHE: where compiled CUDA modules are cached (default: <cache_dir>/kernels)."""
+    raw = os.environ.get("NINFER_KERNEL_CACHE")
+    return Path(raw).expanduser() if raw else cache_dir() / "kernels"
