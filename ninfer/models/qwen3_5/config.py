@@ -190,6 +190,13 @@ class Qwen35Config:
         return out
 
 
+def text_architecture(architecture: str) -> str:
+    """The text-model entry architecture: `*ForConditionalGeneration` -> `*ForCausalLM`."""
+    if architecture not in ARCHITECTURES:
+        raise InvalidInput(f"unsupported architecture {architecture!r}")
+    return architecture.replace("ForConditionalGeneration", "ForCausalLM")
+
+
 def normalize_hf_config(raw: dict, *, architecture: str | None = None) -> dict:
     """The config an artifact stores: the canonical `to_hf()` fields plus any other keys of the
     source text config (and top-level multimodal keys such as `image_token_id`), minus legacy
