@@ -44,7 +44,9 @@ the sequence's slot and pages and returns an owning ``ResumeState``: a Snapshot 
 KV coverage copied to host memory, within the host snapshot budget) or a Replay (the ledger and
 sampling counter only; resume re-executes the history as prefill chunks). ``prefer`` is a
 preference; the Program returns Replay when a Snapshot does not fit. ``revoke_snapshot`` turns a
-Snapshot into a Replay and frees its host memory. ``resume(state)`` atomically reserves
+Snapshot into a Replay and frees its host memory. A Program may keep a Snapshot's KV pages in
+device memory instead (``ResumeState.device_pages > 0``); revoking it then frees those pages too,
+which is why the engine revokes such Snapshots under device pressure. ``resume(state)`` atomically reserves
 everything the sequence needs to get back to its frontier plus its first new unit and returns a
 live SequenceId, or None when that does not fit now (nothing changes then). A resumed sequence
 never re-samples tokens already in its ledger: its sampling counter is part of the state.
@@ -157,6 +159,10 @@ class ResumeState:
     ledger_len: int  # ledger tokens at pause time (prompt + accepted outputs)
     host_bytes: int  # host memory it holds (0 for Replay)
     payload: object
+    # Device KV pages the state still holds (a Snapshot kept in device memory; 0 for host
+    # Snapshots and Replays). The engine revokes such Snapshots under device pressure before it
+    # pauses a resident; revoke_snapshot frees them. Added by the engine-core issue (#5).
+    device_pages: int = 0
 
 
 @runtime_checkable
