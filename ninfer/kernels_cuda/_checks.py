@@ -1,0 +1,151 @@
+"""Operand checks shared by the launchers (shapes, dtypes, strides, device), and struct packing.
+
+Launchers call these before every launch; each raises `InvalidInput` naming the operand. CuPy
+is imported lazily so that importing a launcher module never needs CuPy (the offline nvcc test
+imports them on machines without a GPU).
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from ninfer.errors import InvalidInput
+
+
+def cupy():
+    import cupy as _cp
+
+    return _cp
+
+
+class WKind(enum.Enum):
+    """Element type of a weight as the kernels see it (template argument spelling)."""
+
+    F32 = "float"
+    BF16 = "unsigned short"
+
+    @property
+    def ctype(self) -> str:
+        return self.value
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is WKind.F32 else 2
+
+
+def fail(name: str, message: str):
+    raise InvalidInput(f"{name}: {message}", param=name)
+
+
+def device_array(x, name: str, *, dtype=None, ndim=None, shape=None, device_id=None):
+    """`x` as a CuPy array on the current device with the given dtype/ndim/shape.
+
+    `shape` entries may be None (any size). Returns `x` unchanged.
+    """
+    cp = cupy()
+    if not isinstance(x, cp.ndarray):
+        fail(name, f"expected a CuPy array, got {type(x).__name__}")
+    if device_id is None:
+        device_id = cp.cuda.runtime.getDevice()
+    if x.device.id != device_id:
+        fail(name, f"lives on device {x.device.id}, the executing device is {device_id}")
+    if dtype is not None and x.dtype != np.dtype(dtype):
+        fail(name, f"dtype {x.dtype}, expected {np.dtype(dtype)}")
+    if ndim is not None and x.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
+        fail(name, f"has {x.ndim} dims, expected {ndim}")
+    if shape is not None:
+        if x.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, x.shape)):
+            fail(name, f"shape {tuple(x.shape)}, expected {tuple('*' if s is None else s for s in shape)}")
+    return x
+
+
+def weight_array(w, name: str):
+    """(storage, WKind) of a weight: a `Weight`, or a CuPy float32 / uint16 / bfloat16 array.
+
+    bf16 storage is returned as a uint16 view (the kernels widen the raw patterns).
+    """
+    cp = cupy()
+    data = getattr(w, "data", w) if not isinstance(w, cp.ndarray) else w
+    device_array(data, name)
+    if data.dtype == np.float32:
+        return data, WKind.F32
+    if data.dtype == np.uint16:
+        return data, WKind.BF16
+    if data.dtype.name == "bfloat16":
+        return data.view(np.uint16), WKind.BF16
+    fail(name, f"weight dtype {data.dtype} is not float32 or bf16 (uint16/bfloat16 storage)")
+
+
+def kv_array(x, name: str):
+    """(array, WKind) of a KV page array: float32, or bf16 as uint16/bfloat16 storage."""
+    if x.dtype == np.float32:
+        return x, WKind.F32
+    if x.dtype == np.uint16:
+        return x, WKind.BF16
+    if x.dtype.name == "bfloat16":
+        return x.view(np.uint16), WKind.BF16
+    fail(name, f"dtype {x.dtype} is not float32 or bf16")
+
+
+def estrides(x) -> tuple[int, ...]:
+    """Strides of `x` in elements (they must be whole elements)."""
+    item = x.itemsize
+    out = []
+    for s in x.strides:
+        if s % item:
+            raise InvalidInput(f"stride {s} bytes is not a multiple of the item size {item}")
+        out.append(s // item)
+    return tuple(out)
+
+
+def inner_contiguous(x, name: str, axes: int = 1) -> tuple[int, ...]:
+    """Check that the last `axes` axes are C-contiguous; return the element strides."""
+    st = estrides(x)
+    expect = 1
+    for axis in range(x.ndim - 1, x.ndim - 1 - axes, -1):
+        if x.shape[axis] > 1 and st[axis] != expect:
+            fail(name, f"axes {x.ndim - axes}.. must be contiguous (strides {x.strides})")
+        expect *= x.shape[axis]
+    return st
+
+
+def row_stride(x, name: str) -> int:
+    """Row stride (elements) of a 2-D array whose last axis is contiguous."""
+    st = inner_contiguous(x, name, 1)
+    return st[0] if x.shape[0] > 1 else max(st[0], x.shape[1])
+
+
+def require(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        fail(name, message)
+
+
+def aligned(x, nbytes: int = 16) -> bool:
+    return x.data.ptr % nbytes == 0
+
+
+def ptr(x) -> int:
+    return int(x.data.ptr)
+
+
+def pack(dtype: np.dtype, **fields) -> np.ndarray:
+    """A size-1 structured array holding a kernel params struct (passed by value by CuPy)."""
+    rec = np.zeros(1, dtype=dtype)
+    for key, value in fields.items():
+        rec[key] = value
+    return rec
+
+
+def struct(*fields: tuple[str, str]) -> np.dtype:
+    """A C-layout (aligned) struct dtype; field types: "ptr", "i32", "i64", "f32", "u64"."""
+    kinds = {"ptr": np.uint64, "i32": np.int32, "i64": np.int64, "f32": np.float32,
+             "u64": np.uint64}
+    return np.dtype([(n, kinds[k]) for n, k in fields], align=True)
+
+
+def contiguous(x, name: str):
+    """Require a C-contiguous array; return it."""
+    if not x.flags.c_contiguous:
+        fail(name, f"must be contiguous (strides {x.strides})")
+    return x

@@ -1,0 +1,204 @@
+"""Compile-once cache of the package's CUDA modules (the only global state of kernels_cuda).
+
+A `KernelSource` names one `.cu` file of this package and every kernel instance (NVRTC name
+expression, e.g. ``"rms_norm_kernel<unsigned short, 1>"``) its launchers use. `get_function`
+compiles the file the first time any of its kernels is asked for on a device, through
+`cupy.RawModule` with ``-arch=sm_XY`` of that device and ``--std=c++17``, and caches the module
+keyed on (source hash, options, instances, compute capability). Launchers call `get_function`
+on every launch: after the first compile it is a dictionary lookup.
+
+Local headers (`#include "x.cuh"` naming a file of this package) are inlined before compiling so
+that the source hash (and CuPy's own on-disk cache key) covers them. CuPy's disk cache is pointed
+at `ninfer.envs.kernel_cache_dir()` unless CUPY_CACHE_DIR is set, so a second process loads
+cubins instead of compiling.
+
+Compile time is reported separately from run time: every compile appends a `CompileRecord`
+(`compile_records()`) and logs one line on the `ninfer.kernels_cuda` logger.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import re
+import threading
+import time
+from pathlib import Path
+
+from ninfer import envs
+
+_LOG = logging.getLogger("ninfer.kernels_cuda")
+PACKAGE_DIR = Path(__file__).resolve().parent
+BASE_OPTIONS = ("--std=c++17",)
+_INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSource:
+    """One `.cu` file of this package and the kernel instances compiled from it."""
+
+    file: str
+    name_expressions: tuple[str, ...]
+    options: tuple[str, ...] = ()
+
+    def path(self) -> Path:
+        return PACKAGE_DIR / self.file
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompileRecord:
+    file: str
+    arch: str
+    seconds: float
+    num_kernels: int
+
+
+def expand_source(path: Path, _seen: set[Path] | None = None) -> str:
+    """The text of `path` with this package's quoted includes inlined (each at most once)."""
+    seen = _seen if _seen is not None else set()
+    path = path.resolve()
+    if path in seen:
+        return ""
+    seen.add(path)
+    text = path.read_text()
+
+    def _inline(match: re.Match) -> str:
+        target = PACKAGE_DIR / match.group(1)
+        if not target.is_file():
+            return match.group(0)  # a system header: leave it to the compiler
+        body = expand_source(target, seen)
+        return f'#line 1 "{target.name}"\n{body}\n#line 1 "{path.name}"'
+
+    return _INCLUDE_RE.sub(_inline, text)
+
+
+class _ModuleCache:
+    """Compiled modules per (source, device); the compile log."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._modules: dict[tuple, object] = {}
+        self._functions: dict[tuple, object] = {}
+        self._records: list[CompileRecord] = []
+        self._persistent_configured = False
+
+    def function(self, source: KernelSource, name_expr: str):
+        import cupy
+
+        device_id = cupy.cuda.runtime.getDevice()
+        key = (source, name_expr, device_id)
+        fn = self._functions.get(key)
+        if fn is not None:
+            return fn
+        if name_expr not in source.name_expressions:
+            raise KeyError(f"{name_expr!r} is not an instance declared by {source.file}; "
+                           f"declared: {', '.join(source.name_expressions)}")
+        module = self._module(source, device_id)
+        fn = module.get_function(name_expr)
+        self._functions[key] = fn
+        return fn
+
+    def _module(self, source: KernelSource, device_id: int):
+        key = (source, device_id)
+        module = self._modules.get(key)
+        if module is not None:
+            return module
+        with self._lock:
+            module = self._modules.get(key)
+            if module is None:
+                module = self._compile(source, device_id)
+                self._modules[key] = module
+        return module
+
+    def _compile(self, source: KernelSource, device_id: int):
+        import cupy
+
+        self._configure_persistent_cache()
+        cc = cupy.cuda.Device(device_id).compute_capability  # e.g. "90"
+        arch = f"sm_{cc}"
+        code = expand_source(source.path())
+        digest = hashlib.sha256(code.encode()).hexdigest()[:16]
+        options = BASE_OPTIONS + (f"-arch={arch}",) + source.options
+        # The digest line makes CuPy's cache key change whenever an inlined header changes.
+        code = f"// ninfer {source.file} {digest}\n{code}"
+        start = time.perf_counter()
+        module = cupy.RawModule(code=code, options=options,
+                                name_expressions=list(source.name_expressions))
+        module.compile()
+        seconds = time.perf_counter() - start
+        record = CompileRecord(source.file, arch, seconds, len(source.name_expressions))
+        self._records.append(record)
+        _LOG.info("compiled %s for %s (%d kernels) in %.2f s", source.file, arch,
+                  record.num_kernels, seconds)
+        return module
+
+    def _configure_persistent_cache(self) -> None:
+        """Point CuPy's on-disk kernel cache at ninfer's cache dir (unless the user chose one)."""
+        if self._persistent_configured:
+            return
+        self._persistent_configured = True
+        import os
+
+        if os.environ.get("CUPY_CACHE_DIR"):
+            return
+        try:
+            from cupy.cuda import _compiler_cache, compiler
+
+            cache_dir = envs.kernel_cache_dir()
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            compiler._set_kernel_cache_backend(
+                _compiler_cache.DiskKernelCacheBackend(str(cache_dir)))
+        except Exception as exc:  # private CuPy API: fall back to CuPy's default cache dir
+            _LOG.debug("kernel cache dir not set (%s); using CuPy's default", exc)
+
+    def records(self) -> list[CompileRecord]:
+        return list(self._records)
+
+
+_CACHE = _ModuleCache()
+
+
+def get_function(source: KernelSource, name_expr: str):
+    """The compiled kernel `name_expr` of `source` on the current device (compiled once)."""
+    return _CACHE.function(source, name_expr)
+
+
+def precompile(*sources: KernelSource) -> None:
+    """Compile `sources` on the current device now (start-up), so launches never compile."""
+    import cupy
+
+    device_id = cupy.cuda.runtime.getDevice()
+    for source in sources:
+        _CACHE._module(source, device_id)
+
+
+def compile_records() -> list[CompileRecord]:
+    """Every compile done by this process (file, arch, seconds), in order."""
+    return _CACHE.records()
+
+
+def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "") -> None:
+    """Launch `fn` on CuPy's current stream; in debug mode synchronize and check right after.
+
+    `grid`/`block` are tuples of up to three ints. Never allocates (capturable in a graph).
+    """
+    fn(tuple(grid), tuple(block), args, shared_mem=shared_mem)
+    if envs.cuda_debug_sync():
+        _debug_sync(name or getattr(fn, "name", "kernel"))
+
+
+def _debug_sync(name: str) -> None:
+    import cupy
+
+    from ninfer.core.cuda import CudaError
+
+    stream = cupy.cuda.get_current_stream()
+    if stream.is_capturing():
+        return
+    try:
+        stream.synchronize()
+    except cupy.cuda.driver.CUDADriverError as exc:
+        raise CudaError(f"launch of {name}", -1, type(exc).__name__, str(exc)) from exc
+    except cupy.cuda.runtime.CUDARuntimeError as exc:
+        raise CudaError(f"launch of {name}", getattr(exc, "status", -1), type(exc).__name__,
+                        str(exc)) from exc

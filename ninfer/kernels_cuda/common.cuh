@@ -1,0 +1,118 @@
+// common.cuh: helpers shared by every kernel module (inlined by the loader).
+//
+// - bf16 is handled as raw 16-bit patterns (`bf16raw` = unsigned short): widening is exact
+//   (bits << 16), narrowing rounds to nearest even (NaN stays a quiet NaN), matching
+//   ninfer.core.dtypes on the CPU.
+// - `WT` template parameters are `float` or `bf16raw`; `to_f32` / `load8` hide the difference.
+// - Reductions (`warp_sum`, `block_sum`) use a fixed order that depends only on the block size,
+//   never on the data or on which rows share the launch (batch invariance).
+// - No host headers: NVRTC compiles this without a host compiler.
+#pragma once
+
+typedef unsigned short bf16raw;
+typedef long long i64;
+
+#define NINFER_INF __int_as_float(0x7f800000)
+#define NINFER_NAN __int_as_float(0x7fffffff)
+
+__device__ __forceinline__ float to_f32(float v) { return v; }
+__device__ __forceinline__ float to_f32(bf16raw v) {
+  return __uint_as_float(((unsigned int)v) << 16);
+}
+
+__device__ __forceinline__ bf16raw f32_to_bf16(float f) {
+  unsigned int bits = __float_as_uint(f);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0u) {
+    return (bf16raw)((bits >> 16) | 0x0040u);  // quiet NaN
+  }
+  unsigned int rounding = ((bits >> 16) & 1u) + 0x7fffu;
+  return (bf16raw)((bits + rounding) >> 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16raw from_f32<bf16raw>(float v) { return f32_to_bf16(v); }
+
+// Streaming 16-byte load that does not allocate in L1 (weights are read once per launch; this
+// keeps L1 for the activations that are re-read).
+__device__ __forceinline__ uint4 ld_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+  return r;
+}
+
+__device__ __forceinline__ void unpack_bf16x8(uint4 v, float out[8]) {
+  out[0] = __uint_as_float(v.x << 16); out[1] = __uint_as_float(v.x & 0xffff0000u);
+  out[2] = __uint_as_float(v.y << 16); out[3] = __uint_as_float(v.y & 0xffff0000u);
+  out[4] = __uint_as_float(v.z << 16); out[5] = __uint_as_float(v.z & 0xffff0000u);
+  out[6] = __uint_as_float(v.w << 16); out[7] = __uint_as_float(v.w & 0xffff0000u);
+}
+
+// 8 consecutive elements starting at p (16-byte aligned for bf16, 32-byte span for float).
+__device__ __forceinline__ void load8_stream(const bf16raw* p, float out[8]) {
+  unpack_bf16x8(ld_stream16(p), out);
+}
+__device__ __forceinline__ void load8_stream(const float* p, float out[8]) {
+  uint4 a = ld_stream16(p), b = ld_stream16(p + 4);
+  out[0] = __uint_as_float(a.x); out[1] = __uint_as_float(a.y);
+  out[2] = __uint_as_float(a.z); out[3] = __uint_as_float(a.w);
+  out[4] = __uint_as_float(b.x); out[5] = __uint_as_float(b.y);
+  out[6] = __uint_as_float(b.z); out[7] = __uint_as_float(b.w);
+}
+__device__ __forceinline__ void load8_cached(const bf16raw* p, float out[8]) {
+  unpack_bf16x8(__ldg(reinterpret_cast<const uint4*>(p)), out);
+}
+__device__ __forceinline__ void load8_cached(const float* p, float out[8]) {
+  float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  float4 b = __ldg(reinterpret_cast<const float4*>(p + 4));
+  out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+  out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+// Bounds-checked scalar variant (elements at index >= n read as 0).
+template <typename T>
+__device__ __forceinline__ void load8_guard(const T* p, int n, float out[8]) {
+#pragma unroll
+  for (int e = 0; e < 8; ++e) out[e] = e < n ? to_f32(p[e]) : 0.0f;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `scratch` holds >= 32 floats. Order: warp butterfly, then warp partials in warp order.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.0f;
+  for (int w = 0; w < nwarps; ++w) total += scratch[w];
+  return total;
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float m = -NINFER_INF;
+  for (int w = 0; w < nwarps; ++w) m = fmaxf(m, scratch[w]);
+  return m;
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+// PyTorch softplus (beta 1, threshold 20).
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

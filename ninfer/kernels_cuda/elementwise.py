@@ -1,0 +1,71 @@
+"""Launchers for elementwise.cu: sigmoid_mul, swiglu, sigmoid_scale_add, add_inplace.
+
+Contracts: docs/ops.md. All operands are f32 CuPy arrays on the executing device, 2-D with a
+contiguous last axis (rows may be strided). Launch on CuPy's current stream; no allocation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer.kernels_cuda import _checks as C
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+
+_OPS = ("SigmoidMul", "SiluMul", "SigmoidScaleAdd", "Add")
+SOURCE = KernelSource("elementwise.cu", tuple(f"ew_kernel<{op}>" for op in _OPS))
+_PARAMS = C.struct(("a", "ptr"), ("b", "ptr"), ("c", "ptr"), ("out", "ptr"), ("a_rs", "i64"),
+                   ("b_rs", "i64"), ("c_rs", "i64"), ("out_rs", "i64"), ("c_cs", "i64"),
+                   ("m", "i32"), ("pad", "i32"))
+assert _PARAMS.itemsize == 80
+_THREADS = 256
+
+
+def _matrix(x, name, n=None, m=None):
+    C.device_array(x, name, dtype=np.float32, ndim=2, shape=(n, m))
+    return C.row_stride(x, name)
+
+
+def _run(op: str, a, b, out, c=None, c_rs=0, c_cs=0) -> None:
+    n, m = out.shape
+    if n == 0 or m == 0:
+        return
+    params = C.pack(_PARAMS, a=C.ptr(a), b=C.ptr(b), c=C.ptr(c) if c is not None else 0,
+                    out=C.ptr(out), a_rs=C.row_stride(a, "a"), b_rs=C.row_stride(b, "b"),
+                    c_rs=c_rs, out_rs=C.row_stride(out, "out"), c_cs=c_cs, m=m)
+    launch(get_function(SOURCE, f"ew_kernel<{op}>"), ((m + _THREADS - 1) // _THREADS, n),
+           (_THREADS,), (params,), name=op)
+
+
+def sigmoid_mul(x, gate, out) -> None:
+    """out = x * sigmoid(gate); x, out f32[N,M]; gate f32[N,M] rows strided; out may be x."""
+    n, m = x.shape if x.ndim == 2 else (None, None)
+    _matrix(x, "x")
+    _matrix(gate, "gate", n, m)
+    _matrix(out, "out", n, m)
+    _run("SigmoidMul", x, gate, out)
+
+
+def swiglu(gate_up, out) -> None:
+    """out = silu(gate_up[:, :I]) * gate_up[:, I:]; gate_up f32[N,2I], out f32[N,I]."""
+    _matrix(gate_up, "gate_up")
+    n, two_i = gate_up.shape
+    C.require(two_i % 2 == 0, "gate_up", f"width {two_i} is not even")
+    _matrix(out, "out", n, two_i // 2)
+    half = two_i // 2
+    _run("SiluMul", gate_up[:, :half], gate_up[:, half:], out)
+
+
+def sigmoid_scale_add(acc, y, gate) -> None:
+    """acc += sigmoid(gate) * y; acc, y f32[N,H]; gate f32[N,1] (rows strided)."""
+    _matrix(acc, "acc")
+    n, h = acc.shape
+    _matrix(y, "y", n, h)
+    C.device_array(gate, "gate", dtype=np.float32, ndim=2, shape=(n, 1))
+    g_rs = C.estrides(gate)[0] if n > 1 else 1
+    _run("SigmoidScaleAdd", acc, y, acc, c=gate, c_rs=g_rs, c_cs=0)
+
+
+def add_inplace(acc, x) -> None:
+    """acc += x; both f32[N,H] (rows may be strided)."""
+    _matrix(acc, "acc")
+    _matrix(x, "x", *acc.shape)
+    _run("Add", acc, x, acc)

@@ -1,0 +1,67 @@
+// norm.cu: normalisations over the last axis of f32 rows, one block per row.
+//
+// One kernel template `norm_kernel<WT, MODE>` (WT = weight element type):
+//   MODE 0  RMS        y = x / sqrt(mean(x^2) + eps) * w
+//   MODE 1  RMS_ZC     y = x / sqrt(mean(x^2) + eps) * (1 + w)          (Qwen "1+w" RMSNorm)
+//   MODE 2  GATED      y = w * (x / sqrt(mean(x^2) + eps)) * silu(z)    (GDN output norm)
+//   MODE 3  L2         y = x / sqrt(sum(x^2) + eps) * scale             (no weight)
+//   MODE 4  ADD_RMS_ZC r += x (in place); y = RMS_ZC(r)                 (add_rms_norm)
+// Rows are (n, head) pairs: row r -> n = r / heads, h = r % heads, with independent n and head
+// strides for x, z and out (so 3-D per-head views and strided column blocks work in place).
+// The block size depends only on D (never on N), so every row reduces in the same fixed order.
+// `out` may alias `x` (each element is read and written by the same thread, after the
+// reduction's barrier).
+#include "common.cuh"
+
+struct NormParams {
+  const float* x;
+  const float* z;
+  float* residual;
+  const void* w;
+  float* out;
+  i64 x_rs, x_hs;
+  i64 z_rs, z_hs;
+  i64 r_rs;
+  i64 out_rs, out_hs;
+  int heads;
+  int dim;
+  float eps;
+  float scale;
+};
+static_assert(sizeof(NormParams) == 112, "NormParams layout is mirrored in norm.py");
+
+template <typename WT, int MODE>
+__global__ void __launch_bounds__(1024) norm_kernel(const NormParams p) {
+  __shared__ float scratch[32];
+  const i64 n = blockIdx.x / p.heads;
+  const i64 h = blockIdx.x % p.heads;
+  const float* x = p.x + n * p.x_rs + h * p.x_hs;
+  float* out = p.out + n * p.out_rs + h * p.out_hs;
+  float* res = MODE == 4 ? p.residual + n * p.r_rs : nullptr;
+  const WT* w = static_cast<const WT*>(p.w);
+
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
+    float v = x[i];
+    if (MODE == 4) {
+      v = res[i] + v;
+      res[i] = v;
+    }
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum(ss, scratch);
+  const float denom = MODE == 3 ? sqrtf(ss + p.eps) : sqrtf(ss / (float)p.dim + p.eps);
+
+  for (int i = threadIdx.x; i < p.dim; i += blockDim.x) {
+    const float v = MODE == 4 ? res[i] : x[i];
+    float y = v / denom;
+    if (MODE == 0) y = y * to_f32(w[i]);
+    if (MODE == 1 || MODE == 4) y = y * (1.0f + to_f32(w[i]));
+    if (MODE == 2) {
+      const float zv = p.z[n * p.z_rs + h * p.z_hs + i];
+      y = to_f32(w[i]) * y * silu_f(zv);
+    }
+    if (MODE == 3) y = y * p.scale;
+    out[i] = y;
+  }
+}

@@ -1,0 +1,87 @@
+"""Launchers for norm.cu: rms_norm, add_rms_norm, gated_rms_norm, l2norm_heads (docs/ops.md).
+
+Inputs are f32 CuPy arrays, 2-D `[N, D]` or 3-D `[N, heads, D]` with a contiguous last axis and
+arbitrary row/head strides; the norm runs over the last axis. Weights are f32 or bf16.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer.kernels_cuda import _checks as C
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+
+RMS, RMS_ZC, GATED, L2, ADD_RMS_ZC = range(5)
+SOURCE = KernelSource("norm.cu", tuple(
+    f"norm_kernel<{k.ctype}, {mode}>" for k in C.WKind for mode in range(5)))
+_PARAMS = C.struct(("x", "ptr"), ("z", "ptr"), ("residual", "ptr"), ("w", "ptr"), ("out", "ptr"),
+                   ("x_rs", "i64"), ("x_hs", "i64"), ("z_rs", "i64"), ("z_hs", "i64"),
+                   ("r_rs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("heads", "i32"),
+                   ("dim", "i32"), ("eps", "f32"), ("scale", "f32"))
+assert _PARAMS.itemsize == 112
+
+
+def block_threads(dim: int) -> int:
+    """Threads per row: a function of D only (batch invariance), 32..1024."""
+    t = 32
+    while t < dim and t < 256:
+        t *= 2
+    return t if dim <= 4096 else 1024
+
+
+def _rows(x, name: str):
+    """(N, heads, D, row stride, head stride) of a 2-D or 3-D f32 operand."""
+    C.device_array(x, name, dtype=np.float32, ndim=(2, 3))
+    st = C.inner_contiguous(x, name, 1)
+    if x.ndim == 2:
+        return x.shape[0], 1, x.shape[1], st[0], 0
+    return x.shape[0], x.shape[1], x.shape[2], st[0], st[1]
+
+
+def _launch(mode: int, x, out, weight=None, z=None, residual=None, eps=0.0, scale=1.0):
+    n, heads, dim, x_rs, x_hs = _rows(x, "x")
+    n2, heads2, dim2, o_rs, o_hs = _rows(out, "out")
+    C.require((n2, heads2, dim2) == (n, heads, dim), "out",
+              f"shape {tuple(out.shape)} does not match x {tuple(x.shape)}")
+    z_rs = z_hs = r_rs = 0
+    if z is not None:
+        nz, hz, dz, z_rs, z_hs = _rows(z, "z")
+        C.require((nz, hz, dz) == (n, heads, dim), "z", f"shape {tuple(z.shape)} != x")
+    if residual is not None:
+        nr, hr, dr, r_rs, _ = _rows(residual, "residual")
+        C.require((nr, hr, dr) == (n, 1, dim), "residual", f"shape {tuple(residual.shape)} != x")
+    kind = C.WKind.F32
+    w_ptr = 0
+    if weight is not None:
+        w, kind = C.weight_array(weight, "weight")
+        C.require(w.shape == (dim,), "weight", f"shape {w.shape}, expected ({dim},)")
+        w_ptr = C.ptr(C.contiguous(w, "weight"))
+    C.require(eps >= 0.0, "eps", f"must be >= 0, got {eps}")
+    if n * heads == 0:
+        return
+    params = C.pack(_PARAMS, x=C.ptr(x), z=C.ptr(z) if z is not None else 0,
+                    residual=C.ptr(residual) if residual is not None else 0, w=w_ptr,
+                    out=C.ptr(out), x_rs=x_rs, x_hs=x_hs, z_rs=z_rs, z_hs=z_hs, r_rs=r_rs,
+                    out_rs=o_rs, out_hs=o_hs, heads=heads, dim=dim, eps=eps, scale=scale)
+    fn = get_function(SOURCE, f"norm_kernel<{kind.ctype}, {mode}>")
+    launch(fn, (n * heads,), (block_threads(dim),), (params,), name=f"norm[{mode}]")
+
+
+def rms_norm(x, weight, eps: float, out, *, zero_centered: bool) -> None:
+    """y = x / sqrt(mean(x^2) + eps) * (1 + w if zero_centered else w); `out` may be `x`."""
+    _launch(RMS_ZC if zero_centered else RMS, x, out, weight=weight, eps=float(eps))
+
+
+def add_rms_norm(residual, x, weight, eps: float, out) -> None:
+    """residual += x (in place), then out = zero-centred rms_norm(residual). All f32[N,H]."""
+    C.require(residual.ndim == 2 and x.ndim == 2, "residual", "expects 2-D [N, H] operands")
+    _launch(ADD_RMS_ZC, x, out, weight=weight, residual=residual, eps=float(eps))
+
+
+def gated_rms_norm(x, z, weight, eps: float, out) -> None:
+    """Per head: y = w * (x / sqrt(mean(x^2) + eps)) * silu(z); x, z, out f32[N,Hv,dv]."""
+    _launch(GATED, x, out, weight=weight, z=z, eps=float(eps))
+
+
+def l2norm_heads(x, eps: float, scale: float, out) -> None:
+    """y = x / sqrt(sum(x^2) + eps) * scale over the last axis of f32[N,Hh,d] (rows strided)."""
+    _launch(L2, x, out, eps=float(eps), scale=float(scale))
