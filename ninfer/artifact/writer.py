@@ -30,6 +30,7 @@ from ninfer.artifact.progress import ProgressMode, byte_bar
 from ninfer.core.dtypes import DType
 from ninfer.errors import ArtifactError
 
+_SPARSE_MIN_BYTES = 1 << 20
 Chunk = Union[np.ndarray, bytes, bytearray, memoryview]
 
 
@@ -139,13 +140,22 @@ def _write_payload(f, payload_offset, objects, offsets, fill, progress, desc) ->
                 if written > spec.nbytes:
                     break
                 h.update(view)
-                f.write(view)
+                _write_sparse(f, view)
                 bar.update(len(view))
             if written != spec.nbytes:
                 raise ArtifactError(f"object {spec.name!r}: fill produced {written} bytes, "
                                     f"expected {spec.nbytes}")
             digests.append(h.hexdigest())
     return digests
+
+
+def _write_sparse(f, view: memoryview) -> None:
+    """Write `view`, leaving a hole (seek) for large all-zero chunks: the bytes read back as
+    zeros, and a mostly-zero object costs no disk."""
+    if len(view) >= _SPARSE_MIN_BYTES and not np.frombuffer(view, dtype=np.uint8).any():
+        f.seek(len(view), os.SEEK_CUR)
+    else:
+        f.write(view)
 
 
 def _as_bytes(chunk: Chunk, spec: ObjectSpec) -> memoryview:
