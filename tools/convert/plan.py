@@ -124,15 +124,15 @@ def _check_sources(ckpt: HFCheckpoint, layout: WeightLayout, sources: dict, pref
         raise ConversionError(f"checkpoint {ckpt.dir} lacks {len(missing)} tensor(s) the model "
                               f"needs: {_listing(missing)}")
     if wrong_shape:
-        raise ConversionError(f"shape mismatch against config.json: {_listing(wrong_shape)}")
+        raise ConversionError(f"shape mismatch against config.json: {_listing(wrong_shape, 3)}")
     if bad_dtype:
         raise ConversionError(f"the converter cannot handle the dtype of {_listing(bad_dtype)} "
                               f"(supported: {', '.join(SOURCE_DTYPES)})")
 
 
-def _listing(items: list[str]) -> str:
-    shown = ", ".join(items[:_MAX_LISTED])
-    return shown + (f" (and {len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else "")
+def _listing(items: list[str], limit: int = _MAX_LISTED) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f" (and {len(items) - limit} more)" if len(items) > limit else "")
 
 
 def _target_dtype(policy: str, source_codes: set[str]) -> DType:
