@@ -20,7 +20,9 @@ from ninfer.models.common.qwen.output_session import QwenOutputSession
 from ninfer.models.common.qwen.prompt import PreparedPrompt, ToolChoiceMode
 from ninfer.models.common.qwen.reasoning import THINK, THINK_END, ReasoningStart
 from ninfer.models.common.qwen.stop import stop_token_set, validate_stop_strings
-from ninfer.models.common.qwen.template import ChatTemplate, default_chat_template
+from ninfer.models.common.qwen.template import (
+    ChatTemplate, check_template_kwargs, default_chat_template,
+)
 from ninfer.models.common.qwen.tokenizer import QwenTokenizer
 from ninfer.models.common.qwen.tools import normalize_tool_choice, normalize_tools, tool_prefix
 from ninfer.runtime.contract.sampling import SamplingParams
@@ -123,9 +125,7 @@ class QwenFrontend:
             raise InvalidInput("this model has no chat template", param="messages")
         tool_list, schemas = normalize_tools(tools)
         choice = normalize_tool_choice(tool_choice, frozenset(schemas))
-        kwargs = chat_template_kwargs or {}
-        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-            raise InvalidInput("chat_template_kwargs must be an object", param="chat_template_kwargs")
+        kwargs = check_template_kwargs(chat_template_kwargs)
         text = self.template.render(
             messages, tools=tool_list or None, add_generation_prompt=add_generation_prompt,
             **kwargs,

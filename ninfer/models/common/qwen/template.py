@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.resources
 import json
-from typing import Any
+from typing import Any, Mapping
 
 import jinja2
 import jinja2.ext
@@ -19,11 +19,29 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from ninfer.errors import InvalidInput
 from ninfer.models.common.qwen.messages import normalize_messages
 
-__all__ = ["ChatTemplate", "default_chat_template"]
+__all__ = ["ChatTemplate", "check_template_kwargs", "default_chat_template"]
 
 # Names the renderer sets itself; chat_template_kwargs may not override them.
 _RESERVED = frozenset({"messages", "tools", "add_generation_prompt", "raise_exception"})
 MAX_KWARGS = 32
+
+
+def check_template_kwargs(kwargs: Any) -> dict[str, Any]:
+    """Validate a request's chat_template_kwargs: an object of at most MAX_KWARGS variables,
+    none of them a name the renderer sets itself."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+        raise InvalidInput("chat_template_kwargs must be an object", param="chat_template_kwargs")
+    bad = _RESERVED.intersection(kwargs)
+    if bad:
+        raise InvalidInput(
+            f"chat_template_kwargs may not set {', '.join(sorted(bad))}",
+            param="chat_template_kwargs",
+        )
+    if len(kwargs) > MAX_KWARGS:
+        raise InvalidInput("too many chat_template_kwargs", param="chat_template_kwargs")
+    return dict(kwargs)
 
 
 class _TemplateRaised(Exception):
@@ -73,6 +91,7 @@ class ChatTemplate:
     def render(
         self,
         messages: Any,
+        /,
         *,
         tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
@@ -85,15 +104,7 @@ class ChatTemplate:
         `raise_exception` call included, raises `InvalidInput`.
         """
         normalized = normalize_messages(messages)
-        bad = _RESERVED.intersection(chat_template_kwargs)
-        if bad:
-            raise InvalidInput(
-                f"chat_template_kwargs may not set {', '.join(sorted(bad))}",
-                param="chat_template_kwargs",
-            )
-        if len(chat_template_kwargs) > MAX_KWARGS:
-            raise InvalidInput("too many chat_template_kwargs", param="chat_template_kwargs")
-        context = dict(chat_template_kwargs)
+        context = check_template_kwargs(chat_template_kwargs)
         context["messages"] = normalized
         context["add_generation_prompt"] = bool(add_generation_prompt)
         if tools:

@@ -10,6 +10,7 @@ to a token; anything else raises `InvalidInput`.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders
@@ -121,11 +122,15 @@ class QwenTokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def check_ids(self, ids: Iterable[int], *, param: str = "token_ids") -> list[int]:
-        """Validate ids (ints the tokenizer knows) and return them as a list."""
+        """Validate ids (integers the tokenizer knows; NumPy ints too) and return a list of int."""
         out = []
         for i, tid in enumerate(ids):
-            if isinstance(tid, bool) or not isinstance(tid, int):
-                raise InvalidInput(f"{param}[{i}] must be an integer, got {tid!r}", param=param)
+            try:
+                if isinstance(tid, bool):
+                    raise TypeError
+                tid = operator.index(tid)
+            except TypeError:
+                raise InvalidInput(f"{param}[{i}] must be an integer, got {tid!r}", param=param) from None
             if not 0 <= tid < self._vocab_size or self._tok.id_to_token(tid) is None:
                 raise InvalidInput(
                     f"{param}[{i}] = {tid} is outside the tokenizer's range [0, {self._vocab_size})",
@@ -140,9 +145,10 @@ class QwenTokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for; special tokens give their UTF-8 text."""
-        cached = self._bytes_cache.get(token_id)
-        if cached is not None:
-            return cached
+        if type(token_id) is int:  # the fast path; bools and other types go through checks
+            cached = self._bytes_cache.get(token_id)
+            if cached is not None:
+                return cached
         (tid,) = self.check_ids([token_id], param="token_id")
         if tid in self._added:
             raw = self._added[tid].encode("utf-8")

@@ -167,7 +167,7 @@ class ToolCallParser:
         name, used = _tag_name(body, FUNCTION)
         if name is None:
             return False
-        if not name:
+        if not name or any(c.isspace() for c in name):  # tool names have no whitespace
             return self._not_a_call(out)
         self._edge.marker(strip_next=False)  # whitespace before the call is formatting
         out.append(ToolCallDelta(self._index, id=f"call_{self._id_prefix}{self._index}", name=name))
