@@ -128,6 +128,15 @@ class GenerationHandle:
                 return
             yield event
 
+    def poll(self) -> list[GenerationEvent]:
+        """The events available now, without blocking (the same stream iteration yields)."""
+        events = []
+        while (event := self._channel.next_event(0)) is not None:
+            events.append(event)
+            if isinstance(event, (GenerationFinished, GenerationFailed)):
+                self._channel.release_consumer()
+        return events
+
     def cancel(self) -> None:
         """Ask the worker to stop the request at its next boundary (idempotent)."""
         self._channel.cancel()

@@ -3,7 +3,7 @@
 It lets the engine tests run fast and deterministically, and it is strict: every contract misuse
 raises `ContractViolation` at once (running a sequence without reserved units, running while a
 PendingBatch is unconsumed, consuming a batch twice, accepting more than was produced, a ledger
-past max_context_len, using a paused/released/cancelled sequence, calls from two live threads).
+past max_context_len, using a paused/released/cancelled sequence, calls from two threads at once).
 
 Model: a sequence's "recurrent state" is a hash chain over the tokens fed so far, stored in its
 StateImage slot; its "KV" is the fed token ids, written into the pages it holds (freed pages are
@@ -20,6 +20,7 @@ budget. With `snapshot_location="device"` a Snapshot keeps its KV pages on devic
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections import deque
 from typing import Sequence
@@ -49,6 +50,22 @@ def _mix(*values: int) -> int:
     return h
 
 
+def _exclusive(method):
+    """Raise ContractViolation when another thread is inside the Program (re-entry is fine)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if not self._in_call.acquire(blocking=False):
+            raise ContractViolation(f"{method.__name__}() called while another thread is "
+                                    "inside the Program")
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self._in_call.release()
+
+    return wrapper
+
+
 @dataclasses.dataclass(eq=False)
 class _Seq:
     ledger: list[int]
@@ -70,6 +87,7 @@ class _Paused:
     state: int = _STATE0  # Snapshot only
     kv: list[int] = dataclasses.field(default_factory=list)  # host Snapshot only
     pages: list[int] = dataclasses.field(default_factory=list)  # device Snapshot only
+    host_bytes: int = 0
 
 
 class FakeProgram:
@@ -98,19 +116,10 @@ class FakeProgram:
         self._next_id = 1
         self._step = 0
         self._pending: tuple[PendingBatch, list[tuple[int, int, int]]] | None = None
-        self._owner: threading.Thread | None = None
+        self._in_call = threading.RLock()  # detects calls from two threads at once
 
     # --- helpers -----------------------------------------------------------------------------
-    def _check_thread(self) -> None:
-        me = threading.current_thread()
-        if self._owner is not me:
-            if self._owner is not None and self._owner.is_alive():
-                raise ContractViolation(
-                    f"Program called from thread {me.name!r} while {self._owner.name!r} owns it")
-            self._owner = me
-
     def _seq(self, seq: SequenceId, *, allow_dead: bool = False) -> _Seq:
-        self._check_thread()
         s = self._seqs.get(seq)
         if s is None:
             raise ContractViolation(f"unknown, paused or released sequence {seq}")
@@ -158,15 +167,15 @@ class FakeProgram:
     def limits(self) -> ProgramLimits:
         return self._limits
 
+    @_exclusive
     def capacity(self) -> Capacity:
-        self._check_thread()
         lim = self._limits
         return Capacity(len(self._free_pages), lim.total_pages, len(self._free_slots),
                         lim.total_slots, self._host_total - self._host_used, self._host_total)
 
     # --- contract: sequences ---------------------------------------------------------------
+    @_exclusive
     def open_sequence(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> SequenceId:
-        self._check_thread()
         ids = [int(t) for t in prompt_ids]
         lim = self._limits
         if not ids:
@@ -183,21 +192,26 @@ class FakeProgram:
         self._seqs[seq] = _Seq(ids, len(ids), sampling)
         return seq
 
+    @_exclusive
     def pending_prefill(self, seq: SequenceId) -> int:
         s = self._seq(seq)
         return max(0, len(s.ledger) - 1 - s.frontier)
 
+    @_exclusive
     def ledger_len(self, seq: SequenceId) -> int:
         return len(self._seq(seq).ledger)
 
+    @_exclusive
     def next_unit_tokens(self, seq: SequenceId) -> int:
         s = self._seq(seq)
         return self._unit_tokens(s.frontier, len(s.ledger))
 
+    @_exclusive
     def pages_needed(self, seq: SequenceId, n_tokens: int) -> int:
         s = self._seq(seq)
         return max(0, self._pages_for(s.frontier + n_tokens) - len(s.pages))
 
+    @_exclusive
     def reserve_units(self, seq: SequenceId, n_tokens: int) -> bool:
         s = self._seq(seq)
         self._not_pending(seq, "reserve_units")
@@ -213,6 +227,7 @@ class FakeProgram:
         s.pages.extend(self._take_pages(extra))
         return True
 
+    @_exclusive
     def release(self, seq: SequenceId) -> None:
         s = self._seq(seq, allow_dead=True)
         self._not_pending(seq, "release")
@@ -220,8 +235,8 @@ class FakeProgram:
         del self._seqs[seq]
 
     # --- contract: execution ---------------------------------------------------------------
+    @_exclusive
     def run(self, plan: StepPlan) -> PendingBatch:
-        self._check_thread()
         if self._pending is not None:
             raise ContractViolation("run() while the previous PendingBatch is unconsumed")
         members = list(plan.decode) + ([plan.prefill.seq] if plan.prefill else [])
@@ -280,7 +295,6 @@ class FakeProgram:
         return PendingRow(seq, False, (token,), (logprob,), (top,))
 
     def _consume(self, batch: PendingBatch) -> list[tuple[int, int, int]]:
-        self._check_thread()
         if batch.consumed:
             raise ContractViolation(f"PendingBatch {batch.step_id} consumed twice")
         if self._pending is None or self._pending[0] is not batch:
@@ -290,6 +304,7 @@ class FakeProgram:
         self._pending = None
         return provisional
 
+    @_exclusive
     def commit(self, batch: PendingBatch, decisions: Sequence[RowDecision]) -> None:
         if len(decisions) != len(batch.rows):
             raise ContractViolation(f"{len(decisions)} decisions for {len(batch.rows)} rows")
@@ -310,6 +325,7 @@ class FakeProgram:
                 if len(s.ledger) > self._limits.max_context_len:
                     raise ContractViolation(f"sequence {row.seq} ledger exceeds max_context_len")
 
+    @_exclusive
     def abort_pending(self, batch: PendingBatch) -> None:
         self._consume(batch)
         for row in batch.rows:  # state was (notionally) written in place: replay from zero
@@ -319,7 +335,6 @@ class FakeProgram:
 
     # --- contract: pause / resume ----------------------------------------------------------
     def _state(self, state: ResumeState) -> _Paused:
-        self._check_thread()
         p = self._paused.get(id(state))
         if p is None:
             raise ContractViolation("ResumeState already resumed, revoked or discarded")
@@ -327,6 +342,7 @@ class FakeProgram:
 
     def _make_state(self, kind: ResumeKind, p: _Paused, host_bytes: int) -> ResumeState:
         self._host_used += host_bytes
+        p.host_bytes = host_bytes
         state = ResumeState(kind, len(p.ledger), host_bytes, p, device_pages=len(p.pages))
         self._paused[id(state)] = p
         return state
@@ -336,6 +352,7 @@ class FakeProgram:
         self._host_used -= state.host_bytes
         return p
 
+    @_exclusive
     def pause(self, seq: SequenceId, prefer: ResumeKind) -> ResumeState:
         s = self._seq(seq)
         self._not_pending(seq, "pause")
@@ -357,6 +374,7 @@ class FakeProgram:
         del self._seqs[seq]
         return state
 
+    @_exclusive
     def revoke_snapshot(self, state: ResumeState) -> ResumeState:
         self._state(state)
         if state.kind is not ResumeKind.SNAPSHOT:
@@ -366,6 +384,7 @@ class FakeProgram:
         replay = _Paused(p.ledger, p.prompt_len, p.sampling, p.target)
         return self._make_state(ResumeKind.REPLAY, replay, 0)
 
+    @_exclusive
     def resume(self, state: ResumeState) -> SequenceId | None:
         p = self._state(state)
         extra = self._pages_for(p.target) - len(p.pages)
@@ -386,12 +405,28 @@ class FakeProgram:
         self._seqs[seq] = s
         return seq
 
+    @_exclusive
     def discard_resume_state(self, state: ResumeState) -> None:
         self._state(state)
         p = self._drop_state(state)
         self._free(p.pages, None)
 
     # --- test introspection ------------------------------------------------------------------
+    @_exclusive
     def live_sequences(self) -> int:
         """Sequences not yet released (open, resident) plus live ResumeStates."""
         return len(self._seqs) + len(self._paused)
+
+    @_exclusive
+    def check_integrity(self) -> None:
+        """Raise ContractViolation unless every page, slot and host byte is accounted for once."""
+        held = [p for s in self._seqs.values() for p in s.pages]
+        held += [p for st in self._paused.values() for p in st.pages]
+        pages = held + list(self._free_pages)
+        if sorted(pages) != list(range(self._limits.total_pages)):
+            raise ContractViolation("KV pages leaked or double-owned")
+        slots = [s.slot for s in self._seqs.values() if s.slot is not None] + list(self._free_slots)
+        if sorted(slots) != list(range(self._limits.total_slots)):
+            raise ContractViolation("StateImage slots leaked or double-owned")
+        if sum(st.host_bytes for st in self._paused.values()) != self._host_used:
+            raise ContractViolation("host snapshot bytes leaked")
