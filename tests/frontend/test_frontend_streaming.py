@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 
 import pytest
 from conftest import GENERATION_DEFAULTS, MODEL_VOCAB, SEARCH_TOOL, WEATHER_TOOL
@@ -78,6 +79,14 @@ SCRIPTS = [
         thinking=False,
         tools=(),
         stop=("STOP", "龘龘"),
+    ),
+    Script(
+        "stop_string_after_reasoning_with_tools",
+        "Reason about 龘.\n</think>\n\nAnswer: 42 🦜\nObservation: the tool said <tool_call>",
+        reasoning="Reason about 龘.",
+        content="Answer: 42 🦜\n",
+        stop=("Observation:",),
+        end_token=False,
     ),
     Script(
         "multibyte_stop_string",
@@ -209,6 +218,17 @@ def test_dropped_previews_change_nothing(script, frontend):
         session = fe.new_session(prepared, stop=script.stop, call_id_prefix="t")
         got = run_chunks(session, ids, [size] * len(ids), decoy=decoy)
         _check(script, got, ids)
+
+
+def test_random_partitions(frontend):
+    rng = random.Random(2026)
+    for script in SCRIPTS:
+        fe, prepared, ids = _prepare(script, frontend)
+        for _ in range(20):
+            chunks = [rng.randint(1, 6) for _ in range(len(ids))]
+            decoy = [rng.randrange(248077) for _ in range(rng.randint(0, 3))]
+            session = fe.new_session(prepared, stop=script.stop, call_id_prefix="t")
+            _check(script, run_chunks(session, ids, chunks, decoy=decoy), ids)
 
 
 def test_streamed_arguments_are_valid_json_prefixes(frontend):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import enum
 
+from ninfer.models.common.qwen.textscan import shallow_clone
+
 __all__ = ["Channel", "TextEvent", "WhitespaceEdge"]
 
 
@@ -23,16 +25,12 @@ TextEvent = tuple[Channel, str]
 class WhitespaceEdge:
     """Per-segment whitespace policy; immutable fields, so copy by `clone()`."""
 
-    __slots__ = ("at_start", "held")
-
     def __init__(self, at_start: bool = True):
         self.at_start = at_start  # drop leading whitespace until the first non-space
         self.held = ""  # trailing whitespace not yet emitted
 
     def clone(self) -> "WhitespaceEdge":
-        twin = WhitespaceEdge(self.at_start)
-        twin.held = self.held
-        return twin
+        return shallow_clone(self)
 
     def text(self, piece: str) -> str:
         """Text of `piece` that can be emitted now."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 import codecs
 from typing import Callable, FrozenSet
 
+from ninfer.models.common.qwen.textscan import shallow_clone
+
 __all__ = ["IncrementalDetokenizer"]
 
 
@@ -23,17 +25,13 @@ class IncrementalDetokenizer:
     produce no text either: the output stream must not fail on a model's choice.
     """
 
-    __slots__ = ("_token_bytes", "_skip_ids", "_pending")
-
     def __init__(self, token_bytes: Callable[[int], bytes], skip_ids: FrozenSet[int] = frozenset()):
         self._token_bytes = token_bytes
         self._skip_ids = skip_ids
         self._pending = b""
 
     def clone(self) -> "IncrementalDetokenizer":
-        twin = IncrementalDetokenizer(self._token_bytes, self._skip_ids)
-        twin._pending = self._pending
-        return twin
+        return shallow_clone(self)
 
     @property
     def pending_bytes(self) -> int:

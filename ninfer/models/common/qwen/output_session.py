@@ -195,12 +195,11 @@ class QwenOutputSession:
     def _publish(self, finish_reason: str | None) -> OutputDelta | None:
         if finish_reason == "stop" and self._pipe.tools is not None and self._pipe.tools.calls:
             finish_reason = "tool_calls"
-        delta = _merge(self._carry_events, finish_reason)
+        if not self._carry_events and finish_reason is None:
+            return None
+        delta = _merge(self._carry_events, finish_reason, self._carry_tokens, self._carry_logprobs)
         if not delta.has_text and finish_reason is None:
             return None
-        delta = dataclasses.replace(
-            delta, token_ids=tuple(self._carry_tokens), logprobs=tuple(self._carry_logprobs)
-        )
         self._carry_events.clear()
         self._carry_tokens.clear()
         self._carry_logprobs.clear()
@@ -220,7 +219,8 @@ class QwenOutputSession:
             self._finish_reason = delta.finish_reason
 
 
-def _merge(events: Sequence[ParserEvent], finish_reason: str | None) -> OutputDelta:
+def _merge(events: Sequence[ParserEvent], finish_reason: str | None,
+           token_ids: Sequence[int], logprobs: Sequence[float]) -> OutputDelta:
     """Fold parser events into one delta; argument fragments of one call are joined."""
     content: list[str] = []
     reasoning: list[str] = []
@@ -240,5 +240,7 @@ def _merge(events: Sequence[ParserEvent], finish_reason: str | None) -> OutputDe
         content="".join(content),
         reasoning="".join(reasoning),
         tool_calls=tuple(calls),
+        token_ids=tuple(token_ids),
+        logprobs=tuple(logprobs),
         finish_reason=finish_reason,
     )

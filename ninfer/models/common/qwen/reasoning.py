@@ -15,7 +15,7 @@ from __future__ import annotations
 import enum
 
 from ninfer.models.common.qwen.channel import Channel, TextEvent, WhitespaceEdge
-from ninfer.models.common.qwen.textscan import find_first, partial_suffix_len
+from ninfer.models.common.qwen.textscan import find_first, partial_suffix_len, shallow_clone
 
 __all__ = ["ReasoningSplitter", "ReasoningStart"]
 
@@ -41,8 +41,6 @@ class _Mode(enum.Enum):
 class ReasoningSplitter:
     """Streaming splitter; fields are immutable or cloned, so `clone()` is cheap."""
 
-    __slots__ = ("_end_markers", "_mode", "_buf", "_edge", "_strip_content")
-
     def __init__(self, start: ReasoningStart, *, tool_calls: bool):
         self._end_markers = (THINK_END, TOOL_CALL) if tool_calls else (THINK_END,)
         self._mode = {
@@ -55,12 +53,8 @@ class ReasoningSplitter:
         self._strip_content = False  # drop content's leading whitespace (right after </think>)
 
     def clone(self) -> "ReasoningSplitter":
-        twin = object.__new__(ReasoningSplitter)
-        twin._end_markers = self._end_markers
-        twin._mode = self._mode
-        twin._buf = self._buf
+        twin = shallow_clone(self)
         twin._edge = self._edge.clone()
-        twin._strip_content = self._strip_content
         return twin
 
     @property

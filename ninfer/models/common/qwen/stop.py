@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from ninfer.errors import InvalidInput
-from ninfer.models.common.qwen.textscan import find_first, partial_suffix_len
+from ninfer.models.common.qwen.textscan import find_first, partial_suffix_len, shallow_clone
 
 __all__ = ["StopStringMatcher", "validate_stop_strings", "stop_token_set"]
 
@@ -57,16 +57,12 @@ def stop_token_set(
 class StopStringMatcher:
     """Streaming stop-string matcher; `clone()` is cheap (immutable fields)."""
 
-    __slots__ = ("_stops", "_held")
-
     def __init__(self, stops: tuple[str, ...]):
         self._stops = stops
         self._held = ""
 
     def clone(self) -> "StopStringMatcher":
-        twin = StopStringMatcher(self._stops)
-        twin._held = self._held
-        return twin
+        return shallow_clone(self)
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop string matched).

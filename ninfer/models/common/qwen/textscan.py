@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["find_first", "partial_suffix_len"]
+__all__ = ["find_first", "partial_suffix_len", "shallow_clone"]
 
 
 def find_first(text: str, markers: Sequence[str]) -> tuple[int, str | None]:
@@ -33,3 +33,11 @@ def partial_suffix_len(text: str, markers: Sequence[str]) -> int:
                 best = n
                 break
     return best
+
+
+def shallow_clone(obj):
+    """A copy sharing every attribute value (the parsers keep only immutable values, or
+    clone their mutable parts themselves); one dict copy, as previews clone per token."""
+    twin = object.__new__(type(obj))
+    twin.__dict__.update(obj.__dict__)
+    return twin

@@ -83,7 +83,8 @@ class QwenTokenizer:
             raise ArtifactError(f"tokenizer.json cannot be loaded: {exc}") from exc
         if not isinstance(self._tok.decoder, decoders.ByteLevel):
             raise ArtifactError(
-                f"tokenizer.json: expected a ByteLevel decoder, got {type(self._tok.decoder).__name__}"
+                "tokenizer.json: expected a ByteLevel decoder, got "
+                f"{type(self._tok.decoder).__name__}"
             )
         added = self._tok.get_added_tokens_decoder()
         self._added: dict[int, str] = {int(i): t.content for i, t in added.items()}
@@ -130,10 +131,13 @@ class QwenTokenizer:
                     raise TypeError
                 tid = operator.index(tid)
             except TypeError:
-                raise InvalidInput(f"{param}[{i}] must be an integer, got {tid!r}", param=param) from None
+                raise InvalidInput(
+                    f"{param}[{i}] must be an integer, got {tid!r}", param=param
+                ) from None
             if not 0 <= tid < self._vocab_size or self._tok.id_to_token(tid) is None:
                 raise InvalidInput(
-                    f"{param}[{i}] = {tid} is outside the tokenizer's range [0, {self._vocab_size})",
+                    f"{param}[{i}] = {tid} is outside the tokenizer's range "
+                    f"[0, {self._vocab_size})",
                     param=param,
                 )
             out.append(tid)

@@ -31,7 +31,7 @@ from typing import Any, Mapping, Union
 
 from ninfer.models.common.qwen.channel import Channel, TextEvent, WhitespaceEdge
 from ninfer.models.common.qwen.deltas import ToolCallDelta
-from ninfer.models.common.qwen.textscan import find_first, partial_suffix_len
+from ninfer.models.common.qwen.textscan import find_first, partial_suffix_len, shallow_clone
 from ninfer.models.common.qwen.tool_values import ParamType, convert_value, param_type
 
 __all__ = ["ToolCallParser", "ParserEvent"]
@@ -77,11 +77,6 @@ class ToolCallParser:
     """Per-request parser state. All fields are immutable values (or cloned), so `clone()` is
     a cheap copy; `tools` (name -> parameters JSON schema) is shared read-only."""
 
-    __slots__ = (
-        "_tools", "_id_prefix", "_mode", "_buf", "_edge", "_raw", "_index",
-        "_schema", "_nparams", "_ptype", "_value", "_value_start",
-    )
-
     def __init__(self, tools: Mapping[str, Mapping[str, Any]], id_prefix: str):
         self._tools = tools
         self._id_prefix = id_prefix
@@ -97,9 +92,7 @@ class ToolCallParser:
         self._value_start = False  # one leading newline of the value may still be dropped
 
     def clone(self) -> "ToolCallParser":
-        twin = object.__new__(ToolCallParser)
-        for name in self.__slots__:
-            setattr(twin, name, getattr(self, name))
+        twin = shallow_clone(self)
         twin._edge = self._edge.clone()
         return twin
 

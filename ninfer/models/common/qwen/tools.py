@@ -37,7 +37,9 @@ def normalize_tools(tools: Any) -> tuple[list[dict[str, Any]], Mapping[str, Mapp
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise InvalidInput(f"{where} must be {{'type': 'function', 'function': ...}}", param=where)
+            raise InvalidInput(
+                f"{where} must be {{'type': 'function', 'function': ...}}", param=where
+            )
         function = tool.get("function")
         if not isinstance(function, dict):
             raise InvalidInput(f"{where}.function must be an object", param=f"{where}.function")
