@@ -168,7 +168,9 @@ class Artifact:
         if self._map is None:
             if obj.nbytes:
                 raise ArtifactError(f"{self.path}: artifact is closed")
-            return np.empty(obj.shape, dtype=obj.dtype.storage)
+            empty = np.empty(obj.shape, dtype=obj.dtype.storage)
+            empty.flags.writeable = False
+            return empty
         arr = np.frombuffer(self._map, dtype=obj.dtype.storage, count=obj.numel,
                             offset=self._payload_offset + obj.offset)
         return arr.reshape(obj.shape)

@@ -65,7 +65,9 @@ class SafetensorsFile:
                                   f"represent")
         count = math.prod(info.shape)
         if count == 0:
-            return np.empty(info.shape, dtype=storage)
+            empty = np.empty(info.shape, dtype=storage)
+            empty.flags.writeable = False
+            return empty
         return np.frombuffer(self._map, dtype=storage, count=count,
                              offset=info.begin).reshape(info.shape)
 
