@@ -66,7 +66,8 @@ class Admission:
         n = self._program.next_unit_tokens(rec.seq)
         cap = self._program.capacity()
         headroom = len(self._sched.residents)
-        if cap.free_slots == 0 or self._program.pages_needed(rec.seq, n) + headroom > cap.free_pages:
+        pages = self._program.pages_needed(rec.seq, n)
+        if cap.free_slots == 0 or pages + headroom > cap.free_pages:
             return False
         if not self._program.reserve_units(rec.seq, n):
             return False

@@ -1,6 +1,7 @@
 """EngineCore: the worker cycle (engine worker thread only).
 
-One cycle (seed order):
+One cycle (seed order). Program calls are synchronous here, so a resource transaction (resume,
+pause, revocation, release) completes inside the call that starts it; none spans cycles.
 1. intake of newly submitted requests (opened with the Program, or rejected);
 2. cancellation, deadline and queue-timeout processing at this boundary (terminal settlement
    returns resources before the end is published);

@@ -32,7 +32,8 @@ class ResponseChannel:
         self.request_id = request_id
         self._wake = wake
         self._on_release = on_release  # None: the request never took a capacity slot
-        self._cond = threading.Condition(threading.Lock())
+        # Reentrant: a handle finalizer (abandon) may run on any thread, even one inside here.
+        self._cond = threading.Condition(threading.RLock())
         self._events: deque[GenerationEvent] = deque()
         self._terminal: TerminalEvent | None = None
         self._consumer_released = False

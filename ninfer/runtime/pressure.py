@@ -77,7 +77,8 @@ class PressurePolicy:
             if seq is not None:
                 break
             # Younger borrowers are paused only when no older resident is still running.
-            if not self._relieve(rec, victims_allowed=not self._sched.has_older_resident(rec.ticket)):
+            may_pause = not self._sched.has_older_resident(rec.ticket)
+            if not self._relieve(rec, victims_allowed=may_pause):
                 return None
         kind = rec.resume_state.kind
         rec.seq, rec.resume_state = seq, None

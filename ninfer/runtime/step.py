@@ -66,7 +66,9 @@ class StepRunner:
                 decode.append(rec)
         chunk = None
         for rec in self._sched.chunk_order(needs_chunk):
-            if rec.state is RequestState.RESIDENT and self._permit(rec, prog.next_unit_tokens(rec.seq)):
+            if rec.state is not RequestState.RESIDENT:
+                continue
+            if self._permit(rec, prog.next_unit_tokens(rec.seq)):
                 chunk = rec
                 break
         decode = [r for r in decode if r.state is RequestState.RESIDENT]
@@ -83,7 +85,8 @@ class StepRunner:
     def execute(self, plan: StepPlan, members: Members) -> None:
         self.pending = batch = self._program.run(plan)
         if len(batch.rows) != len(members) or {r.seq for r in batch.rows} != set(members):
-            raise InvariantViolation(f"PendingBatch {batch.step_id} membership differs from its plan")
+            raise InvariantViolation(
+                f"PendingBatch {batch.step_id} membership differs from its plan")
         now = self._clock()
         decisions: list[RowDecision] = []
         outcomes: list[tuple[OutputPreview | None, str | None]] = []

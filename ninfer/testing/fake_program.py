@@ -99,7 +99,8 @@ class FakeProgram:
                  state_bytes: int = 256, kv_bytes_per_token: int = 16,
                  snapshot_location: str = "host"):
         if snapshot_location not in ("host", "device"):
-            raise InvalidInput("snapshot_location must be 'host' or 'device'", param="snapshot_location")
+            raise InvalidInput("snapshot_location must be 'host' or 'device'",
+                               param="snapshot_location")
         self._limits = ProgramLimits(max_context_len, vocab_size, page_size, total_pages,
                                      total_slots, max_batch, prefill_chunk)
         self._free_pages = deque(range(total_pages))
@@ -124,7 +125,8 @@ class FakeProgram:
         if s is None:
             raise ContractViolation(f"unknown, paused or released sequence {seq}")
         if s.dead and not allow_dead:
-            raise ContractViolation(f"sequence {seq} accepted 0 tokens (cancelled); only release is legal")
+            raise ContractViolation(
+                f"sequence {seq} accepted 0 tokens (cancelled); only release is legal")
         return s
 
     def _not_pending(self, seq: SequenceId, what: str) -> None:
@@ -276,6 +278,8 @@ class FakeProgram:
         pos = len(s.ledger) - 1
         if s.frontier != pos:
             raise ContractViolation(f"decode for sequence {seq} that still needs prefill")
+        if len(s.ledger) >= self._limits.max_context_len:
+            raise ContractViolation(f"decode for sequence {seq} would pass max_context_len")
         self._require_units(s, seq, 1)
         state = self._feed(s, pos, pos + 1)
         kv = [self._kv[self._kv_addr(s, p)] for p in range(pos + 1)]
