@@ -104,3 +104,15 @@ def test_unwritable_cache_dir_gives_a_clear_error(tmp_path):
     with pytest.raises(NinferError, match="NINFER_CACHE_DIR"):
         build_once(blocker / "thing.bin", _writer(b"x", []))
     assert os.path.isfile(blocker)
+
+
+def test_discard_removes_an_idle_entry_but_not_one_being_built(tmp_path):
+    from tools.demo._filecache import discard, exclusive_lock
+
+    idle, busy = tmp_path / "idle.bin", tmp_path / "busy.bin"
+    for target in (idle, busy):
+        build_once(target, _writer(_payload(5), []))
+    with exclusive_lock(busy.with_name("busy.bin.lock")):
+        discard(idle)
+        discard(busy)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["busy.bin", "busy.bin.lock", "busy.bin.sha256"]

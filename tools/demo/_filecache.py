@@ -115,3 +115,26 @@ def build_once(target: Path, build: Callable[[Path], None], *, what: str = "file
             for leftover in target.parent.glob(f".*-{target.name}"):
                 _remove(leftover)
     return True
+
+
+def discard(target: Path) -> None:
+    """Delete a cache entry (file + sidecar) that nobody is building; skip it if someone is.
+
+    Open memory maps of the file stay valid (POSIX unlink semantics)."""
+    lock_path = target.with_name(target.name + ".lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR)
+    except FileNotFoundError:
+        fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return  # being built right now
+        target.unlink(missing_ok=True)
+        _sidecar(target).unlink(missing_ok=True)
+        lock_path.unlink(missing_ok=True)
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -4,7 +4,8 @@
 the first time (a few seconds): real Qwen3.5 tokenizer.json (cached next to it), our ChatML
 template, random bf16 weights written as an HF checkpoint by `ninfer.testing.checkpoints`, then
 converted by `tools.convert`. `<key>` digests the whole recipe (config, seed, template,
-tokenizer recipe, artifact format version), so any change builds a new file. Concurrent callers
+tokenizer recipe, artifact format version, the source of the packages that write the artifact),
+so any change builds a new file. Concurrent callers
 serialize on a lock file; a truncated or corrupted entry fails its digest check and is rebuilt
 (see `_filecache`). The cache is `ninfer.envs.cache_dir()` (`$NINFER_CACHE_DIR` or
 `~/.cache/ninfer`) unless `cache_dir` is given.
@@ -15,13 +16,14 @@ import copy
 import dataclasses
 import hashlib
 import importlib.resources
+import importlib.util
 import json
 import os
 import sys
 from pathlib import Path
 
 from ninfer import envs
-from tools.demo._filecache import build_once, temp_sibling
+from tools.demo._filecache import build_once, discard, temp_sibling
 from tools.demo.qwen_tokenizer import build_qwen35_tokenizer_json, special_token_ids, tokenizer_cache_key
 
 __all__ = [
@@ -96,6 +98,29 @@ def qwen35_tokenizer_json_path(*, cache_dir: str | os.PathLike | None = None) ->
     return target
 
 
+# Code that decides the artifact's bytes (files, or directories: all their .py files), relative to
+# the `ninfer` and `tools` package roots. Editing it in a checkout rebuilds the demo instead of
+# leaving a stale cache entry that the new loader may misread.
+_PRODUCER_CODE = {
+    "ninfer": ("artifact/format.py", "artifact/header.py", "artifact/writer.py", "core/dtypes.py",
+               "models/qwen3_5/config.py", "models/qwen3_5/weights.py", "testing/checkpoints.py"),
+    "tools": ("convert",),
+}
+
+
+def _producer_code_digest() -> str:
+    digest = hashlib.sha256()
+    for package, entries in _PRODUCER_CODE.items():
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for entry in entries:
+            path = root / entry
+            for source in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+                if source.is_file():
+                    digest.update(f"{package}/{source.relative_to(root)}\0".encode())
+                    digest.update(source.read_bytes())
+    return digest.hexdigest()
+
+
 def _demo_key() -> str:
     from ninfer.artifact import VERSION
 
@@ -104,6 +129,7 @@ def _demo_key() -> str:
         "text_config": _TEXT_CONFIG, "generation_config": _GENERATION_CONFIG,
         "chat_template_sha256": hashlib.sha256(demo_chat_template().encode()).hexdigest(),
         "tokenizer": tokenizer_cache_key(), "artifact_version": VERSION,
+        "producer_code_sha256": _producer_code_digest(),
     }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -122,7 +148,8 @@ def _build_demo(out: Path, target: Path, cache_dir, progress: bool) -> None:
         steps.set_postfix_str("tokenizer")
         tokenizer_json = qwen35_tokenizer_json_path(cache_dir=cache_dir).read_text(encoding="utf-8")
         steps.update()
-        hf_dir = temp_sibling(target, "hf")
+        # A fixed leaf name keeps the artifact (whose metadata records it) byte-reproducible.
+        hf_dir = temp_sibling(target, "hf") / DEMO_NAME
         steps.set_postfix_str("random weights")
         write_hf_checkpoint(
             hf_dir, demo_text_config(), seed=DEMO_SEED, dtype="bfloat16",
@@ -145,6 +172,10 @@ def ensure_demo_artifact(*, cache_dir: str | os.PathLike | None = None, progress
     target = _demo_dir(cache_dir) / f"{DEMO_NAME}-r{RECIPE_VERSION}-{_demo_key()}.ninfer"
     built = build_once(target, lambda out: _build_demo(out, target, cache_dir, progress),
                        what="the demo model")
+    if built:  # older recipes' demos would otherwise pile up (80 MB each)
+        for old in target.parent.glob(f"{DEMO_NAME}-r*.ninfer"):
+            if old != target:
+                discard(old)
     return DemoArtifact(target, built)
 
 
