@@ -175,17 +175,17 @@ def _random_tensor(spec: ParamSpec, seed: int) -> np.ndarray:
     name, shape = spec.name, spec.shape
 
     def normal(std: float) -> np.ndarray:
-        return rng.normal(0.0, std, size=shape).astype(np.float32)
+        return rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
 
     if name.endswith("A_log"):
         return np.log(rng.uniform(1.0, 16.0, size=shape)).astype(np.float32)
     if name.endswith("dt_bias") or name.endswith("linear_attn.norm.weight"):
-        return 1.0 + normal(0.1)
+        return np.float32(1.0) + normal(0.1)
     if name.startswith("visual."):
         if name.endswith(".bias"):
             return normal(0.02)
         if "norm" in name:
-            return 1.0 + normal(0.1)        # LayerNorm: plain weight
+            return np.float32(1.0) + normal(0.1)    # LayerNorm: plain weight
         if name.endswith("pos_embed.weight"):
             return normal(0.02)
         return normal(1.0 / math.sqrt(math.prod(shape[1:])))
