@@ -1,0 +1,90 @@
+"""The CPU backend of the Qwen3.5 Program: NumPy storage, Numba kernels, host sampling.
+
+It owns the physical stores (paged KV pool, StateImage slots, the persistent block-table matrix)
+and executes one step's rows: forward over every row, then sampling of the decode rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer import ops
+from ninfer.core.dtypes import DType
+from ninfer.core.kv_pool import PagedKVPool
+from ninfer.core.state_image import StateImageStorage
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.forward import Qwen35Forward, StepContext
+from ninfer.models.qwen3_5.parameters import Parameters
+from ninfer.models.qwen3_5.sampler_inputs import SamplerInputs
+from ninfer.models.qwen3_5.state_layout import state_image_layout
+from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
+
+
+class CpuBackend:
+    def __init__(self, cfg: Qwen35Config, params: Parameters, *, num_pages: int, page_size: int,
+                 num_slots: int, max_batch: int, prefill_chunk: int, max_context_len: int,
+                 kv_dtype: DType = DType.FLOAT32):
+        self.cfg = cfg
+        max_rows = prefill_chunk + max_batch
+        self.kv = PagedKVPool(len(cfg.full_attention_layers), num_pages,
+                              cfg.num_key_value_heads, page_size, cfg.head_dim, kv_dtype, xp=np)
+        self.pages = self.kv.allocator
+        self.states = StateImageStorage(state_image_layout(cfg), num_slots, xp=np)
+        max_pages = -(-max_context_len // page_size)
+        self.block_tables = np.zeros((num_slots, max_pages), np.int32)
+        self.step_inputs = StepInputs(max_rows, max_segments=max_batch + 1)
+        self.sampler_inputs = SamplerInputs(max_batch)
+        self.workspace = Workspace(cfg, max_rows, max_batch, xp=np)
+        self.forward = Qwen35Forward(cfg, params, self.workspace, self.kv, self.states, xp=np)
+
+    # -- slots and pages -------------------------------------------------------------------
+    def slots_free(self) -> int:
+        return self.states.num_free
+
+    def allocate_slot(self) -> int:
+        slot = self.states.allocate()
+        if slot is None:
+            raise RuntimeError("no free StateImage slot (checked before allocating)")
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self.states.free(slot)
+
+    def zero_state(self, slot: int) -> None:
+        self.states.zero(slot)
+
+    def set_block_table(self, slot: int, pages: list[int]) -> None:
+        self.block_tables[slot, : len(pages)] = pages
+
+    # -- snapshots -------------------------------------------------------------------------
+    def snapshot_bytes(self, frontier: int) -> int:
+        pages = -(-frontier // self.kv.page_size)
+        return self.states.image_bytes + pages * self.kv.bytes_per_page
+
+    def copy_out_state(self, slot: int) -> np.ndarray:
+        return self.states.copy_out(slot)
+
+    def copy_in_state(self, slot: int, image: np.ndarray) -> None:
+        self.states.copy_in(slot, image)
+
+    def copy_out_kv(self, pages: list[int], tokens: int) -> np.ndarray:
+        """Host copy of the pages covering positions [0, tokens)."""
+        used = pages[: -(-tokens // self.kv.page_size)]
+        return self.kv.gather_pages(used)
+
+    def copy_in_kv(self, pages: list[int], blocks: np.ndarray) -> None:
+        self.kv.scatter_pages(pages[: blocks.shape[2]], blocks)
+
+    # -- execution -------------------------------------------------------------------------
+    def execute(self, num_decode: int) -> None:
+        """Forward over the step's rows; sample the last `num_decode` rows into sampler_inputs."""
+        inp = self.step_inputs
+        n = inp.num_rows
+        ctx = StepContext(
+            ids=inp.ids[:n], positions=inp.positions[:, :n], row_slot=inp.row_slot[:n],
+            row_pos=inp.row_pos[:n], seg_starts=inp.seg_starts[: inp.num_segments + 1],
+            seg_slots=inp.seg_slots[: inp.num_segments], block_tables=self.block_tables,
+            logit_rows=slice(n - num_decode, n),
+        )
+        logits = self.forward(ctx)
+        if num_decode:
+            ops.sample(logits, **self.sampler_inputs.row_arrays())

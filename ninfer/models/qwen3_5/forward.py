@@ -1,0 +1,194 @@
+"""The Qwen3.5 text forward over one step's rows (math: shared/docs/qwen35-spec.md §4).
+
+    h = embed[ids]
+    for each layer:  h += Mixer(RMSNorm1p(h))        # Gated DeltaNet or gated attention
+                     h += FFN(RMSNorm1p(h))          # SwiGLU or MoE
+    logits = RMSNorm1p(h[sampled rows]) @ lm_head^T
+
+A step's rows mix one prefill chunk and the decode rows (docs/ops.md: every op computes a row
+from that row's inputs and its sequence's state alone), so a row's values do not depend on what
+else runs in the step. Recurrent state and KV are read and written in place through the
+StateImage views and the paged KV pool.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer import ops
+from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
+from ninfer.models.qwen3_5.parameters import (
+    AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
+)
+from ninfer.models.qwen3_5.workspace import Workspace
+
+L2NORM_EPS = 1e-6
+
+
+def rope_tables(cfg: Qwen35Config) -> tuple[np.ndarray, np.ndarray]:
+    """(inv_freq f32[R/2], freq_axis i32[R/2]) for partial, interleaved MRoPE.
+
+    Frequency j takes its position from row t (0), h (1) or w (2) of the 3-D position ids:
+    h if j % 3 == 1 and j < 3*s_h, w if j % 3 == 2 and j < 3*s_w, else t.
+    """
+    half = cfg.rotary_dim // 2
+    exponents = np.arange(0, cfg.rotary_dim, 2, dtype=np.float32) / np.float32(cfg.rotary_dim)
+    inv_freq = (1.0 / (np.float32(cfg.rope.theta) ** exponents)).astype(np.float32)
+    axis = np.zeros(half, np.int32)
+    section = tuple(cfg.rope.mrope_section) + (0, 0, 0)
+    if cfg.rope.mrope_interleaved:
+        for j in range(half):
+            if j % 3 == 1 and j < 3 * section[1]:
+                axis[j] = 1
+            elif j % 3 == 2 and j < 3 * section[2]:
+                axis[j] = 2
+    else:  # contiguous sections [t | h | w]
+        t_end, h_end = section[0], section[0] + section[1]
+        axis[t_end:h_end] = 1
+        axis[h_end:] = 2
+    return inv_freq, axis
+
+
+class StepContext:
+    """Views of one step's index arrays on the executing backend (leading `n` rows)."""
+
+    def __init__(self, ids, positions, row_slot, row_pos, seg_starts, seg_slots, block_tables,
+                 logit_rows: slice):
+        self.ids = ids
+        self.positions = positions
+        self.row_slot = row_slot
+        self.row_pos = row_pos
+        self.seg_starts = seg_starts
+        self.seg_slots = seg_slots
+        self.block_tables = block_tables
+        self.logit_rows = logit_rows
+        self.n = int(ids.shape[0])
+
+
+class Qwen35Forward:
+    """Runs the model over a StepContext; owns no state beyond references to its stores."""
+
+    def __init__(self, cfg: Qwen35Config, params: Parameters, ws: Workspace, kv_pool, states,
+                 xp=np):
+        self.cfg = cfg
+        self.params = params
+        self.ws = ws
+        self.kv = kv_pool
+        self.states = states
+        inv_freq, axis = rope_tables(cfg)
+        self.inv_freq = xp.asarray(inv_freq)
+        self.freq_axis = xp.asarray(axis)
+        self._attn_index = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
+        self._gdn_index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
+
+    # -- whole model ---------------------------------------------------------------------------
+    def __call__(self, ctx: StepContext):
+        """Returns logits f32[rows in ctx.logit_rows, V] (a workspace view), or None for no rows."""
+        cfg, p, ws, n = self.cfg, self.params, self.ws, ctx.n
+        h, x, out = ws.hidden[:n], ws.normed[:n], ws.block_out[:n]
+        ops.embedding(ctx.ids, p.embed, h)
+        ops.rms_norm(h, p.layers[0].input_norm, cfg.rms_norm_eps, x, zero_centered=True)
+        for i, layer in enumerate(p.layers):
+            self._mixer(i, layer, x, out, ctx)
+            ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
+            self._ffn(layer.ffn, x, out)
+            if i + 1 < len(p.layers):
+                ops.add_rms_norm(h, out, p.layers[i + 1].input_norm, cfg.rms_norm_eps, x)
+        ops.add_inplace(h, out)
+        rows = ctx.logit_rows
+        b = rows.stop - rows.start
+        if b == 0:
+            return None
+        normed, logits = ws.final_normed[:b], ws.logits[:b]
+        ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
+        ops.linear(normed, p.lm_head, logits)
+        return logits
+
+    def _mixer(self, i: int, layer: LayerParams, x, out, ctx: StepContext) -> None:
+        if layer.kind is LayerType.LINEAR_ATTENTION:
+            self._gated_deltanet(self._gdn_index[i], layer.mixer, x, out, ctx)
+        else:
+            self._gated_attention(self._attn_index[i], layer.mixer, x, out, ctx)
+
+    # -- Gated DeltaNet ----------------------------------------------------------------------
+    def _gated_deltanet(self, g_idx: int, w: GDNParams, x, out, ctx: StepContext) -> None:
+        cfg, ws, n = self.cfg, self.ws, ctx.n
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        kd, vd, c = cfg.linear_key_dim, cfg.linear_value_dim, cfg.conv_channels
+
+        proj = ws.proj[:n, : c + vd + 2 * hv]
+        ops.linear(x, w.in_proj, proj)  # [qkv | z | b | a]
+        qkv, z = proj[:, :c], proj[:, c: c + vd]
+        b, a = proj[:, c + vd: c + vd + hv], proj[:, c + vd + hv:]
+
+        u = ws.conv_out[:n]
+        ops.gdn_conv(qkv, w.conv, self.states.conv_view(g_idx), ctx.seg_starts, ctx.seg_slots, u)
+        q = u[:, :kd].reshape(n, hk, dk)
+        k = u[:, kd: 2 * kd].reshape(n, hk, dk)
+        v = u[:, 2 * kd:].reshape(n, hv, dv)
+        q_hat, k_hat = ws.gdn_q[:n], ws.gdn_k[:n]
+        ops.l2norm_heads(q, L2NORM_EPS, dk ** -0.5, q_hat)
+        ops.l2norm_heads(k, L2NORM_EPS, 1.0, k_hat)
+        g, beta = ws.gdn_g[:n], ws.gdn_beta[:n]
+        ops.gdn_gates(a, b, w.a_log, w.dt_bias, g, beta)
+
+        core = ws.gdn_core[:n]
+        ops.gdn_recurrence(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
+                           ctx.seg_starts, ctx.seg_slots, core)
+        y = ws.gdn_normed[:n]
+        ops.gated_rms_norm(core, z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps, y)
+        ops.linear(y.reshape(n, vd), w.out_proj, out)
+
+    # -- gated full attention ----------------------------------------------------------------
+    def _gated_attention(self, a_idx: int, w: AttentionParams, x, out, ctx: StepContext) -> None:
+        cfg, ws, n = self.cfg, self.ws, ctx.n
+        a, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+
+        proj = ws.proj[:n, : 2 * a * d + 2 * hkv * d]
+        ops.linear(x, w.qkv_proj, proj)
+        q_and_gate = proj[:, : 2 * a * d].reshape(n, a, 2 * d)  # per head [q_h | gate_h]
+        k = proj[:, 2 * a * d: 2 * a * d + hkv * d].reshape(n, hkv, d)
+        v = proj[:, 2 * a * d + hkv * d:].reshape(n, hkv, d)
+
+        q_hat, k_hat = ws.attn_q[:n], ws.attn_k[:n]
+        ops.rms_norm(q_and_gate[:, :, :d], w.q_norm, cfg.rms_norm_eps, q_hat, zero_centered=True)
+        ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps, k_hat, zero_centered=True)
+        ops.rope(q_hat, ctx.positions, self.inv_freq, self.freq_axis)
+        ops.rope(k_hat, ctx.positions, self.inv_freq, self.freq_axis)
+
+        k_pages, v_pages = self.kv.k_pages(a_idx), self.kv.v_pages(a_idx)
+        ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
+        attn = ws.attn_out[:n]
+        ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos,
+                            d ** -0.5, attn)
+        ops.sigmoid_mul(attn, q_and_gate[:, :, d:], attn)
+        ops.linear(attn.reshape(n, a * d), w.o_proj, out)
+
+    # -- FFN -----------------------------------------------------------------------------------
+    def _ffn(self, w: DenseMLPParams | MoEParams, x, out) -> None:
+        if isinstance(w, DenseMLPParams):
+            self._swiglu_mlp(w.gate_up, w.down, x, out)
+        else:
+            self._moe(w, x, out)
+
+    def _swiglu_mlp(self, gate_up, down, x, out) -> None:
+        n = x.shape[0]
+        inner = gate_up.shape[0] // 2
+        gu = self.ws.proj[:n, : 2 * inner]
+        ops.linear(x, gate_up, gu)
+        act = self.ws.ffn_act[:n, :inner]
+        ops.swiglu(gu, act)
+        ops.linear(act, down, out)
+
+    def _moe(self, w: MoEParams, x, out) -> None:
+        ws, n = self.ws, x.shape[0]
+        logits = ws.router_logits[:n]
+        ops.linear(x, w.router, logits)
+        weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
+        ops.moe_route(logits, self.cfg.num_experts_per_tok, weights, ids)
+        ops.moe_experts(x, w.experts_gate_up, w.experts_down, ids, weights, out)
+        shared = ws.shared_out[:n]
+        self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
+        gate = ws.shared_gate_logit[:n]
+        ops.linear(x, w.shared_gate, gate)
+        ops.sigmoid_scale_add(out, shared, gate)
