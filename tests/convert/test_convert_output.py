@@ -161,3 +161,28 @@ def test_conditional_checkpoint_without_visual_or_mtp(tmp_path):
     with Artifact.open(out) as art:
         assert {b.use for b in art.bindings.values()} == {Use.TEXT}
         assert art.config["vision_config"]["depth"] == 2   # the config still describes it
+
+
+def test_per_expert_mtp_with_fused_main_layers(tmp_path):
+    """Some releases store the MTP layer's experts per expert while the main layers are fused."""
+    from tools.convert.safetensors import SafetensorsFile, write_safetensors
+
+    hf = write_hf_checkpoint(tmp_path / "hf", PRESETS["tiny-moe"], seed=6,
+                             architecture="Qwen3_5MoeForCausalLM", with_mtp=True)
+    fused = convert_checkpoint(hf, tmp_path / "fused.ninfer", progress=False)
+    st = SafetensorsFile(hf / "model.safetensors")
+    entries = {n: (i.dtype, np.array(st.array(n))) for n, i in st.tensors.items()}
+    st.close()
+    for key in ("mtp.layers.0.mlp.experts.gate_up_proj", "mtp.layers.0.mlp.experts.down_proj"):
+        dtype, value = entries.pop(key)
+        pieces = per_expert_keys(key, value.shape[0])
+        flat = value.reshape(len(pieces), -1)
+        for piece, row in zip(pieces, flat):
+            shape = (value.shape[1] // 2, value.shape[2]) if "gate_up" in key else value.shape[1:]
+            entries[piece] = (dtype, row.reshape(shape))
+    write_safetensors(hf / "model.safetensors",
+                      [(n, d, v.shape) for n, (d, v) in entries.items()],
+                      lambda n: [entries[n][1]])
+    mixed = convert_checkpoint(hf, tmp_path / "mixed.ninfer", progress=False)
+    with Artifact.open(fused) as a, Artifact.open(mixed) as b:
+        assert a.header.objects == b.header.objects and a.bindings == b.bindings

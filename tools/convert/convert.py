@@ -19,7 +19,7 @@ from ninfer.core.dtypes import DType, f32_to_bf16_bits, to_float32
 from ninfer.errors import ConversionError
 from tools.convert.checkpoint import ConversionWarning, HFCheckpoint
 from tools.convert.plan import SOURCE_DTYPES, ConversionPlan, plan_conversion
-from tools.convert.resources import ResourceFile, collect_resources
+from tools.convert.resources import collect_resources
 
 CONVERTER_NAME = "ninfer.convert"
 CHUNK_ELEMENTS = 4 << 20

@@ -10,7 +10,7 @@ import collections
 import dataclasses
 import re
 
-from ninfer.artifact.header import Binding, Use
+from ninfer.artifact.header import Binding
 from ninfer.artifact.writer import ObjectSpec
 from ninfer.core.dtypes import DType
 from ninfer.errors import ConversionError, InvalidInput

@@ -32,6 +32,14 @@ _DROPPED_KEYS = frozenset({
     "rope_theta", "partial_rotary_factor", "rope_scaling", "rope_parameters", "torch_dtype",
     "dtype", "transformers_version", "_name_or_path", "auto_map",
 })
+# Integer size fields read as-is from the HF text config (all required, all >= 1).
+_SIZE_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+)
+_MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
+               "shared_expert_intermediate_size")
 
 
 class LayerType(str, enum.Enum):
@@ -155,16 +163,8 @@ class Qwen35Config:
         out: dict[str, Any] = {
             "architectures": [self.architecture],
             "model_type": "qwen3_5_moe_text" if self.is_moe else "qwen3_5_text",
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_hidden_layers,
+            **{f: getattr(self, f) for f in _SIZE_FIELDS},
             "layer_types": [t.value for t in self.layer_types],
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads, "head_dim": self.head_dim,
-            "linear_num_key_heads": self.linear_num_key_heads,
-            "linear_num_value_heads": self.linear_num_value_heads,
-            "linear_key_head_dim": self.linear_key_head_dim,
-            "linear_value_head_dim": self.linear_value_head_dim,
-            "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
             "hidden_act": self.hidden_act, "rms_norm_eps": self.rms_norm_eps,
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings, "attention_bias": False,
@@ -180,9 +180,7 @@ class Qwen35Config:
                              else list(self.eos_token_ids) or None),
         }
         if self.is_moe:
-            out.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
-                       moe_intermediate_size=self.moe_intermediate_size,
-                       shared_expert_intermediate_size=self.shared_expert_intermediate_size)
+            out.update({f: getattr(self, f) for f in _MOE_FIELDS})
         else:
             out["intermediate_size"] = self.intermediate_size
         if self.vision is not None:
@@ -294,18 +292,10 @@ def _parse(cls, raw: dict, architecture: str | None) -> Qwen35Config:
         raise InvalidInput("attention_bias=true is not supported (Qwen3.5 has no biases)")
     if text.get("hidden_act", "silu") != "silu":
         raise InvalidInput(f"hidden_act {text['hidden_act']!r} is not supported (only 'silu')")
-    num_layers = req("num_hidden_layers")
     eos = text.get("eos_token_id", raw.get("eos_token_id"))
-    kw: dict[str, Any] = dict(
-        architecture=arch, vocab_size=req("vocab_size"), hidden_size=req("hidden_size"),
-        num_hidden_layers=num_layers, layer_types=resolve_layer_types(text, num_layers),
-        num_attention_heads=req("num_attention_heads"),
-        num_key_value_heads=req("num_key_value_heads"), head_dim=req("head_dim"),
-        linear_num_key_heads=req("linear_num_key_heads"),
-        linear_num_value_heads=req("linear_num_value_heads"),
-        linear_key_head_dim=req("linear_key_head_dim"),
-        linear_value_head_dim=req("linear_value_head_dim"),
-        linear_conv_kernel_dim=req("linear_conv_kernel_dim"),
+    kw: dict[str, Any] = {f: req(f) for f in _SIZE_FIELDS}
+    kw.update(
+        architecture=arch, layer_types=resolve_layer_types(text, kw["num_hidden_layers"]),
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=_as_int(text.get("max_position_embeddings", 32768),
                                          "max_position_embeddings"),
@@ -321,9 +311,7 @@ def _parse(cls, raw: dict, architecture: str | None) -> Qwen35Config:
                                       else [])),
     )
     if moe:
-        kw.update(num_experts=req("num_experts"), num_experts_per_tok=req("num_experts_per_tok"),
-                  moe_intermediate_size=req("moe_intermediate_size"),
-                  shared_expert_intermediate_size=req("shared_expert_intermediate_size"))
+        kw.update({f: req(f) for f in _MOE_FIELDS})
         if kw["num_experts_per_tok"] > kw["num_experts"]:
             raise InvalidInput(f"num_experts_per_tok {kw['num_experts_per_tok']} exceeds "
                                f"num_experts {kw['num_experts']}")
