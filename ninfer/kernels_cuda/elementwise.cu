@@ -6,7 +6,7 @@
 //   ew_kernel<SigmoidScaleAdd>  out = a + sigmoid(c) * b              (sigmoid_scale_add; c is
 //                                                                      broadcast with col stride 0)
 //   ew_kernel<Add>              out = a + b                           (add_inplace)
-// Grid: (ceil(M / 256), N), 256 threads, one element per thread. Memory-bound; `out` may alias
+// Grid: (N, ceil(M / 256)), 256 threads, one element per thread. Memory-bound; `out` may alias
 // `a` (each element is read and written by the same thread).
 #include "common.cuh"
 
@@ -37,8 +37,8 @@ struct Add {
 
 template <class Op>
 __global__ void __launch_bounds__(256) ew_kernel(const EwParams p) {
-  const int col = blockIdx.x * 256 + threadIdx.x;
-  const i64 row = blockIdx.y;
+  const int col = blockIdx.y * 256 + threadIdx.x;
+  const i64 row = blockIdx.x;
   if (col >= p.m) return;
   const float a = p.a[row * p.a_rs + col];
   const float b = p.b[row * p.b_rs + col];

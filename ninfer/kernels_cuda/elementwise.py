@@ -31,7 +31,7 @@ def _run(op: str, a, b, out, c=None, c_rs=0, c_cs=0) -> None:
     params = C.pack(_PARAMS, a=C.ptr(a), b=C.ptr(b), c=C.ptr(c) if c is not None else 0,
                     out=C.ptr(out), a_rs=C.row_stride(a, "a"), b_rs=C.row_stride(b, "b"),
                     c_rs=c_rs, out_rs=C.row_stride(out, "out"), c_cs=c_cs, m=m)
-    launch(get_function(SOURCE, f"ew_kernel<{op}>"), ((m + _THREADS - 1) // _THREADS, n),
+    launch(get_function(SOURCE, f"ew_kernel<{op}>"), (n, (m + _THREADS - 1) // _THREADS),
            (_THREADS,), (params,), name=op)
 
 

@@ -1,0 +1,63 @@
+// linear.cu: out[N, M] = x[N, K] @ w[M, K]^T with fp32 accumulation.
+//
+// linear_gemv_kernel<WT, NT, R, ALIGNED> (decode / skinny GEMM; the only path usable inside a
+// captured graph). Grid (ceil(M / R), ceil(N / NT)); block = `splits` warps (1..8), warp s
+// reducing the s-th of `splits` equal ranges of K. Each block computes R output columns for NT
+// activation rows; the split count is chosen from K alone and the per-element order is fixed
+// (gemv.cuh), so results do not depend on N (batch invariance). R grows with NT so that an
+// activation value loaded into a register feeds R FMAs (x traffic / weight traffic = 2*NT/R).
+// ALIGNED=1 needs K % 8 == 0 and 16-byte aligned rows of w and x (16-byte vector loads);
+// ALIGNED=0 reads the same 8-element units with scalar, bounds-checked loads (same order).
+//
+// f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
+// even; feeds the cuBLAS bf16 prefill path (linear.py).
+#include "gemv.cuh"
+
+struct GemvParams {
+  const void* w;
+  const float* x;
+  float* out;
+  i64 w_rs, x_rs, out_rs;
+  int m, k, n, splits;
+};
+static_assert(sizeof(GemvParams) == 64, "GemvParams layout is mirrored in linear.py");
+
+template <typename WT, int NT, int R, int ALIGNED>
+__global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
+  __shared__ float red[8 * R * NT];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int m0 = blockIdx.x * R;
+  const int n0 = blockIdx.y * NT;
+  const int units = gemv_units(p.k);
+  const int per = (units + p.splits - 1) / p.splits;
+  const int u_begin = min(units, warp * per);
+  const int u_end = min(units, u_begin + per);
+  const WT* wbase = static_cast<const WT*>(p.w);
+  const WT* wrow[R];
+  const float* xrow[NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wrow[r] = m0 + r < p.m ? wbase + (i64)(m0 + r) * p.w_rs : nullptr;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) xrow[n] = n0 + n < p.n ? p.x + (i64)(n0 + n) * p.x_rs : nullptr;
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[r][n] = 0.0f;
+  gemv_warp_accumulate<WT, NT, R, ALIGNED != 0>(wrow, xrow, p.k, u_begin, u_end, lane, acc);
+  float total;
+  int r, n;
+  if (gemv_block_reduce<R, NT>(acc, red, p.splits, &total, &r, &n)) {
+    if (m0 + r < p.m && n0 + n < p.n) p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = total;
+  }
+}
+
+__global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, i64 x_rs,
+                                                          int n, int k, bf16raw* __restrict__ out) {
+  const i64 total = (i64)n * k;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (i64)gridDim.x * blockDim.x) {
+    const i64 row = i / k, col = i % k;
+    out[i] = f32_to_bf16(x[row * x_rs + col]);
+  }
+}

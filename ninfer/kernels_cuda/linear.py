@@ -1,0 +1,124 @@
+"""Launchers for linear.cu: `linear(x, weight, out)` = x @ w^T (docs/ops.md).
+
+Two paths:
+- GEMV / skinny GEMM (our kernel) for N <= GEMV_MAX_ROWS, for any N while a graph is being
+  captured, and whenever `batch_invariant=True`: one fixed split of K per output element
+  (chosen from K alone), so a row's result never depends on the other rows.
+- cuBLAS (through CuPy, not capturable) for N > GEMV_MAX_ROWS: bf16 weights multiply a bf16 copy
+  of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None) with fp32
+  accumulation and fp32 output; f32 weights use fp32 gemmEx (no TF32). Its results depend on
+  cuBLAS's algorithm choice for the shape and on x's rounding to bf16.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer.kernels_cuda import _checks as C
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+
+GEMV_MAX_ROWS = 8
+MAX_SPLITS = 8
+ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
+
+SOURCE = KernelSource("linear.cu", tuple(
+    [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
+     for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
+    + ["f32_to_bf16_kernel"]))
+GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
+                       ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
+                       ("n", "i32"), ("splits", "i32"))
+assert GEMV_PARAMS.itemsize == 64
+
+# cuBLAS constants (cublas_api.h / library_types.h)
+_OP_N, _OP_T = 0, 1
+_CUDA_R_32F, _CUDA_R_16BF = 0, 14
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
+
+
+def k_splits(k: int) -> int:
+    """Warps (K ranges) per output element: a function of K only (batch invariance)."""
+    units = (k + 7) // 8
+    return max(1, min(MAX_SPLITS, units // 128))
+
+
+def rows_tile(n: int) -> int:
+    """Activation rows per block (NT) for a call with n rows."""
+    for nt in (1, 2, 4, 8):
+        if n <= nt:
+            return nt
+    return 8
+
+
+def _gemv_aligned(w, kind: C.WKind, w_rs: int, x, x_rs: int, k: int) -> bool:
+    w_vec = 8 if kind is C.WKind.BF16 else 4
+    return (k % 8 == 0 and C.aligned(w) and w_rs % w_vec == 0 and C.aligned(x)
+            and x_rs % 4 == 0)
+
+
+def launch_gemv(x, x_rs: int, w, kind: C.WKind, w_rs: int, out, out_rs: int, m: int, k: int,
+                n: int) -> None:
+    """The GEMV kernel on already-checked operands (also used by other launchers)."""
+    nt = rows_tile(n)
+    r = ROWS_PER_BLOCK[nt]
+    splits = k_splits(k)
+    aligned = int(_gemv_aligned(w, kind, w_rs, x, x_rs, k))
+    params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out_rs, m=m, k=k, n=n, splits=splits)
+    fn = get_function(SOURCE, f"linear_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}>")
+    launch(fn, ((m + r - 1) // r, (n + nt - 1) // nt), (32 * splits,), (params,),
+           name="linear_gemv")
+
+
+def _capturing() -> bool:
+    return C.cupy().cuda.get_current_stream().is_capturing()
+
+
+def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
+    """out f32[N,M] = x f32[N,K] (rows strided) @ weight[M,K]^T (f32 or bf16).
+
+    `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of x on the cuBLAS
+    path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV kernel
+    for any N.
+    """
+    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    n, k = x.shape
+    w, kind = C.weight_array(weight, "weight")
+    C.require(w.ndim == 2 and w.shape[1] == k, "weight", f"shape {w.shape}, expected [M, {k}]")
+    m = w.shape[0]
+    C.device_array(out, "out", dtype=np.float32, ndim=2, shape=(n, m))
+    x_rs, w_rs, out_rs = C.row_stride(x, "x"), C.row_stride(w, "weight"), C.row_stride(out, "out")
+    if n == 0 or m == 0:
+        return
+    if k == 0:
+        out.fill(0)
+        return
+    if n <= GEMV_MAX_ROWS or batch_invariant or _capturing():
+        launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)
+        return
+    _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
+
+
+def _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace) -> None:
+    cp = C.cupy()
+    from cupy_backends.cuda.libs import cublas
+
+    if kind is C.WKind.BF16:
+        if workspace is None:
+            workspace = cp.empty(n * k, dtype=np.uint16)
+        C.device_array(workspace, "workspace", dtype=np.uint16)
+        C.require(workspace.size >= n * k and workspace.flags.c_contiguous, "workspace",
+                  f"needs >= {n * k} contiguous uint16 elements")
+        blocks = min(4096, (n * k + 255) // 256)
+        launch(get_function(SOURCE, "f32_to_bf16_kernel"), (blocks,), (256,),
+               (x, np.int64(x_rs), np.int32(n), np.int32(k), workspace), name="f32_to_bf16")
+        b_ptr, b_ld, dtype = C.ptr(workspace), k, _CUDA_R_16BF
+    else:
+        b_ptr, b_ld, dtype = C.ptr(x), x_rs, _CUDA_R_32F
+    alpha = np.ones(1, dtype=np.float32)
+    beta = np.zeros(1, dtype=np.float32)
+    handle = cp.cuda.device.get_cublas_handle()
+    # Column-major view: out^T [M, N] = (w as K x M)^T @ (x as K x N).
+    cublas.gemmEx(handle, _OP_T, _OP_N, m, n, k, alpha.ctypes.data, C.ptr(w), dtype, w_rs,
+                  b_ptr, dtype, b_ld, beta.ctypes.data, C.ptr(out), _CUDA_R_32F, out_rs,
+                  _COMPUTE_32F, _GEMM_DEFAULT)
