@@ -1,0 +1,90 @@
+"""moe_route (softmax, top-k, ties, renormalisation) and moe_experts (oracle, batch invariance,
+bitwise agreement with the dense linear path)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer.core.tensor import Weight
+from ninfer.ops import linear, moe_experts, moe_route, swiglu
+from ninfer.ops import reference as ref
+
+from .helpers import DTYPES, assert_close, assert_same_bits, poisoned, randn, weight
+
+E, H, IM, K = 7, 37, 11, 3
+
+
+@pytest.mark.parametrize("n", [1, 3, 17])
+def test_moe_route_picks_and_renormalises_top_k(rng, n):
+    logits = randn(rng, (n, E), scale=2.0)
+    w_out, ids_out = poisoned((n, K)), poisoned((n, K), np.int32)
+    moe_route(logits, K, w_out, ids_out)
+    expect_w, expect_ids = ref.moe_route(logits, K)
+    assert np.array_equal(ids_out, expect_ids)
+    assert_close(w_out, expect_w)
+    assert np.allclose(w_out.sum(axis=1), 1.0, atol=1e-6)
+    assert np.all(np.diff(w_out, axis=1) <= 0), "largest first"
+
+
+def test_moe_route_ties_go_to_the_lower_id():
+    logits = np.array([[0.5, 2.0, 2.0, -1.0, 2.0]], np.float32)
+    w_out, ids_out = poisoned((1, 2)), poisoned((1, 2), np.int32)
+    moe_route(logits, 2, w_out, ids_out)
+    assert ids_out.tolist() == [[1, 2]]
+    assert_close(w_out, [[0.5, 0.5]], 1e-7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 17])
+def test_moe_experts_vs_float64(rng, dtype, n):
+    x = randn(rng, (n, H))
+    gate_up = weight(rng, (E, 2 * IM, H), dtype, scale=0.3)
+    down = weight(rng, (E, H, IM), dtype, scale=0.3)
+    w, ids = ref.moe_route(randn(rng, (n, E)), K)
+    weights = w.astype(np.float32)
+    out = poisoned((n, H))
+    moe_experts(x, gate_up, down, ids, weights, out)
+    assert_close(out, ref.moe_experts(x, gate_up, down, ids, weights))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_experts_is_batch_invariant(rng, dtype):
+    n = 19
+    x = randn(rng, (n, H))
+    gate_up = weight(rng, (E, 2 * IM, H), dtype, scale=0.3)
+    down = weight(rng, (E, H, IM), dtype, scale=0.3)
+    w, ids = ref.moe_route(randn(rng, (n, E)), K)
+    weights = w.astype(np.float32)
+    whole = poisoned((n, H))
+    moe_experts(x, gate_up, down, ids, weights, whole)
+    for i in (0, 5, 18):
+        one = poisoned((1, H))
+        moe_experts(x[i:i + 1], gate_up, down, ids[i:i + 1], weights[i:i + 1], one)
+        assert_same_bits(one[0], whole[i], f"row {i}")
+
+
+def test_moe_single_expert_equals_the_linear_path_bitwise(rng):
+    x = randn(rng, (4, H))
+    gate_up = weight(rng, (E, 2 * IM, H), DTYPES[1], scale=0.3)
+    down = weight(rng, (E, H, IM), DTYPES[1], scale=0.3)
+    e = 5
+    out = poisoned((4, H))
+    moe_experts(x, gate_up, down, np.full((4, 1), e, np.int32), np.ones((4, 1), np.float32), out)
+    gu, act, y = poisoned((4, 2 * IM)), poisoned((4, IM)), poisoned((4, H))
+    linear(x, Weight(gate_up.data[e], gate_up.dtype), gu)
+    swiglu(gu, act)
+    linear(act, Weight(down.data[e], down.dtype), y)
+    assert_same_bits(out, y, "expert via moe_experts vs linear/swiglu/linear")
+
+
+def test_moe_checks(rng):
+    with pytest.raises(ValueError, match="top_k must be"):
+        moe_route(randn(rng, (2, E)), E + 1, poisoned((2, E + 1)), poisoned((2, E + 1), np.int32))
+    gate_up = weight(rng, (E, 2 * IM, H), DTYPES[0])
+    down = weight(rng, (E, H, IM), DTYPES[0])
+    with pytest.raises(ValueError, match="expert id outside"):
+        moe_experts(randn(rng, (1, H)), gate_up, down, np.array([[E]], np.int32),
+                    np.ones((1, 1), np.float32), poisoned((1, H)))
+    with pytest.raises(ValueError, match="down must have shape"):
+        moe_experts(randn(rng, (1, H)), gate_up, weight(rng, (E, H, IM + 1), DTYPES[0]),
+                    np.array([[0]], np.int32), np.ones((1, 1), np.float32), poisoned((1, H)))
