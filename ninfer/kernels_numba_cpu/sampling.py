@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import float64, njit, prange, uint64
 
+from ninfer.kernels_numba_cpu._layout import flat
 from ninfer.kernels_numba_cpu._prim import F0
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -69,9 +70,8 @@ def _add_band(e, order, count, band):
 
 
 @njit(inline="always")
-def _top_alternatives(row, lse, top_ids, top_lp, t_row):
-    """The T largest raw logits (ties to the lower id) as logprobs."""
-    n_top = top_ids.shape[1]
+def _top_alternatives(row, lse, top_ids, top_lp, base, n_top):
+    """The n_top largest raw logits (ties to the lower id) as logprobs, written at top_*[base:]."""
     if n_top == 0:
         return
     vals = np.empty(n_top, np.float32)
@@ -91,14 +91,14 @@ def _top_alternatives(row, lse, top_ids, top_lp, t_row):
         if filled < n_top:
             filled += 1
     for i in range(n_top):
-        top_ids[t_row, i] = ids[i]
-        top_lp[t_row, i] = np.float32(float64(vals[i]) - lse)
+        top_ids[base + i] = ids[i]
+        top_lp[base + i] = np.float32(float64(vals[i]) - lse)
 
 
 @njit(parallel=True, cache=True, fastmath=False)
 def _sample_kernel(logits, temperature, top_k, top_p, min_p, rep, presence, frequency, seeds,
                    counters, pen_offsets, pen_tokens, pen_counts, tokens_out, logprobs_out,
-                   top_ids_out, top_logprobs_out):
+                   top_ids, ids_stride, top_lp, lp_stride, n_top):
     n_rows, vocab = logits.shape
     for b in prange(n_rows):
         row = logits[b]
@@ -111,7 +111,7 @@ def _sample_kernel(logits, temperature, top_k, top_p, min_p, rep, presence, freq
         for j in range(vocab):
             z += np.exp(row[j] - m)
         lse = float64(m) + np.log(z)
-        _top_alternatives(row, lse, top_ids_out, top_logprobs_out, b)
+        _top_alternatives(row, lse, top_ids[b * ids_stride:], top_lp[b * lp_stride:], 0, n_top)
         # 2. Penalties on a private copy.
         lg = row.copy()
         r = rep[b]
@@ -192,6 +192,10 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     if logits.shape[0] == 0:
         return
     _check_penalties(pen_offsets, pen_tokens, pen_counts, logits.shape[1])
+    n_top = top_ids_out.shape[1]
+    ids_buf, ids_strides = flat(top_ids_out) if n_top else (np.zeros(0, np.int32), (0, 0))
+    lp_buf, lp_strides = flat(top_logprobs_out) if n_top else (np.zeros(0, np.float32), (0, 0))
     _sample_kernel(logits, temperature, top_k, top_p, min_p, repetition_penalty,
                    presence_penalty, frequency_penalty, seeds, counters, pen_offsets, pen_tokens,
-                   pen_counts, tokens_out, logprobs_out, top_ids_out, top_logprobs_out)
+                   pen_counts, tokens_out, logprobs_out, ids_buf, ids_strides[0], lp_buf,
+                   lp_strides[0], n_top)

@@ -15,7 +15,8 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     frequency penalties f32; top_k i32 (0 = off); seeds u64; counters i64 (index of the token being
     drawn). Penalty entries of row b are pen_tokens/pen_counts[pen_offsets[b]:pen_offsets[b+1]]
     (i32). Writes tokens_out i32[B], logprobs_out f32[B] (raw log-softmax of the chosen token) and
-    the T best raw alternatives top_ids_out i32[B, T], top_logprobs_out f32[B, T] (T may be 0).
+    the T best raw alternatives top_ids_out i32[B, T], top_logprobs_out f32[B, T] (T may be 0;
+    rows may be strided, e.g. the first T columns of a wider buffer).
     """
     args = (logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
             frequency_penalty, seeds, counters, pen_offsets, pen_tokens, pen_counts, tokens_out,
@@ -36,8 +37,10 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     check.array("sample", "pen_offsets", pen_offsets, check.I32, (b + 1,))
     (m,) = check.array("sample", "pen_tokens", pen_tokens, check.I32, (None,))
     check.array("sample", "pen_counts", pen_counts, check.I32, (m,))
-    _, t = check.array("sample", "top_ids_out", top_ids_out, check.I32, (b, None))
+    _, t = check.array("sample", "top_ids_out", top_ids_out, check.I32, (b, None),
+                       check.Layout.ROWS)
     if t > v:
         raise ValueError(f"sample: {t} top alternatives requested from a vocabulary of {v}")
-    check.array("sample", "top_logprobs_out", top_logprobs_out, check.F32, (b, t))
+    check.array("sample", "top_logprobs_out", top_logprobs_out, check.F32, (b, t),
+                check.Layout.ROWS)
     check.kernels(backend, "sampling").sample(*args)

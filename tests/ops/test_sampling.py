@@ -31,7 +31,9 @@ _ORDER = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "prese
 def _run(logits, p, n_top=0):
     b = logits.shape[0]
     tokens, lps = poisoned(b, np.int32), poisoned(b)
-    top_ids, top_lps = poisoned((b, n_top), np.int32), poisoned((b, n_top))
+    # The top-T outputs are the first T columns of wider buffers (rows strided), as in the model.
+    top_ids = poisoned((b, n_top + 2), np.int32)[:, :n_top]
+    top_lps = poisoned((b, n_top + 2))[:, :n_top]
     sample(logits, *[p[k] for k in _ORDER], tokens, lps, top_ids, top_lps)
     return tokens, lps, top_ids, top_lps
 
