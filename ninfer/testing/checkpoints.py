@@ -22,7 +22,9 @@ from ninfer.core.dtypes import f32_to_bf16_bits
 from ninfer.errors import InvalidInput
 from ninfer.models.qwen3_5.config import ARCHITECTURES, MOE_ARCHITECTURES, Qwen35Config
 from ninfer.models.qwen3_5.weights import ParamSpec, weight_layout
-from ninfer.testing.tiny_tokenizer import build_tiny_tokenizer_json, special_token_ids
+from ninfer.testing.tiny_tokenizer import (
+    build_tiny_tokenizer_json, num_token_ids, special_token_ids,
+)
 from tools.convert.hf_names import (
     CAUSAL_TEXT_PREFIX, CONDITIONAL_TEXT_PREFIX, hf_key, per_expert_keys,
 )
@@ -75,6 +77,9 @@ def write_hf_checkpoint(out_dir, text_config: dict, *, seed: int, dtype: str = "
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok_json = tokenizer_json or build_tiny_tokenizer_json(text_config["vocab_size"])
+    if num_token_ids(tok_json) > text_config["vocab_size"]:
+        raise InvalidInput(f"the tokenizer has ids up to {num_token_ids(tok_json) - 1}, beyond "
+                           f"vocab_size {text_config['vocab_size']}")
     specials = special_token_ids(tok_json)
     config = _hf_config(text_config, architecture, specials, with_mtp)
     cfg = Qwen35Config.from_hf(config)

@@ -115,3 +115,12 @@ def special_token_ids(tokenizer_json: str) -> dict[str, int]:
     """content -> id of every added token in a tokenizer.json."""
     data = json.loads(tokenizer_json)
     return {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+
+
+def num_token_ids(tokenizer_json: str) -> int:
+    """1 + the largest id a tokenizer.json can produce (model vocab and added tokens)."""
+    data = json.loads(tokenizer_json)
+    ids = [t["id"] for t in data.get("added_tokens", [])]
+    vocab = (data.get("model") or {}).get("vocab") or {}
+    ids += list(vocab.values()) if isinstance(vocab, dict) else [len(vocab) - 1]
+    return max(ids, default=-1) + 1

@@ -86,6 +86,8 @@ def test_files_are_deterministic_and_complete(tmp_path):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     index = json.loads((a / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"].values()) == {n for n in names if n.endswith(".safetensors")}
+    auto = transformers.AutoConfig.from_pretrained(a)
+    assert auto.model_type == "qwen3_5_text" and auto.layer_types[3] == "full_attention"
     gen = transformers.GenerationConfig.from_pretrained(a)
     assert gen.eos_token_id == [501, 499] and gen.top_k == 20
 
@@ -110,6 +112,9 @@ def test_bad_arguments(tmp_path):
         write_hf_checkpoint(tmp_path, PRESETS["tiny-dense"], seed=1, moe_layout="split")
     with pytest.raises(InvalidInput, match="unknown architecture"):
         write_hf_checkpoint(tmp_path, PRESETS["tiny-dense"], seed=1, architecture="Llama")
+    with pytest.raises(InvalidInput, match="beyond vocab_size 512"):
+        write_hf_checkpoint(tmp_path, PRESETS["tiny-dense"], seed=1,
+                            tokenizer_json=build_tiny_tokenizer_json(600))
 
 
 def test_tiny_tokenizer_round_trips_and_fits_the_vocab():
