@@ -13,14 +13,25 @@ import pytest
 
 from tools.demo import build_qwen35_tokenizer_json, qwen35_tokenizer_json_path
 from tools.demo._filecache import file_sha256
+import tools.demo.build as demo_build
 from tools.demo.build import DEMO_NAME, demo_chat_template, ensure_demo_artifact
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Builds here pin the producer-code part of the recipe key, so that someone editing the converter
+# while these tests run cannot change the key between two calls.
+_PINNED_CODE_DIGEST = "pinned-for-tests"
+_REAL_CODE_DIGEST = demo_build._producer_code_digest
 _BUILDER = (
-    "import json, sys; from tools.demo.build import ensure_demo_artifact; "
-    "r = ensure_demo_artifact(cache_dir=sys.argv[1], progress=False); "
+    "import json, sys; import tools.demo.build as b; "
+    f"b._producer_code_digest = lambda: {_PINNED_CODE_DIGEST!r}; "
+    "r = b.ensure_demo_artifact(cache_dir=sys.argv[1], progress=False); "
     "print(json.dumps({'path': str(r.path), 'built': r.built}))"
 )
+
+
+@pytest.fixture(autouse=True)
+def _pin_code_digest(monkeypatch):
+    monkeypatch.setattr(demo_build, "_producer_code_digest", lambda: _PINNED_CODE_DIGEST)
 
 
 def _race_builders(cache_dir: Path, count: int) -> list[dict]:
@@ -122,3 +133,18 @@ def test_corrupt_cache_entry_is_rebuilt(raced, tmp_path):
     assert file_sha256(path) == file_sha256(Path(results[0]["path"])), "the build is reproducible"
     with Artifact.open(path, verify=True) as art:
         assert art.name == DEMO_NAME
+
+
+def test_default_cache_dir_follows_ninfer_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path))
+    path = qwen35_tokenizer_json_path()
+    assert path.parent == tmp_path / "demo"
+    assert path.read_text(encoding="utf-8") == build_qwen35_tokenizer_json()
+
+
+def test_recipe_key_covers_the_producer_code(monkeypatch):
+    digest = _REAL_CODE_DIGEST()
+    assert len(digest) == 64 and digest == _REAL_CODE_DIGEST()
+    key = demo_build._demo_key()
+    monkeypatch.setattr(demo_build, "_producer_code_digest", lambda: "edited converter")
+    assert demo_build._demo_key() != key
