@@ -9,14 +9,21 @@ import numpy as np
 
 from ninfer import ops
 from ninfer.core.dtypes import DType
-from ninfer.core.kv_pool import PagedKVPool
-from ninfer.core.state_image import StateImageStorage
+from ninfer.core.kv_pool import PageAllocator, PagedKVPool
+from ninfer.core.state_image import GdnStateShape, StateImageLayout, StateImageStorage
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.forward import Qwen35Forward, StepContext
 from ninfer.models.qwen3_5.parameters import Parameters
 from ninfer.models.qwen3_5.sampler_inputs import SamplerInputs
-from ninfer.models.qwen3_5.state_layout import state_image_layout
 from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
+
+
+def state_image_layout(cfg: Qwen35Config) -> StateImageLayout:
+    """Every GDN layer's conv [Kc-1, C] and recurrent [Hv, dk, dv] state, in layer order."""
+    shape = GdnStateShape(cfg.linear_conv_kernel_dim, cfg.conv_channels,
+                          cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                          cfg.linear_value_head_dim)
+    return StateImageLayout.uniform(len(cfg.linear_attention_layers), shape)
 
 
 class CpuBackend:
@@ -27,7 +34,7 @@ class CpuBackend:
         max_rows = prefill_chunk + max_batch
         self.kv = PagedKVPool(len(cfg.full_attention_layers), num_pages,
                               cfg.num_key_value_heads, page_size, cfg.head_dim, kv_dtype, xp=np)
-        self.pages = self.kv.allocator
+        self.pages = PageAllocator(num_pages)
         self.states = StateImageStorage(state_image_layout(cfg), num_slots, xp=np)
         max_pages = -(-max_context_len // page_size)
         self.block_tables = np.zeros((num_slots, max_pages), np.int32)
@@ -57,8 +64,11 @@ class CpuBackend:
 
     # -- snapshots -------------------------------------------------------------------------
     def snapshot_bytes(self, frontier: int) -> int:
-        pages = -(-frontier // self.kv.page_size)
-        return self.states.image_bytes + pages * self.kv.bytes_per_page
+        kv = self.kv
+        pages = -(-frontier // kv.page_size)
+        per_page = PagedKVPool.bytes_per_page(kv.num_layers, kv.num_kv_heads, kv.page_size,
+                                              kv.head_dim, kv.dtype)
+        return self.states.layout.image_bytes + pages * per_page
 
     def copy_out_state(self, slot: int) -> np.ndarray:
         return self.states.copy_out(slot)
@@ -67,12 +77,15 @@ class CpuBackend:
         self.states.copy_in(slot, image)
 
     def copy_out_kv(self, pages: list[int], tokens: int) -> np.ndarray:
-        """Host copy of the pages covering positions [0, tokens)."""
-        used = pages[: -(-tokens // self.kv.page_size)]
-        return self.kv.gather_pages(used)
+        """Host copy [attn_layers, 2, P, Hkv, page_size, D] of the pages covering [0, tokens)."""
+        used = np.asarray(pages[: -(-tokens // self.kv.page_size)], np.int64)
+        return np.stack([np.stack([k[used], v[used]]) for k, v in zip(self.kv.k, self.kv.v)])
 
     def copy_in_kv(self, pages: list[int], blocks: np.ndarray) -> None:
-        self.kv.scatter_pages(pages[: blocks.shape[2]], blocks)
+        ids = np.asarray(pages[: blocks.shape[2]], np.int64)
+        for layer, (k, v) in enumerate(zip(self.kv.k, self.kv.v)):
+            k[ids] = blocks[layer, 0]
+            v[ids] = blocks[layer, 1]
 
     # -- execution -------------------------------------------------------------------------
     def execute(self, num_decode: int) -> None:
@@ -80,7 +93,7 @@ class CpuBackend:
         inp = self.step_inputs
         n = inp.num_rows
         ctx = StepContext(
-            ids=inp.ids[:n], positions=inp.positions[:, :n], row_slot=inp.row_slot[:n],
+            ids=inp.ids[:n], positions=inp.packed_positions(), row_slot=inp.row_slot[:n],
             row_pos=inp.row_pos[:n], seg_starts=inp.seg_starts[: inp.num_segments + 1],
             seg_slots=inp.seg_slots[: inp.num_segments], block_tables=self.block_tables,
             logit_rows=slice(n - num_decode, n),

@@ -116,7 +116,7 @@ class Qwen35Forward:
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         kd, vd, c = cfg.linear_key_dim, cfg.linear_value_dim, cfg.conv_channels
 
-        proj = ws.proj[:n, : c + vd + 2 * hv]
+        proj = ws.proj(n, c + vd + 2 * hv)
         ops.linear(x, w.in_proj, proj)  # [qkv | z | b | a]
         qkv, z = proj[:, :c], proj[:, c: c + vd]
         b, a = proj[:, c + vd: c + vd + hv], proj[:, c + vd + hv:]
@@ -144,7 +144,7 @@ class Qwen35Forward:
         cfg, ws, n = self.cfg, self.ws, ctx.n
         a, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
-        proj = ws.proj[:n, : 2 * a * d + 2 * hkv * d]
+        proj = ws.proj(n, 2 * a * d + 2 * hkv * d)
         ops.linear(x, w.qkv_proj, proj)
         q_and_gate = proj[:, : 2 * a * d].reshape(n, a, 2 * d)  # per head [q_h | gate_h]
         k = proj[:, 2 * a * d: 2 * a * d + hkv * d].reshape(n, hkv, d)
@@ -156,7 +156,7 @@ class Qwen35Forward:
         ops.rope(q_hat, ctx.positions, self.inv_freq, self.freq_axis)
         ops.rope(k_hat, ctx.positions, self.inv_freq, self.freq_axis)
 
-        k_pages, v_pages = self.kv.k_pages(a_idx), self.kv.v_pages(a_idx)
+        k_pages, v_pages = self.kv.k[a_idx], self.kv.v[a_idx]
         ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
         attn = ws.attn_out[:n]
         ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos,
@@ -174,9 +174,9 @@ class Qwen35Forward:
     def _swiglu_mlp(self, gate_up, down, x, out) -> None:
         n = x.shape[0]
         inner = gate_up.shape[0] // 2
-        gu = self.ws.proj[:n, : 2 * inner]
+        gu = self.ws.proj(n, 2 * inner)
         ops.linear(x, gate_up, gu)
-        act = self.ws.ffn_act[:n, :inner]
+        act = self.ws.ffn_act(n, inner)
         ops.swiglu(gu, act)
         ops.linear(act, down, out)
 

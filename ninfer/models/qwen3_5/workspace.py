@@ -55,7 +55,8 @@ class Workspace:
         self.hidden = xp.empty((n, h), f32)  # residual stream
         self.normed = xp.empty((n, h), f32)  # input of the next mixer / FFN
         self.block_out = xp.empty((n, h), f32)  # output of the current mixer / FFN
-        self.proj = xp.empty((n, max(sizes.gdn_in, sizes.attn_qkv, sizes.ffn_gate_up)), f32)
+        # flat buffers viewed as contiguous [rows, width] matrices of the width in use
+        self._proj = xp.empty(n * max(sizes.gdn_in, sizes.attn_qkv, sizes.ffn_gate_up), f32)
         # Gated DeltaNet
         self.conv_out = xp.empty((n, cfg.conv_channels), f32)
         self.gdn_q = xp.empty((n, hk, dk), f32)
@@ -70,7 +71,7 @@ class Workspace:
         self.attn_gate = xp.empty((n, a, d), f32)
         self.attn_out = xp.empty((n, a, d), f32)
         # FFN (dense SwiGLU, shared expert, MoE)
-        self.ffn_act = xp.empty((n, sizes.ffn_inner), f32)
+        self._ffn_act = xp.empty(n * sizes.ffn_inner, f32)
         if cfg.is_moe:
             k = cfg.num_experts_per_tok
             self.router_logits = xp.empty((n, cfg.num_experts), f32)
@@ -81,6 +82,14 @@ class Workspace:
         # final norm + lm_head for the sampled rows
         self.final_normed = xp.empty((max_logit_rows, h), f32)
         self.logits = xp.empty((max_logit_rows, cfg.vocab_size), f32)
+
+    def proj(self, rows: int, width: int):
+        """Contiguous [rows, width] output buffer of an input projection."""
+        return self._proj[: rows * width].reshape(rows, width)
+
+    def ffn_act(self, rows: int, width: int):
+        """Contiguous [rows, width] buffer of the SwiGLU activation."""
+        return self._ffn_act[: rows * width].reshape(rows, width)
 
 
 class StepInputs:
@@ -96,10 +105,18 @@ class StepInputs:
         self.positions = np.zeros((3, max_rows), np.int32)
         self.row_slot = np.zeros(max_rows, np.int32)
         self.row_pos = np.zeros(max_rows, np.int32)
+        self._positions_packed = np.zeros(3 * max_rows, np.int32)
         self.seg_starts = np.zeros(max_segments + 1, np.int32)
         self.seg_slots = np.zeros(max_segments, np.int32)
         self.num_rows = 0
         self.num_segments = 0
+
+    def packed_positions(self) -> np.ndarray:
+        """The step's positions as a contiguous int32[3, num_rows] array."""
+        n = self.num_rows
+        out = self._positions_packed[: 3 * n].reshape(3, n)
+        out[...] = self.positions[:, :n]
+        return out
 
     def reset(self) -> None:
         self.num_rows = 0
