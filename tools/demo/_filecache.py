@@ -95,8 +95,10 @@ def build_once(target: Path, build: Callable[[Path], None], *, what: str = "file
         os.close(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644))
     except OSError as exc:
         raise NinferError(f"cannot write {what} in the cache directory {target.parent}: "
-                          f"{exc.strerror or exc} (set NINFER_CACHE_DIR to a writable directory)") from exc
-    with exclusive_lock(lock_path, waiting_message=f"ninfer: waiting for another process to build {target}"):
+                          f"{exc.strerror or exc} (set NINFER_CACHE_DIR to a writable "
+                          "directory)") from exc
+    waiting = f"ninfer: waiting for another process to build {target}"
+    with exclusive_lock(lock_path, waiting_message=waiting):
         if is_complete(target):
             return False
         for stale in target.parent.glob(f".*-{target.name}"):

