@@ -2,7 +2,9 @@
 
 Intake opens the request's logical sequence (no physical resources) right away, so a request
 the Program cannot represent is rejected within one worker cycle instead of after its queue
-wait. Fresh admission runs on events only (a new request, freed capacity), never because decode
+wait. The generation budget is max_tokens clipped to the context limit: the Program's
+max_context_len, or all KV pages when those hold fewer tokens (the request then ends with
+"length" there rather than failing later). Fresh admission runs on events only (a new request, freed capacity), never because decode
 advanced, and admits with what the residents' permits left: a request is admitted when its
 first unit's pages plus one page of growth headroom per resident fit, and a slot is free.
 """
@@ -27,9 +29,9 @@ class Admission:
         self._metrics = metrics
         self._clock = clock
         lim = program.limits
-        self._page_size = lim.page_size
-        self._total_pages = lim.total_pages
-        self._max_context_len = lim.max_context_len
+        # A sequence can never hold more than all KV pages: that is its context limit too.
+        self._context_limit = min(lim.max_context_len, lim.total_pages * lim.page_size)
+        self._kv_tokens = lim.total_pages * lim.page_size
 
     def intake(self, rec: RequestRecord) -> RequestRejected | None:
         """Open `rec`'s sequence and queue it; return the rejection when it cannot be served."""
@@ -37,13 +39,13 @@ class Admission:
             rec.seq = self._program.open_sequence(rec.request.prompt_token_ids, rec.sampling)
         except InvalidInput as exc:
             return RequestRejected(str(exc), param=exc.param)
-        if -(-(rec.prompt_len + 1) // self._page_size) > self._total_pages:
+        if rec.prompt_len + 1 > self._context_limit:
             self._program.release(rec.seq)
             rec.seq = None
             return RequestRejected(
                 f"a prompt of {rec.prompt_len} tokens does not fit the engine's KV capacity "
-                f"({self._total_pages} pages of {self._page_size} tokens)", param="prompt")
-        rec.budget = min(rec.request.max_tokens, self._max_context_len - rec.prompt_len)
+                f"({self._kv_tokens} tokens)", param="prompt")
+        rec.budget = min(rec.request.max_tokens, self._context_limit - rec.prompt_len)
         self._sched.enqueue(rec)
         return None
 

@@ -86,7 +86,10 @@ class EngineCore:
         if planned is not None:
             self.steps.execute(*planned)
             changed = True
-        changed = changed or self.pressure.actions != actions_before
+        # Ends and pauses inside plan() (a stranded request, a pressure victim) are changes too;
+        # a capacity event they raised must get the next cycle (resume, admission).
+        changed = (changed or self.pressure.actions != actions_before
+                   or self.settlement.capacity_event)
         if changed:
             self.update_gauges()
         return changed

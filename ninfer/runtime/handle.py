@@ -122,20 +122,26 @@ class GenerationHandle:
     def __iter__(self) -> Iterator[GenerationEvent]:
         """Yield events as they come (blocking), ending with the terminal event."""
         while True:
-            event = self._channel.next_event(None)
-            if isinstance(event, (GenerationFinished, GenerationFailed)):
-                self._channel.release_consumer()
-                yield event
-                return
+            event = self.next_event(None)
             yield event
+            if isinstance(event, (GenerationFinished, GenerationFailed)):
+                return
+
+    def next_event(self, timeout: float | None = None) -> GenerationEvent | None:
+        """The next event, waiting up to `timeout` seconds (None: forever); None on timeout.
+
+        For consumers that must wake up periodically (e.g. to notice a closed connection).
+        """
+        event = self._channel.next_event(timeout)
+        if isinstance(event, (GenerationFinished, GenerationFailed)):
+            self._channel.release_consumer()
+        return event
 
     def poll(self) -> list[GenerationEvent]:
         """The events available now, without blocking (the same stream iteration yields)."""
         events = []
-        while (event := self._channel.next_event(0)) is not None:
+        while (event := self.next_event(0)) is not None:
             events.append(event)
-            if isinstance(event, (GenerationFinished, GenerationFailed)):
-                self._channel.release_consumer()
         return events
 
     def cancel(self) -> None:

@@ -56,11 +56,13 @@ class FakeClock:
 
 
 class ProbeProgram:
-    """Wraps any Program: records plans, and can call a hook, sleep or raise in `run`."""
+    """Wraps any Program: records plans, can call a hook, sleep or raise in `run`, and can
+    advertise different `limits` than the Program really has."""
 
     def __init__(self, inner, *, on_run=None, run_delay_s: float = 0.0,
-                 fail_at_run: int | None = None):
+                 fail_at_run: int | None = None, limits=None):
         self.inner = inner
+        self._limits = limits  # None: the inner Program's
         self.on_run = on_run
         self.run_delay_s = run_delay_s
         self.fail_at_run = fail_at_run
@@ -68,7 +70,7 @@ class ProbeProgram:
 
     @property
     def limits(self):
-        return self.inner.limits
+        return self._limits or self.inner.limits
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

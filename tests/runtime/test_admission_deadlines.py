@@ -1,6 +1,7 @@
 """Overload, deadlines, queue timeout, outstanding capacity and request-level rejections."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import random
 
@@ -171,3 +172,19 @@ def test_stop_token_and_context_limit(program_factory):
     assert stopped.finish_reason == "stop" and stopped.token_ids == ref.token_ids[:first + 1]
     capped_result = check_stream(h_cap.poll()).result
     assert capped_result.finish_reason == "length" and capped_result.completion_tokens == 5
+
+
+
+def test_stranded_request_is_rejected_not_hung(program_factory):
+    """A Program whose pages run out before its advertised capacity: the lone request that
+    cannot get its next unit ends with RequestRejected (with its partial output); no stall."""
+    program = program_factory(kv_tokens=32)
+    lim = program.limits
+    probe = ProbeProgram(program, limits=dataclasses.replace(lim, total_pages=lim.total_pages * 4))
+    engine = Engine(probe, max_concurrency=1, start_worker=False)
+    h = engine.submit(GenerationRequest((1, 2, 3), SamplingParams(temperature=0), 60))
+    drive(engine, [h])
+    term = check_stream(h.poll())
+    assert isinstance(term, GenerationFailed) and isinstance(term.error, RequestRejected)
+    assert term.error.partial.completion_tokens == 32 - 3 + 1  # last token needs no KV
+    assert program.capacity().free_pages == lim.total_pages

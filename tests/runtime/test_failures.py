@@ -8,7 +8,7 @@ import pytest
 
 from ninfer.runtime import (
     EngineFailed, EngineShutdown, EngineStatus, Engine, GenerationFailed, GenerationFinished,
-    RequestFailed,
+    GenerationStart, RequestFailed,
 )
 from ninfer.runtime.contract.output import TokenOutputSession
 
@@ -39,11 +39,12 @@ def test_shutdown_ends_everything(program_factory):
     specs = random_specs(rng, 6, program_factory().limits.vocab_size, max_tokens=(40, 50))
     program = program_factory()
     initial = program.capacity()
-    engine = Engine(ProbeProgram(program, run_delay_s=0.002), max_concurrency=2)
+    engine = Engine(ProbeProgram(program, run_delay_s=0.01), max_concurrency=2)
     handles = [engine.submit(s.build()) for s in specs]
+    handles[0].next_event(10)  # GenerationStart: the worker is running requests
     engine.shutdown(wait=True)
-    for h in handles:
-        term = check_stream(h.poll())
+    for i, h in enumerate(handles):
+        term = check_stream(([GenerationStart("", 0)] if i == 0 else []) + h.poll())
         assert isinstance(term, GenerationFailed) and isinstance(term.error, EngineShutdown)
     assert isinstance(check_stream(engine.submit(specs[0].build()).poll()).error, EngineShutdown)
     assert program.capacity() == initial and engine.outstanding == 0

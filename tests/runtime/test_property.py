@@ -109,7 +109,7 @@ def test_random_operations_keep_invariants(first, ops, max_concurrency, kv_token
         result = term.result if isinstance(term, GenerationFinished) else term.error.partial
         if result is None:
             continue
-        ref = run_alone(make_fake_program, spec)
+        ref = run_alone(make_fake_program, spec, **budget)
         assert ref.token_ids[:result.completion_tokens] == result.token_ids
         if isinstance(term, GenerationFinished) and result.finish_reason != "cancelled":
             assert result.token_ids == ref.token_ids
