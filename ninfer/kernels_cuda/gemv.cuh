@@ -98,12 +98,10 @@ __device__ __forceinline__ void gemv_warp_accumulate(const WT* const (&wrow)[R],
   }
 }
 
-// Reduce acc over the warp (lane 0's butterfly result is used) and over the block's splits
-// (warp w = split w, summed in split order). red: [splits][R][NT] floats of shared memory.
-// Returns, for threads t < R*NT, the total of (r = t / NT, n = t % NT) in *total.
+// Store each warp's butterfly-reduced partials (lane 0's value) in red[warp][R][NT] and wait
+// for the block. The caller then sums the splits in order with gemv_sum_splits.
 template <int R, int NT>
-__device__ __forceinline__ bool gemv_block_reduce(float (&acc)[R][NT], float* red, int splits,
-                                                  float* total, int* r_out, int* n_out) {
+__device__ __forceinline__ void gemv_store_partials(float (&acc)[R][NT], float* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -114,12 +112,12 @@ __device__ __forceinline__ bool gemv_block_reduce(float (&acc)[R][NT], float* re
     }
   }
   __syncthreads();
-  const int t = threadIdx.x;
-  if (t >= R * NT) return false;
+}
+
+// Sum of partials (r, n) over the splits, in split order.
+template <int R, int NT>
+__device__ __forceinline__ float gemv_sum_splits(const float* red, int splits, int r, int n) {
   float s = 0.0f;
-  for (int w = 0; w < splits; ++w) s += red[w * R * NT + t];
-  *total = s;
-  *r_out = t / NT;
-  *n_out = t % NT;
-  return true;
+  for (int w = 0; w < splits; ++w) s += red[(w * R + r) * NT + n];
+  return s;
 }

@@ -45,10 +45,11 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[r][n] = 0.0f;
   gemv_warp_accumulate<WT, NT, R, ALIGNED != 0>(wrow, xrow, p.k, u_begin, u_end, lane, acc);
-  float total;
-  int r, n;
-  if (gemv_block_reduce<R, NT>(acc, red, p.splits, &total, &r, &n)) {
-    if (m0 + r < p.m && n0 + n < p.n) p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = total;
+  gemv_store_partials<R, NT>(acc, red);
+  for (int t = threadIdx.x; t < R * NT; t += blockDim.x) {
+    const int r = t / NT, n = t % NT;
+    if (m0 + r < p.m && n0 + n < p.n)
+      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = gemv_sum_splits<R, NT>(red, p.splits, r, n);
   }
 }
 

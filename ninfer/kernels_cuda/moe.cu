@@ -1,0 +1,244 @@
+// moe.cu: MoE routing and routed experts.
+//
+// moe_route_kernel: one block per token (threads >= E, one expert each): fp32 softmax over all
+//   E experts, then K rounds of block argmax (larger p, then lower id), weights renormalised by
+//   their fp32 sum in pick order.
+// Decode / capturable path (reads only the selected experts' weights, each once per call):
+//   moe_group_kernel: one block; sorts the N*K (token, slot) pairs by (expert, pair) and cuts
+//     each expert's run into groups of <= NT pairs (group_expert[g], group_pairs[g][8], -1
+//     padded, num_groups). Grids below are sized for the worst case (N*K groups); blocks past
+//     num_groups exit.
+//   moe_gemv_kernel<WT, NT, R, ALIGNED, SWIGLU>: the GEMV core of gemv.cuh on expert e's
+//     weights for the group's activation rows. SWIGLU=1 (gate_up): each block reduces rows
+//     m0..m0+R of the gate half and the same rows of the up half and writes
+//     act[pair] = silu(g) * u. SWIGLU=0 (down): y[pair] = down[e] @ act[pair]. The split of K
+//     and the per-element order are those of linear.cu (batch invariant).
+//   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)].
+// Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
+//   moe_gather_kernel<OT>: x rows -> per-expert padded blocks (cast to the weights' type);
+//   moe_swiglu_kernel<OT>: act = silu(g) * u over the padded blocks (cast to OT).
+#include "gemv.cuh"
+
+#define MOE_GROUP 8  // group_pairs row stride (max NT)
+
+__global__ void __launch_bounds__(1024) moe_route_kernel(const float* __restrict__ logits,
+                                                         i64 logits_rs, int experts, int top_k,
+                                                         float* __restrict__ w_out, i64 w_rs,
+                                                         int* __restrict__ ids_out, i64 ids_rs) {
+  __shared__ float scratch[32];
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  __shared__ float picked_p[64];
+  __shared__ int picked_id[64];
+  const i64 n = blockIdx.x;
+  const int e = threadIdx.x;
+  const bool ok = e < experts;
+  const float l = ok ? logits[n * logits_rs + e] : -NINFER_INF;
+  const float m = block_max(l, scratch);
+  const float ex = ok ? expf(l - m) : 0.0f;
+  const float total = block_sum(ex, scratch);
+  float p = ok ? ex / total : -1.0f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  for (int k = 0; k < top_k; ++k) {
+    float bv = p;
+    int bi = ok ? e : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { red_v[warp] = bv; red_i[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = red_v[0];
+      int id = red_i[0];
+      for (int w = 1; w < nwarps; ++w)
+        if (red_v[w] > v || (red_v[w] == v && red_i[w] < id)) { v = red_v[w]; id = red_i[w]; }
+      picked_p[k] = v;
+      picked_id[k] = id;
+    }
+    __syncthreads();
+    if (e == picked_id[k]) p = -1.0f;  // taken
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int k = 0; k < top_k; ++k) sum += picked_p[k];
+    for (int k = 0; k < top_k; ++k) {
+      w_out[n * w_rs + k] = picked_p[k] / sum;
+      ids_out[n * ids_rs + k] = picked_id[k];
+    }
+  }
+}
+
+// ids: [N, K] contiguous; pairs p = n*K + k. chunk = NT (<= MOE_GROUP). n_pairs <= 1024.
+__global__ void __launch_bounds__(1024) moe_group_kernel(const int* __restrict__ ids, int n_pairs,
+                                                         int chunk, int* __restrict__ group_expert,
+                                                         int* __restrict__ group_pairs,
+                                                         int* __restrict__ num_groups) {
+  __shared__ int sorted[1024];
+  __shared__ int scan[32];
+  const int t = threadIdx.x;
+  for (int i = t; i < n_pairs * MOE_GROUP; i += blockDim.x) group_pairs[i] = -1;
+  if (t < n_pairs) {
+    const int e = ids[t];
+    int rank = 0;
+    for (int q = 0; q < n_pairs; ++q) {
+      const int eq = ids[q];
+      rank += eq < e || (eq == e && q < t);
+    }
+    sorted[rank] = t;
+  }
+  __syncthreads();
+  // position i of the sorted order: a group starts where a run starts or every `chunk` pairs
+  int boundary = 0, p = -1, pe = 0, pr = 0;
+  if (t < n_pairs) {
+    p = sorted[t];
+    pe = ids[p];
+    pr = 0;
+    for (int q = 0; q < p; ++q) pr += ids[q] == pe;
+    boundary = pr % chunk == 0;
+  }
+  // exclusive scan of boundaries over positions (thread order = sorted order)
+  const int lane = t & 31, warp = t >> 5;
+  int incl = boundary;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  if (lane == 31) scan[warp] = incl;
+  __syncthreads();
+  int base = 0;
+  for (int w = 0; w < warp; ++w) base += scan[w];
+  const int gid = base + incl - 1;  // group of this position (inclusive count - 1)
+  if (t < n_pairs) {
+    group_pairs[gid * MOE_GROUP + pr % chunk] = p;
+    if (boundary) group_expert[gid] = pe;
+  }
+  if (t == blockDim.x - 1) *num_groups = base + incl;
+}
+
+struct MoeGemvParams {
+  const void* w;            // [E, rows, K] expert weights
+  const float* x;           // activation rows
+  float* out;               // output rows (indexed by pair)
+  const int* group_expert;
+  const int* group_pairs;
+  const int* num_groups;
+  i64 w_es, w_rs, x_rs, out_rs;
+  int m;          // output columns per pair (Im for gate_up, H for down)
+  int k;          // reduction length
+  int splits;
+  int top_k;
+  int up_offset;  // SWIGLU: row offset of the up half (Im)
+  int x_by_pair;  // 1: x row = pair, 0: x row = pair / top_k
+  int experts;    // an expert id outside [0, experts) yields NaN outputs
+  int pad;
+};
+static_assert(sizeof(MoeGemvParams) == 112, "MoeGemvParams layout is mirrored in moe.py");
+
+template <typename WT, int NT, int R, int ALIGNED, int SWIGLU>
+__global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
+  constexpr int RR = SWIGLU ? 2 * R : R;
+  __shared__ float red[8 * RR * NT];
+  const int g = blockIdx.y;
+  if (g >= *p.num_groups) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int e = p.group_expert[g];
+  const bool bad = e < 0 || e >= p.experts;
+  const int m0 = blockIdx.x * R;
+  const int units = gemv_units(p.k);
+  const int per = (units + p.splits - 1) / p.splits;
+  const int u_begin = min(units, warp * per);
+  const int u_end = min(units, u_begin + per);
+  const WT* wexp = static_cast<const WT*>(p.w) + (i64)(bad ? 0 : e) * p.w_es;
+  const WT* wrow[RR];
+#pragma unroll
+  for (int r = 0; r < RR; ++r) {
+    const int row = r < R ? m0 + r : p.up_offset + m0 + (r - R);
+    wrow[r] = (m0 + (r % R) < p.m && !bad) ? wexp + (i64)row * p.w_rs : nullptr;
+  }
+  const float* xrow[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    const int pr = p.group_pairs[g * MOE_GROUP + n];
+    const int xr = p.x_by_pair ? pr : pr / p.top_k;
+    xrow[n] = pr >= 0 ? p.x + (i64)xr * p.x_rs : nullptr;
+  }
+  float acc[RR][NT];
+#pragma unroll
+  for (int r = 0; r < RR; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[r][n] = 0.0f;
+  gemv_warp_accumulate<WT, NT, RR, ALIGNED != 0>(wrow, xrow, p.k, u_begin, u_end, lane, acc);
+  gemv_store_partials<RR, NT>(acc, red);
+  for (int t = threadIdx.x; t < R * NT; t += blockDim.x) {
+    const int r = t / NT, n = t % NT;
+    const int pr = p.group_pairs[g * MOE_GROUP + n];
+    if (m0 + r >= p.m || pr < 0) continue;
+    float v = gemv_sum_splits<RR, NT>(red, p.splits, r, n);
+    if (SWIGLU) v = silu_f(v) * gemv_sum_splits<RR, NT>(red, p.splits, R + r, n);
+    if (bad) v = NINFER_NAN;
+    p.out[(i64)pr * p.out_rs + m0 + r] = v;
+  }
+}
+
+// out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or
+// the pair itself when pair_row is null. Grid (N), 256 threads over H.
+__global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restrict__ y, i64 y_rs,
+                                                          const int* __restrict__ pair_row,
+                                                          const int* __restrict__ ids,
+                                                          const float* __restrict__ w, i64 w_rs,
+                                                          int top_k, int hidden,
+                                                          float* __restrict__ out, i64 out_rs) {
+  __shared__ int order[64];
+  const i64 n = blockIdx.x;
+  if (threadIdx.x == 0) {
+    for (int k = 0; k < top_k; ++k) order[k] = k;
+    for (int i = 1; i < top_k; ++i) {  // insertion sort by expert id (ids distinct per row)
+      const int v = order[i];
+      int j = i;
+      while (j > 0 && ids[n * top_k + order[j - 1]] > ids[n * top_k + v]) {
+        order[j] = order[j - 1];
+        --j;
+      }
+      order[j] = v;
+    }
+  }
+  __syncthreads();
+  for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < top_k; ++i) {
+      const int k = order[i];
+      const i64 pr = n * top_k + k;
+      const i64 row = pair_row ? pair_row[pr] : pr;
+      acc += w[n * w_rs + k] * y[row * y_rs + j];
+    }
+    out[n * out_rs + j] = acc;
+  }
+}
+
+template <typename OT>
+__global__ void __launch_bounds__(256) moe_gather_kernel(const float* __restrict__ x, i64 x_rs,
+                                                         int hidden, int top_k,
+                                                         const int* __restrict__ pair_row,
+                                                         OT* __restrict__ out) {
+  const i64 pr = blockIdx.x;
+  const i64 n = pr / top_k;
+  OT* dst = out + (i64)pair_row[pr] * hidden;
+  for (int j = threadIdx.x; j < hidden; j += blockDim.x) dst[j] = from_f32<OT>(x[n * x_rs + j]);
+}
+
+template <typename OT>
+__global__ void __launch_bounds__(256) moe_swiglu_kernel(const float* __restrict__ gu, i64 rows,
+                                                         int inter, OT* __restrict__ act) {
+  const i64 total = rows * inter;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (i64)gridDim.x * blockDim.x) {
+    const i64 r = i / inter, c = i % inter;
+    const float g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+    act[i] = from_f32<OT>(silu_f(g) * u);
+  }
+}

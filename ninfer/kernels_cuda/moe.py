@@ -1,0 +1,212 @@
+"""Launchers for moe.cu: `moe_route` and `moe_experts` (docs/ops.md).
+
+`moe_experts` has two paths:
+- grouped GEMV (capturable, batch invariant, reads each selected expert's weights once per
+  group of <= 8 rows): N <= GEMV_MAX_ROWS, or while capturing, or `batch_invariant=True`;
+  intermediates live in a `MoeWorkspace` (allocated per call when None);
+- prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
+  copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
+  strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ninfer.kernels_cuda import _checks as C
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, rows_tile
+
+GEMV_MAX_ROWS = 32
+MAX_PAIRS = 1024  # moe_group_kernel: one block
+GROUP_STRIDE = 8
+
+
+def _swiglu_rows(nt: int) -> int:
+    return max(1, ROWS_PER_BLOCK[nt] // 2)
+
+
+SOURCE = KernelSource("moe.cu", tuple(
+    ["moe_route_kernel", "moe_group_kernel", "moe_combine_kernel"]
+    + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
+       for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
+    + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
+    + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
+_GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
+                 ("group_pairs", "ptr"), ("num_groups", "ptr"), ("w_es", "i64"), ("w_rs", "i64"),
+                 ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
+                 ("splits", "i32"), ("top_k", "i32"), ("up_offset", "i32"), ("x_by_pair", "i32"),
+                 ("experts", "i32"), ("pad", "i32"))
+assert _GEMV.itemsize == 112
+
+_OP_N, _OP_T = 0, 1
+_CUDA_R_32F, _CUDA_R_16BF = 0, 14
+_COMPUTE_32F = 68
+_GEMM_DEFAULT = -1
+
+
+def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
+    """Softmax over E experts (fp32), the top_k largest (ties to the lower id), renormalised."""
+    C.device_array(logits, "logits", dtype=np.float32, ndim=2)
+    n, experts = logits.shape
+    C.require(1 <= top_k <= min(experts, 64), "top_k", f"must be in [1, {min(experts, 64)}]")
+    C.require(experts <= 1024, "logits", f"{experts} experts > 1024")
+    C.device_array(weights_out, "weights_out", dtype=np.float32, shape=(n, top_k))
+    C.device_array(ids_out, "ids_out", dtype=np.int32, shape=(n, top_k))
+    if n == 0:
+        return
+    threads = max(32, (experts + 31) // 32 * 32)
+    launch(get_function(SOURCE, "moe_route_kernel"), (n,), (threads,),
+           (logits, np.int64(C.row_stride(logits, "logits")), np.int32(experts),
+            np.int32(top_k), weights_out, np.int64(C.row_stride(weights_out, "weights_out")),
+            ids_out, np.int64(C.row_stride(ids_out, "ids_out"))), name="moe_route")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeWorkspace:
+    """Intermediates of the grouped-GEMV path for up to `pairs` = N * K (row, slot) pairs."""
+
+    act: object           # f32 [pairs, Im]
+    y: object             # f32 [pairs, H]
+    group_expert: object  # i32 [pairs]
+    group_pairs: object   # i32 [pairs * 8]
+    num_groups: object    # i32 [1]
+
+    @classmethod
+    def allocate(cls, max_rows: int, top_k: int, hidden: int, inter: int):
+        cp = C.cupy()
+        pairs = max_rows * top_k
+        return cls(cp.empty((pairs, inter), dtype=np.float32),
+                   cp.empty((pairs, hidden), dtype=np.float32),
+                   cp.empty(pairs, dtype=np.int32), cp.empty(pairs * GROUP_STRIDE, dtype=np.int32),
+                   cp.empty(1, dtype=np.int32))
+
+    def fits(self, pairs: int, hidden: int, inter: int) -> bool:
+        return (self.act.shape[0] >= pairs and self.act.shape[1] == inter
+                and self.y.shape[1] == hidden and self.group_expert.shape[0] >= pairs)
+
+
+def _expert_weights(gate_up, down, hidden):
+    gu, kind = C.weight_array(gate_up, "gate_up")
+    dn, dkind = C.weight_array(down, "down")
+    C.require(gu.ndim == 3 and gu.shape[2] == hidden and gu.shape[1] % 2 == 0, "gate_up",
+              f"expected [E, 2Im, {hidden}], got {gu.shape}")
+    experts, two_i = gu.shape[0], gu.shape[1]
+    C.require(dn.shape == (experts, hidden, two_i // 2), "down",
+              f"expected [{experts}, {hidden}, {two_i // 2}], got {dn.shape}")
+    C.require(kind is dkind, "down", "gate_up and down must have the same dtype")
+    C.contiguous(gu, "gate_up")
+    C.contiguous(dn, "down")
+    return gu, dn, kind, experts, two_i // 2
+
+
+def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace | None = None,
+                batch_invariant: bool = False) -> None:
+    """out[n] = sum_k weights[n,k] * down[e] @ (silu(g) * u), [g|u] = gate_up[e] @ x[n]."""
+    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    n, hidden = x.shape
+    gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
+    C.contiguous(C.device_array(ids, "ids", dtype=np.int32, ndim=2), "ids")
+    top_k = ids.shape[1]
+    C.require(ids.shape[0] == n and 1 <= top_k <= 64, "ids", f"expected [{n}, K <= 64]")
+    C.device_array(weights, "weights", dtype=np.float32, shape=(n, top_k))
+    C.device_array(out, "out", dtype=np.float32, shape=(n, hidden))
+    if n == 0:
+        return
+    capturing = C.cupy().cuda.get_current_stream().is_capturing()
+    pairs = n * top_k
+    if (n <= GEMV_MAX_ROWS or capturing or batch_invariant) and pairs <= MAX_PAIRS:
+        _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, workspace)
+    else:
+        C.require(not capturing, "x", f"{pairs} pairs > {MAX_PAIRS} cannot run inside a graph")
+        _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out)
+
+
+def _gemv_aligned(w, kind, w_rs, w_es, x, x_rs, k) -> bool:
+    vec = 8 if kind is C.WKind.BF16 else 4
+    return (k % 8 == 0 and C.aligned(w) and w_rs % vec == 0 and w_es % vec == 0
+            and C.aligned(x) and x_rs % 4 == 0)
+
+
+def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> None:
+    n, hidden = x.shape
+    top_k = ids.shape[1]
+    pairs = n * top_k
+    if ws is None:
+        ws = MoeWorkspace.allocate(n, top_k, hidden, inter)
+    C.require(ws.fits(pairs, hidden, inter), "workspace", f"too small for {pairs} pairs")
+    nt = rows_tile(min(n, GROUP_STRIDE))
+    launch(get_function(SOURCE, "moe_group_kernel"), (1,), (1024,),
+           (ids, np.int32(pairs), np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
+           name="moe_group")
+    x_rs = C.row_stride(x, "x")
+    stages = (  # (weights, x, x_rs, x_by_pair, out, m, k, swiglu)
+        (gu, x, x_rs, 0, ws.act, inter, hidden, 1),
+        (dn, ws.act, inter, 1, ws.y, hidden, inter, 0))
+    for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
+        r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
+        w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
+        aligned = int(_gemv_aligned(w, kind, w_rs, w_es, xs, xs_rs, k))
+        splits = k_splits(k)
+        params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(xs), out=C.ptr(dst),
+                        group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
+                        num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=xs_rs,
+                        out_rs=dst.shape[1], m=m, k=k, splits=splits, top_k=top_k,
+                        up_offset=inter, x_by_pair=by_pair, experts=experts)
+        fn = get_function(SOURCE, f"moe_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}, {swiglu}>")
+        launch(fn, ((m + r - 1) // r, pairs), (32 * splits,), (params,), name="moe_gemv")
+    _combine(ws.y, hidden, None, ids, weights, out)
+
+
+def _combine(y, y_rs, pair_row, ids, weights, out) -> None:
+    n, hidden = out.shape
+    launch(get_function(SOURCE, "moe_combine_kernel"), (n,), (256,),
+           (y, np.int64(y_rs), pair_row, ids, weights,
+            np.int64(C.row_stride(weights, "weights")), np.int32(ids.shape[1]),
+            np.int32(hidden), out, np.int64(C.row_stride(out, "out"))), name="moe_combine")
+
+
+def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None:
+    cp = C.cupy()
+    from cupy_backends.cuda.libs import cublas
+
+    n, hidden = x.shape
+    top_k = ids.shape[1]
+    flat = cp.asnumpy(ids).reshape(-1)  # synchronises: prefill only
+    C.require(bool(flat.size == 0 or (flat.min() >= 0 and flat.max() < experts)), "ids",
+              f"expert id outside [0, {experts})")
+    counts = np.bincount(flat, minlength=experts)
+    max_c = int(counts.max())
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    order = np.argsort(flat, kind="stable")
+    slot = np.empty_like(order)
+    slot[order] = np.arange(order.size) - starts[flat[order]]
+    pair_row = cp.asarray((flat * max_c + slot).astype(np.int32))
+    store = np.uint16 if kind is C.WKind.BF16 else np.float32
+    dtype = _CUDA_R_16BF if kind is C.WKind.BF16 else _CUDA_R_32F
+    rows = experts * max_c
+    xpad = cp.zeros((rows, hidden), dtype=store)
+    launch(get_function(SOURCE, f"moe_gather_kernel<{kind.ctype}>"), (n * top_k,), (256,),
+           (x, np.int64(C.row_stride(x, "x")), np.int32(hidden), np.int32(top_k), pair_row, xpad),
+           name="moe_gather")
+    gu_out = cp.empty((rows, 2 * inter), dtype=np.float32)
+    act = cp.empty((rows, inter), dtype=store)
+    y = cp.empty((rows, hidden), dtype=np.float32)
+    alpha = np.ones(1, dtype=np.float32)
+    beta = np.zeros(1, dtype=np.float32)
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.gemmStridedBatchedEx(
+        handle, _OP_T, _OP_N, 2 * inter, max_c, hidden, alpha.ctypes.data, C.ptr(gu), dtype,
+        hidden, 2 * inter * hidden, C.ptr(xpad), dtype, hidden, max_c * hidden,
+        beta.ctypes.data, C.ptr(gu_out), _CUDA_R_32F, 2 * inter, max_c * 2 * inter, experts,
+        _COMPUTE_32F, _GEMM_DEFAULT)
+    total = rows * inter
+    launch(get_function(SOURCE, f"moe_swiglu_kernel<{kind.ctype}>"),
+           (min(65535, (total + 255) // 256),), (256,),
+           (gu_out, np.int64(rows), np.int32(inter), act), name="moe_swiglu")
+    cublas.gemmStridedBatchedEx(
+        handle, _OP_T, _OP_N, hidden, max_c, inter, alpha.ctypes.data, C.ptr(dn), dtype, inter,
+        hidden * inter, C.ptr(act), dtype, inter, max_c * inter, beta.ctypes.data, C.ptr(y),
+        _CUDA_R_32F, hidden, max_c * hidden, experts, _COMPUTE_32F, _GEMM_DEFAULT)
+    _combine(y, hidden, pair_row, ids, weights, out)
