@@ -49,15 +49,16 @@ class Admission:
         self._sched.enqueue(rec)
         return None
 
-    def admit_fresh(self) -> int:
-        """Bounded scan of the waiting queue; returns how many requests were admitted."""
-        admitted = 0
+    def admit_fresh(self) -> list[RequestRecord]:
+        """Bounded scan of the waiting queue; returns the requests admitted (each holds the
+        permit for its first unit)."""
+        admitted: list[RequestRecord] = []
         blocked: list[RequestRecord] = []
         for rec in self._sched.admission_candidates():
             if len(self._sched.residents) >= self._sched.max_concurrency:
                 break
             if self._try_admit(rec):
-                admitted += 1
+                admitted.append(rec)
                 for older in blocked:
                     older.bypassed += 1
             else:

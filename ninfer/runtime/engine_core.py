@@ -6,9 +6,10 @@ pause, revocation, release) completes inside the call that starts it; none spans
 2. cancellation, deadline and queue-timeout processing at this boundary (terminal settlement
    returns resources before the end is published);
 3. on a capacity event, the oldest paused request's full resume (at most one protected resume);
-4. fresh admission with what remains (on events only, bounded scan);
-5. unit permits row by row and ONE `Program.run` (compact decode batch + at most one chunk),
-   then preview -> commit -> publish -> settlement (see `step.py`).
+4. unit permits row by row (the protected resume first, then ticket order);
+5. fresh admission with what remains (on events only, bounded scan);
+6. ONE `Program.run` (compact decode batch + at most one prefill/Replay chunk), then
+   preview -> commit -> publish -> settlement (see `step.py`).
 
 Anything that breaks an engine invariant or fails inside the Program propagates out of
 `cycle()`; the Engine then calls `fail_all`, which ends every outstanding request with
@@ -76,19 +77,19 @@ class EngineCore:
                     "the paused request no longer fits the engine's KV capacity"))
                 changed = True
 
-        if self._admission_event:
-            self._admission_event = False
-            if self.admission.admit_fresh():
-                changed = True
-
         actions_before = self.pressure.actions
-        planned = self.steps.plan()
+        decode, chunk = self.steps.take_permits()
+        admitted = []
+        if self._admission_event:  # with what the residents' permits left
+            self._admission_event = False
+            admitted = self.admission.admit_fresh()
+        planned = self.steps.build_plan(decode, chunk, admitted)
         if planned is not None:
             self.steps.execute(*planned)
             changed = True
-        # Ends and pauses inside plan() (a stranded request, a pressure victim) are changes too;
-        # a capacity event they raised must get the next cycle (resume, admission).
-        changed = (changed or self.pressure.actions != actions_before
+        # Ends and pauses while taking permits (a stranded request, a pressure victim) are
+        # changes too; a capacity event they raised must get the next cycle.
+        changed = (changed or bool(admitted) or self.pressure.actions != actions_before
                    or self.settlement.capacity_event)
         if changed:
             self.update_gauges()

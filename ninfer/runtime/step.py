@@ -49,8 +49,8 @@ class StepRunner:
                 "the request's context outgrew the engine's KV capacity", param="max_tokens"))
         return False
 
-    def plan(self) -> tuple[StepPlan, Members] | None:
-        """Take unit permits and build this step's plan; None when nothing can run."""
+    def take_permits(self) -> tuple[list[RequestRecord], RequestRecord | None]:
+        """Unit permits for the residents: (decode rows, the chunk row or None)."""
         prog = self._program
         decode: list[RequestRecord] = []
         needs_chunk: list[RequestRecord] = []
@@ -71,7 +71,17 @@ class StepRunner:
             if self._permit(rec, prog.next_unit_tokens(rec.seq)):
                 chunk = rec
                 break
-        decode = [r for r in decode if r.state is RequestState.RESIDENT]
+        return [r for r in decode if r.state is RequestState.RESIDENT], chunk
+
+    def build_plan(self, decode: list[RequestRecord], chunk: RequestRecord | None,
+                   admitted: list[RequestRecord]) -> tuple[StepPlan, Members] | None:
+        """This step's plan; freshly admitted requests (their first unit is reserved) join the
+        decode batch, or take the chunk when no resident did. None when nothing can run."""
+        for rec in admitted:
+            if self._program.pending_prefill(rec.seq) == 0:
+                decode.append(rec)
+            elif chunk is None:
+                chunk = rec
         if not decode and chunk is None:
             return None
         members = {r.seq: r for r in decode}
