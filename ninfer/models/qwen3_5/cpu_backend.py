@@ -40,6 +40,7 @@ class CpuBackend:
         self.block_tables = np.zeros((num_slots, max_pages), np.int32)
         self.step_inputs = StepInputs(max_rows, max_segments=max_batch + 1)
         self.sampler_inputs = SamplerInputs(max_batch)
+        self.params = params
         self.workspace = Workspace(cfg, max_rows, max_batch, xp=np)
         self.forward = Qwen35Forward(cfg, params, self.workspace, self.kv, self.states, xp=np)
 
@@ -88,16 +89,35 @@ class CpuBackend:
             v[ids] = blocks[layer, 1]
 
     # -- execution -------------------------------------------------------------------------
-    def execute(self, num_decode: int) -> None:
-        """Forward over the step's rows; sample the last `num_decode` rows into sampler_inputs."""
-        inp = self.step_inputs
+    def _context(self, inp: StepInputs, logit_rows: slice) -> StepContext:
         n = inp.num_rows
-        ctx = StepContext(
+        return StepContext(
             ids=inp.ids[:n], positions=inp.packed_positions(), row_slot=inp.row_slot[:n],
             row_pos=inp.row_pos[:n], seg_starts=inp.seg_starts[: inp.num_segments + 1],
             seg_slots=inp.seg_slots[: inp.num_segments], block_tables=self.block_tables,
-            logit_rows=slice(n - num_decode, n),
+            logit_rows=logit_rows,
         )
-        logits = self.forward(ctx)
+
+    def execute(self, num_decode: int) -> None:
+        """Forward over the step's rows; sample the last `num_decode` rows into sampler_inputs."""
+        n = self.step_inputs.num_rows
+        logits = self.forward(self._context(self.step_inputs, slice(n - num_decode, n)))
         if num_decode:
             ops.sample(logits, **self.sampler_inputs.row_arrays())
+
+    def score(self, slot: int, token_ids: list[int], chunk: int) -> np.ndarray:
+        """Logits f32[T, V] of every position of `token_ids` fed from position 0 in `slot`.
+
+        Allocates its own staging (scoring is not on the serving path).
+        """
+        t = len(token_ids)
+        ws = Workspace(self.cfg, chunk, chunk, xp=np)
+        forward = Qwen35Forward(self.cfg, self.params, ws, self.kv, self.states, xp=np)
+        inputs = StepInputs(chunk, max_segments=1)
+        out = np.empty((t, self.cfg.vocab_size), np.float32)
+        for start in range(0, t, chunk):
+            stop = min(t, start + chunk)
+            inputs.reset()
+            inputs.add_segment(slot, token_ids[start:stop], start)
+            out[start:stop] = forward(self._context(inputs, slice(0, stop - start)))
+        return out

@@ -228,6 +228,21 @@ class Qwen35Program:
         if rec.slot is not None:
             self.backend.zero_state(rec.slot)
 
+    # -- scoring ---------------------------------------------------------------------------
+    def prompt_logits(self, token_ids: Sequence[int]) -> "object":
+        """Logits f32[T, V] of every position of `token_ids` (the CausalScoring building block).
+
+        Runs on a temporary sequence in prefill-chunk pieces; needs a free slot and pages for T
+        tokens, and frees them afterwards.
+        """
+        rec = self._rec(self.open_sequence(list(token_ids) + [0], SamplingParams(seed=0)))
+        try:
+            if not self._hold(rec, len(token_ids)):
+                raise ProgramMisuse("not enough free slots/pages to score this prompt now")
+            return self.backend.score(rec.slot, list(token_ids), self._limits.prefill_chunk)
+        finally:
+            self.release(rec.seq_id)
+
     # -- pause / resume --------------------------------------------------------------------
     def pause(self, seq: SequenceId, prefer: ResumeKind) -> ResumeState:
         rec = self._rec(seq)
