@@ -94,9 +94,7 @@ class StepRunner:
     # --- execute and settle ------------------------------------------------------------------
     def execute(self, plan: StepPlan, members: Members) -> None:
         self.pending = batch = self._program.run(plan)
-        if len(batch.rows) != len(members) or {r.seq for r in batch.rows} != set(members):
-            raise InvariantViolation(
-                f"PendingBatch {batch.step_id} membership differs from its plan")
+        self._check_batch(plan, members, batch)
         now = self._clock()
         decisions: list[RowDecision] = []
         outcomes: list[tuple[OutputPreview | None, str | None]] = []
@@ -134,6 +132,20 @@ class StepRunner:
                 self._settle.end_due(rec, why)
             else:
                 self._publish(rec, row, preview, why)
+
+    @staticmethod
+    def _check_batch(plan: StepPlan, members: Members, batch: PendingBatch) -> None:
+        """The batch must hold exactly the plan's rows: one chunk row (no tokens) if planned,
+        and decode rows with at least one provisional token each."""
+        chunk_seq = plan.prefill.seq if plan.prefill is not None else None
+        ok = len(batch.rows) == len(members) and {r.seq for r in batch.rows} == set(members)
+        for row in batch.rows:
+            is_chunk = row.seq == chunk_seq
+            ok = ok and row.is_prefill == is_chunk and (row.produced == 0 if is_chunk else
+                                                         row.produced >= 1)
+            ok = ok and len(row.logprobs) == len(row.top_logprobs) == row.produced
+        if not ok:
+            raise InvariantViolation(f"PendingBatch {batch.step_id} does not match its plan")
 
     def _decide(self, rec: RequestRecord, row: PendingRow) -> tuple[OutputPreview, str | None]:
         """Preview the row with the session, clipped to the request's remaining budget."""
