@@ -70,25 +70,3 @@ def dot2(x, xo, w, wo0, wo1, k_len, acc0, acc1):
         s0 += xv * widen(w[wo0 + uk])
         s1 += xv * widen(w[wo1 + uk])
     return s0, s1
-
-
-@njit(inline="always")
-def rows_times_matrix(x, xo_list, w, w_base, m0, m1, k_len, out, oo_list, acc0, acc1):
-    """out[oo_list[i] + m] = dot(x row i, weight row m) for m in [m0, m1) and every listed row.
-
-    Rows are x offsets `xo_list[i]`; weight row m starts at `w_base + m * k_len`. Weight rows are
-    taken in pairs (each pair is read once for all rows), the odd last one alone.
-    """
-    n_rows = xo_list.shape[0]
-    m = m0
-    while m + 1 < m1:
-        wo0 = w_base + m * k_len
-        for i in range(n_rows):
-            a, b = dot2(x, xo_list[i], w, wo0, wo0 + k_len, k_len, acc0, acc1)
-            out[oo_list[i] + m] = a
-            out[oo_list[i] + m + 1] = b
-        m += 2
-    if m < m1:
-        wo0 = w_base + m * k_len
-        for i in range(n_rows):
-            out[oo_list[i] + m] = dot(x, xo_list[i], w, wo0, k_len, acc0)

@@ -1,20 +1,17 @@
 """CPU kernels for `moe_route` and `moe_experts`.
 
 moe_experts groups the (row, k) pairs by expert so every selected expert's weights are read once
-per call, but each pair's values come from `_dot.dot` exactly as `linear` would compute them, and
-each row's output adds its experts in ascending expert id: a row's result never depends on the
-other rows of the call.
+per call; the products run through `_matmul.grouped_matmul` (the kernel `linear` uses), so each
+pair's values are exactly what `linear` would compute, and each row's output adds its experts in
+ascending expert id: a row's result never depends on the other rows of the call.
 """
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
-from ninfer.kernels_numba_cpu._dot import LANES, rows_times_matrix
+from ninfer.kernels_numba_cpu._matmul import chunks_for, grouped_matmul
 from ninfer.kernels_numba_cpu._prim import F0, silu
-
-TASKS_PER_THREAD = 4
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -47,15 +44,13 @@ def _route_kernel(logits, top_k, weights_out, ids_out):
             weights_out[t, k] = weights_out[t, k] / picked
 
 
-@njit(inline="always")
-def _even_chunk(length, chunks):
-    """An even chunk length that covers `length` in at most `chunks` pieces (whole weight pairs)."""
-    return 2 * (((length + 1) // 2 + chunks - 1) // chunks)
-
-
 @njit(cache=True)
 def _group_pairs(ids, n_exp):
-    """Pairs (row, k) sorted by (expert, row): pair_row, pair_of[(row, k)], expert offsets."""
+    """Sort the (row, k) pairs by (expert, row).
+
+    Returns pair_row[p] (the row of pair p), pair_of[row, k] (the pair index), the active experts
+    and group starts (pairs of active[g] are group_starts[g]..group_starts[g+1]).
+    """
     n, top_k = ids.shape
     counts = np.zeros(n_exp + 1, np.int64)
     for t in range(n):
@@ -71,58 +66,42 @@ def _group_pairs(ids, n_exp):
             pair_row[fill[e]] = t
             pair_of[t, k] = fill[e]
             fill[e] += 1
-    return pair_row, pair_of, offsets
+    n_active = 0
+    for e in range(n_exp):
+        n_active += offsets[e + 1] > offsets[e]
+    active = np.empty(n_active, np.int64)
+    group_starts = np.empty(n_active + 1, np.int64)
+    g = 0
+    for e in range(n_exp):
+        if offsets[e + 1] > offsets[e]:
+            active[g] = e
+            group_starts[g] = offsets[e]
+            g += 1
+    group_starts[n_active] = offsets[n_exp]
+    return pair_row, pair_of, active, group_starts
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _experts_kernel(x, gate_up, down, ids, weights, out, n_exp, inter, n_tasks):
-    n, hidden = out.shape
-    top_k = ids.shape[1]
-    pair_row, pair_of, offsets = _group_pairs(ids, n_exp)
-    n_pairs = n * top_k
-    active = np.empty(n_exp, np.int64)
-    n_active = 0
-    for e in range(n_exp):
-        if offsets[e + 1] > offsets[e]:
-            active[n_active] = e
-            n_active += 1
-    gu = np.empty(n_pairs * 2 * inter, np.float32)
-    act = np.empty(n_pairs * inter, np.float32)
-    y = np.empty(n_pairs * hidden, np.float32)
-    x_offs = pair_row * hidden
-    gu_offs = np.arange(n_pairs) * (2 * inter)
-    act_offs = np.arange(n_pairs) * inter
-    y_offs = np.arange(n_pairs) * hidden
-    chunks = max(1, (n_tasks + n_active - 1) // n_active)
-    # [g | u] = gate_up[e] @ x for every pair of expert e.
-    per = _even_chunk(2 * inter, chunks)
-    for task in prange(n_active * chunks):
-        e = active[task // chunks]
-        m0 = (task % chunks) * per
-        m1 = min(2 * inter, m0 + per)
-        if m0 < m1:
-            p0, p1 = offsets[e], offsets[e + 1]
-            acc0 = np.empty(LANES, np.float32)
-            acc1 = np.empty(LANES, np.float32)
-            rows_times_matrix(x, x_offs[p0:p1], gate_up, e * 2 * inter * hidden, m0, m1,
-                              hidden, gu, gu_offs[p0:p1], acc0, acc1)
-    for p in prange(n_pairs):
+def _swiglu_pairs(gu, act, inter):
+    """act[p] = silu(gu[p, :inter]) * gu[p, inter:] for every pair (flat buffers)."""
+    for p in prange(act.shape[0] // inter):
         for i in range(inter):
             act[p * inter + i] = silu(gu[p * 2 * inter + i]) * gu[p * 2 * inter + inter + i]
-    # y = down[e] @ act for every pair of expert e.
-    per = _even_chunk(hidden, chunks)
-    for task in prange(n_active * chunks):
-        e = active[task // chunks]
-        m0 = (task % chunks) * per
-        m1 = min(hidden, m0 + per)
-        if m0 < m1:
-            p0, p1 = offsets[e], offsets[e + 1]
-            acc0 = np.empty(LANES, np.float32)
-            acc1 = np.empty(LANES, np.float32)
-            rows_times_matrix(act, act_offs[p0:p1], down, e * hidden * inter, m0, m1,
-                              inter, y, y_offs[p0:p1], acc0, acc1)
+
+
+@njit(parallel=True, cache=True, fastmath=False)
+def _combine(y, pair_of, ids, weights, out):
+    """out[t] = sum over t's slots in ascending expert id of weights[t, k] * y[pair_of[t, k]]."""
+    n, hidden = out.shape
+    top_k = ids.shape[1]
     for t in prange(n):
-        order = np.argsort(ids[t], kind="mergesort")
+        order = np.empty(top_k, np.int64)  # slots by ascending expert id (stable insertion sort)
+        for k in range(top_k):
+            pos = k
+            while pos > 0 and ids[t, order[pos - 1]] > ids[t, k]:
+                order[pos] = order[pos - 1]
+                pos -= 1
+            order[pos] = k
         for j in range(hidden):
             out[t, j] = F0
         for k in order:
@@ -139,11 +118,24 @@ def moe_route(logits, top_k, weights_out, ids_out) -> None:
 
 
 def moe_experts(x, gate_up, down, ids, weights, out) -> None:
-    if x.shape[0] == 0:
+    n, hidden = x.shape
+    if n == 0:
         return
     n_exp, two_inter, _ = gate_up.shape
+    inter = two_inter // 2
     if ids.size and (ids.min() < 0 or ids.max() >= n_exp):
         raise ValueError(f"moe_experts: expert id outside [0, {n_exp})")
-    n_tasks = numba.get_num_threads() * TASKS_PER_THREAD
-    _experts_kernel(x.reshape(-1), gate_up.data.reshape(-1), down.data.reshape(-1), ids,
-                    weights, out, n_exp, two_inter // 2, n_tasks)
+    pair_row, pair_of, active, group_starts = _group_pairs(ids, n_exp)
+    n_pairs = pair_row.shape[0]
+    pairs = np.arange(n_pairs, dtype=np.int64)
+    gu = np.empty(n_pairs * two_inter, np.float32)
+    act = np.empty(n_pairs * inter, np.float32)
+    y = np.empty(n_pairs * hidden, np.float32)
+    grouped_matmul(x.reshape(-1), pair_row * hidden, gate_up.data.reshape(-1),
+                   active * (two_inter * hidden), group_starts, gu, pairs * two_inter,
+                   two_inter, hidden, chunks_for(two_inter, len(active)))
+    _swiglu_pairs(gu, act, inter)
+    grouped_matmul(act, pairs * inter, down.data.reshape(-1), active * (hidden * inter),
+                   group_starts, y, pairs * hidden, hidden, inter,
+                   chunks_for(hidden, len(active)))
+    _combine(y, pair_of, ids, weights, out)

@@ -139,7 +139,7 @@ def _sample_kernel(logits, temperature, top_k, top_p, min_p, rep, presence, freq
                 total += e[j]
                 if e[j] >= min_p[b]:
                     n_min += 1
-            keep = n_min
+            keep = max(n_min, 1)  # n_min is 0 only for a NaN row: keep something valid
             if top_k[b] > 0 and top_k[b] < keep:
                 keep = top_k[b]
             order = np.empty(vocab, np.int32)
@@ -176,7 +176,14 @@ def _sample_kernel(logits, temperature, top_k, top_p, min_p, rep, presence, freq
         logprobs_out[b] = np.float32(float64(row[token]) - lse)
 
 
-def _check_penalties(pen_offsets, pen_tokens, pen_counts, vocab):
+def _check_rows(temperature, top_k, top_p, min_p, repetition_penalty, pen_offsets, pen_tokens,
+                pen_counts, vocab):
+    """Host-side value checks that keep the kernel inside its arrays and its definition."""
+    if not (np.all(temperature >= 0) and np.all(top_k >= 0) and np.all(top_p > 0)
+            and np.all(top_p <= 1) and np.all(min_p >= 0) and np.all(min_p <= 1)
+            and np.all(repetition_penalty > 0)):
+        raise ValueError("sample: need temperature >= 0, top_k >= 0, 0 < top_p <= 1, "
+                         "0 <= min_p <= 1 and repetition_penalty > 0 in every row")
     n_entries = pen_tokens.shape[0]
     if pen_offsets[0] != 0 or pen_offsets[-1] != n_entries or np.any(np.diff(pen_offsets) < 0):
         raise ValueError(f"sample: pen_offsets must rise from 0 to M={n_entries}")
@@ -191,7 +198,8 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
            logprobs_out, top_ids_out, top_logprobs_out) -> None:
     if logits.shape[0] == 0:
         return
-    _check_penalties(pen_offsets, pen_tokens, pen_counts, logits.shape[1])
+    _check_rows(temperature, top_k, top_p, min_p, repetition_penalty, pen_offsets, pen_tokens,
+                pen_counts, logits.shape[1])
     n_top = top_ids_out.shape[1]
     ids_buf, ids_strides = flat(top_ids_out) if n_top else (np.zeros(0, np.int32), (0, 0))
     lp_buf, lp_strides = flat(top_logprobs_out) if n_top else (np.zeros(0, np.float32), (0, 0))

@@ -163,3 +163,12 @@ def test_sample_checks(rng):
         _run(logits, dict(_params(2), seeds=np.zeros(2, np.int64)))
     with pytest.raises(ValueError, match="top alternatives"):
         _run(logits, _params(2), n_top=11)
+    with pytest.raises(ValueError, match="0 < top_p <= 1"):
+        _run(logits, _params(2, top_p=[0.5, 0.0]))
+
+
+def test_nan_row_still_yields_a_valid_token_id(rng):
+    logits = randn(rng, (2, 30))
+    logits[1] = np.nan
+    tokens = _run(logits, _params(2, seeds=[3, 4]))[0]
+    assert 0 <= tokens[1] < 30
