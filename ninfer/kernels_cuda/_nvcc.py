@@ -91,7 +91,10 @@ def parse_resources(log: str) -> tuple[KernelResources, ...]:
     return tuple(out)
 
 
-def compile_source(source: KernelSource, arch: str = "sm_90") -> CompileResult:
+def compile_source(source: KernelSource, arch: str = "sm_90", *,
+                   check_only: bool = False) -> CompileResult:
+    """Compile `source` with every declared instance. check_only: front end only (PTX at -O0,
+    a few seconds: syntax, types, template instantiation), no resource report."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found on PATH")
@@ -101,9 +104,10 @@ def compile_source(source: KernelSource, arch: str = "sm_90") -> CompileResult:
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / source.file
         cu.write_text(code)
-        cmd = [nvcc, f"-arch={arch}", "-cubin", "--resource-usage", "-diag-suppress", "177",
-               *BASE_OPTIONS, *source.options, "-I", str(PACKAGE_DIR), "-o",
-               str(Path(tmp) / "out.cubin"), str(cu)]
+        mode = ["--ptx", "-Xcicc", "-O0"] if check_only else ["-cubin", "--resource-usage"]
+        cmd = [nvcc, f"-arch={arch}", *mode, "-diag-suppress", "177", *BASE_OPTIONS,
+               *source.options, "-I", str(PACKAGE_DIR), "-o", str(Path(tmp) / "out.bin"),
+               str(cu)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     return CompileResult(source, proc.returncode, log, parse_resources(log))

@@ -1,9 +1,11 @@
 """Launchers for attention.cu: `kv_write` and `paged_attention` (docs/ops.md).
 
-`paged_attention` splits each row's context into fixed chunks of `CHUNK` keys (flash-decoding)
-and merges the chunk partials in a second launch; the partials live in an
-`AttentionWorkspace` (pass one sized for the largest call; allocated per call when None, which
-is not capturable).
+`paged_attention` cuts each row's context into chunks of `CHUNK` keys. With at most
+`SPLIT_MAX_ROWS` rows (decode), chunks run in separate blocks (flash-decoding) and a second
+launch merges their partials, which live in an `AttentionWorkspace` (pass one sized for the
+largest decode batch and context; allocated per call when None, which is not capturable).
+With more rows (prefill), each block loops over its row's chunks: no workspace. Both modes give
+bitwise identical rows.
 """
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 CHUNK = 256  # keys per split (ATTN_CHUNK in attention.cu)
+SPLIT_MAX_ROWS = 64
 _DPL = (1, 2, 4, 8)  # head_dim = 32 * DPL
 _GW = (1, 2, 3, 4)
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
-    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}>"
-       for k in C.WKind for gw in _GW for dpl in _DPL]
+    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}>"
+       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + ["paged_attention_combine_kernel"]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
@@ -131,27 +134,36 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
         C.require(C.aligned(kp) and C.aligned(vp), "k_pages", "pages must be 16-byte aligned")
     if n == 0:
         return
+    C.require(n <= 65535, "q", f"{n} rows > 65535 per call")
     gw, hg, kw = head_layout(q_heads // kv_heads)
+    group = q_heads // kv_heads
     max_context = block_tables.shape[1] * page_size
     chunks = max(1, -(-max_context // CHUNK))
-    if workspace is None:
-        workspace = AttentionWorkspace.allocate(n, q_heads, dim, max_context)
-    C.require(workspace.part_o.shape[0] >= n and workspace.part_o.shape[1] == q_heads
-              and workspace.part_o.shape[3] == dim and workspace.max_chunks >= chunks,
-              "workspace", f"too small for {n} rows x {q_heads} heads x {chunks} chunks x {dim}")
+    split = n <= SPLIT_MAX_ROWS
+    part_o = part_ml = 0
+    max_chunks = 1
+    if split:
+        if workspace is None:
+            workspace = AttentionWorkspace.allocate(n, q_heads, dim, max_context)
+        C.require(workspace.part_o.shape[0] >= n and workspace.part_o.shape[1] == q_heads
+                  and workspace.part_o.shape[3] == dim and workspace.max_chunks >= chunks,
+                  "workspace", f"too small for {n} rows x {q_heads} heads x {chunks} chunks x {dim}")
+        part_o, part_ml = C.ptr(workspace.part_o), C.ptr(workspace.part_ml)
+        max_chunks = workspace.max_chunks
     params = C.pack(_ATTN, q=C.ptr(q), out=C.ptr(out), k_pages=C.ptr(kp), v_pages=C.ptr(vp),
                     block_tables=C.ptr(block_tables), row_seq=C.ptr(row_seq),
-                    row_pos=C.ptr(row_pos), part_o=C.ptr(workspace.part_o),
-                    part_ml=C.ptr(workspace.part_ml), q_rs=q_rs, q_hs=q_hs, out_rs=o_rs,
-                    out_hs=o_hs, bt_rs=bt_rs, num_pages=num_pages, page_size=page_size,
-                    kv_heads=kv_heads, q_heads=q_heads, num_seqs=block_tables.shape[0],
-                    bt_cols=block_tables.shape[1], max_chunks=workspace.max_chunks,
-                    head_groups=hg, scale=scale)
-    group = q_heads // kv_heads
-    smem = (2 * kw * group + kw * group * dim) * 4
-    fn = get_function(SOURCE, f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}>")
-    launch(fn, (chunks, kv_heads, n), (32 * hg * kw,), (params,), shared_mem=smem,
-           name="paged_attention")
-    if chunks > 1:
+                    row_pos=C.ptr(row_pos), part_o=part_o, part_ml=part_ml, q_rs=q_rs,
+                    q_hs=q_hs, out_rs=o_rs, out_hs=o_hs, bt_rs=bt_rs, num_pages=num_pages,
+                    page_size=page_size, kv_heads=kv_heads, q_heads=q_heads,
+                    num_seqs=block_tables.shape[0], bt_cols=block_tables.shape[1],
+                    max_chunks=max_chunks, head_groups=hg, scale=scale)
+    smem = (2 * kw * group + kw * group * dim + (0 if split else 3 * group * dim)) * 4
+    fn = get_function(SOURCE, f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, "
+                              f"{int(split)}>")
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    launch(fn, (chunks if split else 1, kv_heads, n), (32 * hg * kw,), (params,),
+           shared_mem=smem, name="paged_attention")
+    if split and chunks > 1:
         launch(get_function(SOURCE, "paged_attention_combine_kernel"), (q_heads, n),
                (min(256, dim),), (params, np.int32(dim)), name="paged_attention_combine")

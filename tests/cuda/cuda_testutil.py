@@ -1,0 +1,97 @@
+"""Helpers for the GPU kernel tests: fresh random inputs on the device, NaN-poisoned outputs,
+float64 oracles from `ninfer.ops.reference`, and relative-error / bitwise comparisons.
+
+Every test draws new random data (the seed is printed), never zeros, and poisons outputs with NaN
+so an unwritten element fails the comparison.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer.core.dtypes import DType, f32_to_bf16_bits
+from ninfer.core.tensor import Weight
+
+TOL_F32 = 2e-5   # fp32 kernels vs float64 (reductions of a few thousand terms, tree order)
+TOL_BF16_X = 1e-2  # paths that round activations to bf16 (cuBLAS prefill)
+DTYPES = (DType.FLOAT32, DType.BFLOAT16)
+
+
+def cp():
+    import cupy
+
+    return cupy
+
+
+def randn(rng, shape, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def weight_pair(rng, shape, dtype: DType, scale: float = 1.0) -> tuple[Weight, Weight]:
+    """(host Weight for the reference, the same Weight on the device)."""
+    values = (rng.standard_normal(shape) * scale).astype(np.float32)
+    data = f32_to_bf16_bits(values) if dtype is DType.BFLOAT16 else values
+    host = Weight(data, dtype)
+    return host, Weight(cp().asarray(data), dtype)
+
+
+def dev(a: np.ndarray):
+    return cp().asarray(a)
+
+
+def host(a) -> np.ndarray:
+    return cp().asnumpy(a)
+
+
+def rows_view(rng, shape, pad: int = 5, scale: float = 1.0):
+    """(host, device) views of the same random data whose rows are strided (last axis padded)."""
+    parent = randn(rng, tuple(shape[:-1]) + (shape[-1] + pad,), scale)
+    lo = pad // 2
+    d_parent = dev(parent)
+    index = (Ellipsis, slice(lo, lo + shape[-1]))
+    return parent[index], d_parent[index]
+
+
+def poisoned(shape, dtype=np.float32):
+    """A device buffer full of NaN (or -7 for integers)."""
+    if np.dtype(dtype).kind == "f":
+        return cp().full(shape, np.nan, dtype=dtype)
+    return cp().full(shape, -7, dtype=dtype)
+
+
+def rel_err(out, ref) -> float:
+    out = np.asarray(host(out) if not isinstance(out, np.ndarray) else out, np.float64)
+    ref = np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-300))
+
+
+def assert_close(out, ref, tol: float = TOL_F32, what: str = "") -> None:
+    o = host(out) if not isinstance(out, np.ndarray) else out
+    assert o.shape == np.shape(ref), (o.shape, np.shape(ref))
+    assert np.linalg.norm(np.asarray(ref, np.float64)) > 0, "reference is all zeros"
+    err = rel_err(o, ref)
+    assert err < tol, f"{what} rel err {err:.3e} >= {tol:.1e}"
+
+
+def assert_same_bits(a, b, what: str = "") -> None:
+    a = np.ascontiguousarray(host(a) if not isinstance(a, np.ndarray) else a)
+    b = np.ascontiguousarray(host(b) if not isinstance(b, np.ndarray) else b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: results differ bitwise"
+
+
+def slot_strided(rng, num_slots: int, inner: tuple, pad: int = 7, scale: float = 0.5):
+    """(host, device) slot-strided views [S, *inner] of a wider per-slot image (like StateImage)."""
+    size = int(np.prod(inner))
+    image = randn(rng, (num_slots, size + 2 * pad), scale)
+    h = image[:, pad:pad + size].reshape((num_slots,) + tuple(inner))
+    d_image = dev(image)
+    strides = (d_image.strides[0],) + tuple(np.array(h.strides[1:]))
+    d = cp().lib.stride_tricks.as_strided(d_image[:, pad:], shape=h.shape, strides=strides)
+    return h, d, d_image
+
+
+def segments(lengths, slots):
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return starts, np.asarray(slots, np.int32)

@@ -1,0 +1,75 @@
+"""linear on the GPU: the GEMV kernel (aligned and unaligned K, strided x, f32/bf16 weights),
+the cuBLAS prefill path, and batch invariance (a row alone == the same row in a batch, bitwise)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer import ops
+from ninfer.core.dtypes import DType
+from ninfer.kernels_cuda import linear as klinear
+from ninfer.ops import reference as ref
+
+from cuda_testutil import (DTYPES, TOL_BF16_X, assert_close, assert_same_bits, cp, dev,
+                           poisoned, rows_view, weight_pair)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("k", [1000, 333, 4096])
+def test_gemv_vs_float64(rng, dtype, n, k):
+    m = 257
+    x_h, x_d = rows_view(rng, (n, k), pad=8 if k % 8 == 0 else 5)
+    w_h, w_d = weight_pair(rng, (m, k), dtype, scale=k ** -0.5)
+    out = poisoned((n, m))
+    ops.linear(x_d, w_d, out)
+    assert_close(out, ref.linear(x_h, w_h))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cublas_prefill_path(rng, dtype):
+    n, k, m = 37, 512, 300
+    x_h = (rng.standard_normal((n, k))).astype(np.float32)
+    w_h, w_d = weight_pair(rng, (m, k), dtype, scale=k ** -0.5)
+    out = poisoned((n, m))
+    klinear.linear(dev(x_h), w_d, out)
+    tol = TOL_BF16_X if dtype is DType.BFLOAT16 else 1e-5
+    assert_close(out, ref.linear(x_h, w_h), tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batch_invariance(rng, dtype):
+    n, k, m = 8, 2048, 129
+    x_h = (rng.standard_normal((n, k))).astype(np.float32)
+    _, w_d = weight_pair(rng, (m, k), dtype, scale=k ** -0.5)
+    x_d = dev(x_h)
+    batch = poisoned((n, m))
+    klinear.linear(x_d, w_d, batch)
+    for rows in ([0], [3, 4], [1, 2, 5, 6, 7]):
+        part = poisoned((len(rows), m))
+        klinear.linear(x_d[rows], w_d, part)
+        assert_same_bits(part, batch[rows], f"rows {rows}")
+    # N > 8 with batch_invariant=True: the same per-row values as the small calls
+    big_h = (rng.standard_normal((21, k))).astype(np.float32)
+    big_h[5] = x_h[2]
+    big = poisoned((21, m))
+    klinear.linear(dev(big_h), w_d, big, batch_invariant=True)
+    assert_same_bits(big[5], batch[2], "row inside a 21-row batch")
+
+
+def test_gemv_k_split_depends_on_k_only():
+    assert [klinear.k_splits(k) for k in (512, 1024, 2048, 4096, 5120, 12288, 17408)] == \
+        [1, 1, 2, 4, 5, 8, 8]
+
+
+def test_workspace_is_used(rng):
+    n, k, m = 16, 64, 40
+    x_h = (rng.standard_normal((n, k))).astype(np.float32)
+    w_h, w_d = weight_pair(rng, (m, k), DType.BFLOAT16)
+    ws = cp().zeros(n * k + 3, dtype=np.uint16)
+    out = poisoned((n, m))
+    klinear.linear(dev(x_h), w_d, out, workspace=ws)
+    assert int((ws[:n * k] != 0).sum()) > 0
+    assert_close(out, ref.linear(x_h, w_h), TOL_BF16_X)
