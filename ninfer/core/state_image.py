@@ -23,7 +23,7 @@ def _align(n: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class GdnStateShape:
-    """Per-layer state sizes: conv width Kc, conv channels C, value heads Hv, key/value head dims."""
+    """One GDN layer's state sizes: conv width Kc, channels C, value heads Hv, head dims dk, dv."""
 
     conv_kernel: int
     conv_channels: int

@@ -12,7 +12,6 @@ Indices are uint64 so Numba emits no negative-index wraparound (which blocks vec
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, uint64
 
 from ninfer.kernels_numba_cpu._prim import F0, widen
@@ -22,7 +21,7 @@ LANES = 32
 
 @njit(inline="always")
 def dot(x, xo, w, wo, k_len, acc):
-    """sum_k x[xo + k] * w[wo + k] for k < k_len in the fixed lane order; `acc` is f32[LANES] scratch."""
+    """sum_k x[xo + k] * w[wo + k], k < k_len, in the fixed lane order; acc: f32[LANES] scratch."""
     xo = uint64(xo)
     wo = uint64(wo)
     k_lanes = k_len - k_len % LANES

@@ -1,7 +1,6 @@
 """CPU kernel for `embedding`: out[n] = widen(table[ids[n]])."""
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._prim import widen

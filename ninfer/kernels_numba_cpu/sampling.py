@@ -4,8 +4,8 @@ One row per parallel task; a row's token depends only on that row's inputs. Expo
 fp32 (e_j = exp(l_j - max), so p_j = e_j / Z with e_max = 1); sums and cumulative masses are
 accumulated in float64. Candidates are visited in descending-e order (ties: lower id first)
 without sorting the whole vocabulary: the order is built band by band (e in [2^-8, 1], then
-[2^-16, 2^-8), ..., finally [0, 2^-128) and NaN), each band sorted stably, and a walk stops as soon as it
-has what it needs. The concatenated bands are exactly the full sorted order.
+[2^-16, 2^-8), ..., finally [0, 2^-128) and NaN), each band sorted stably, and a walk stops as
+soon as it has what it needs. The concatenated bands are exactly the full sorted order.
 """
 from __future__ import annotations
 

@@ -3,6 +3,11 @@
 Each entry checks its operands (shapes, dtypes, strides, one backend) and calls the kernel of the
 operands' backend: NumPy -> `ninfer.kernels_numba_cpu`, CuPy -> `ninfer.kernels_cuda`. Kernel
 modules are imported on first call, so importing this package compiles nothing.
+
+Families that read weights or KV pages have `supports(dtype) -> bool`. The functions
+`embedding`, `linear` and `rope` shadow their same-named submodules as package attributes, so
+reach those modules' other names with `from ninfer.ops.linear import supports`.
+Float64 references of every op (tests only): `ninfer.ops.reference`.
 """
 from ninfer.ops.attention import kv_write, paged_attention
 from ninfer.ops.elementwise import add_inplace, sigmoid_mul, sigmoid_scale_add, swiglu

@@ -51,7 +51,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
     n, heads, _ = check.array("paged_attention", "q", q, check.F32, (None, None, d),
                               check.Layout.ROWS)
     if heads % hkv:
-        raise ValueError(f"paged_attention: {heads} query heads are not a multiple of {hkv} KV heads")
+        raise ValueError(f"paged_attention: {heads} query heads are not a multiple of "
+                         f"{hkv} KV heads")
     _rows("paged_attention", block_tables, row_seq, row_pos, n)
     check.scalar("paged_attention", "scale", scale)
     check.array("paged_attention", "out", out, check.F32, (n, heads, d))

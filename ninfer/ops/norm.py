@@ -28,7 +28,10 @@ def rms_norm(x, weight, eps, out, *, zero_centered: bool) -> None:
 
 
 def add_rms_norm(residual, x, weight, eps, out) -> None:
-    """residual += x (in place), then out = zero-centred rms_norm(residual). All f32[N, H] C-contiguous."""
+    """residual += x (in place), then out = zero-centred rms_norm(residual).
+
+    residual, x, out: f32[N, H] C-contiguous; weight: Weight[H].
+    """
     backend = backend_of(residual, x, weight, out)
     shape = check.array("add_rms_norm", "residual", residual, check.F32, (None, None))
     check.array("add_rms_norm", "x", x, check.F32, shape)
@@ -54,7 +57,10 @@ def gated_rms_norm(x, z, weight, eps, out) -> None:
 
 
 def l2norm_heads(x, eps, scale, out) -> None:
-    """y = x * rsqrt(sum(x^2) + eps) * scale per head. x: f32[N, Hh, d] rows strided; out: C-contiguous."""
+    """y = x * rsqrt(sum(x^2) + eps) * scale per head (eps inside the rsqrt).
+
+    x: f32[N, Hh, d] rows/heads strided; out: f32[N, Hh, d] C-contiguous.
+    """
     backend = backend_of(x, out)
     shape = check.array("l2norm_heads", "x", x, check.F32, (None, None, None), _ROWS)
     check.array("l2norm_heads", "out", out, check.F32, shape)

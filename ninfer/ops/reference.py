@@ -80,7 +80,7 @@ def rope(x, positions, inv_freq, freq_axis):
 
 
 def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos):
-    """Returns (k_pages, v_pages) copies with the rows stored (bf16 pages rounded to nearest even)."""
+    """Returns copies of (k_pages, v_pages) with the rows stored (bf16 rounded to nearest even)."""
     kp, vp = k_pages.copy(), v_pages.copy()
     page_size = kp.shape[2]
     for n, (s, p) in enumerate(zip(row_seq, row_pos)):
