@@ -1,0 +1,110 @@
+"""Benchmark plumbing: results (`Measure`), the run context, CUDA-event timing with inputs
+rotated beyond L2, and the two ceilings measured in the same run (copy bandwidth, bf16 matmul)."""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Measure:
+    """One timed case. bytes/flops are the minimum traffic/work of the op (for the roofline)."""
+
+    op: str
+    variant: str
+    time_ms: float
+    bytes: float = 0.0
+    flops: float = 0.0
+    peer: str | None = None
+    peer_ms: float | None = None
+    note: str = ""
+    gbps: float | None = None
+    tflops: float | None = None
+    roofline: float | None = None
+
+    def finish(self, ceilings: "Ceilings") -> "Measure":
+        """Fill the achieved rates and the ratio to the binding roofline."""
+        sec = self.time_ms / 1e3
+        if sec > 0 and self.bytes:
+            self.gbps = self.bytes / sec / 1e9
+        if sec > 0 and self.flops:
+            self.tflops = self.flops / sec / 1e12
+        floors = []
+        if self.bytes and ceilings.copy_gbps:
+            floors.append(self.bytes / (ceilings.copy_gbps * 1e9))
+        if self.flops and ceilings.matmul_tflops:
+            floors.append(self.flops / (ceilings.matmul_tflops * 1e12))
+        if floors and sec > 0:
+            self.roofline = max(floors) / sec
+        return self
+
+
+@dataclasses.dataclass
+class Ceilings:
+    copy_gbps: float = 0.0      # read + written bytes of a large device-to-device copy
+    matmul_tflops: float = 0.0  # cuBLAS bf16 x bf16 -> fp32 GEMM, fp32 accumulation
+
+
+@dataclasses.dataclass
+class BenchContext:
+    """What every case receives: the shape, an RNG, L2 size, repeat counts."""
+
+    shape: object
+    rng: np.random.Generator
+    l2_bytes: int
+    warmup: int = 3
+    repeat: int = 20
+
+    def copies(self, nbytes: int, limit: int = 64) -> int:
+        """How many input sets to rotate so that they exceed 3x the L2 cache."""
+        if nbytes <= 0:
+            return 1
+        return int(min(limit, max(1, -(-3 * self.l2_bytes // nbytes))))
+
+    def time(self, fn: Callable[[int], None]) -> float:
+        """Median ms of fn(i) over `repeat` calls after `warmup`, timed with CUDA events."""
+        from ninfer.core.cuda import median_ms, time_device
+
+        return median_ms(time_device(fn, warmup=self.warmup, repeat=self.repeat))
+
+
+def bf16_random(cp, shape, scale: float = 0.02):
+    """Random bf16 (uint16 patterns) generated on the device (never zeros)."""
+    x = cp.random.standard_normal(shape, dtype=cp.float32) * scale
+    bits = x.view(cp.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(cp.uint16)
+
+
+def f32_random(cp, shape, scale: float = 1.0):
+    return cp.random.standard_normal(shape, dtype=cp.float32) * scale
+
+
+def measure_ceilings(ctx: BenchContext) -> Ceilings:
+    """Copy bandwidth (2 GiB D2D, read + write bytes) and the cuBLAS bf16 GEMM rate (8192^3)."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+
+    n = 1 << 29  # 2 GiB of float32
+    src = cp.random.standard_normal(n, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    copy_ms = ctx.time(lambda i: cp.copyto(dst, src))
+    size = 8192
+    a, b = bf16_random(cp, (size, size)), bf16_random(cp, (size, size))
+    c = cp.empty((size, size), dtype=cp.float32)
+    alpha, beta = np.ones(1, np.float32), np.zeros(1, np.float32)
+    handle = cp.cuda.device.get_cublas_handle()
+
+    def gemm(i):
+        cublas.gemmEx(handle, 1, 0, size, size, size, alpha.ctypes.data, a.data.ptr, 14, size,
+                      b.data.ptr, 14, size, beta.ctypes.data, c.data.ptr, 0, size, 68, -1)
+
+    gemm_ms = ctx.time(gemm)
+    return Ceilings(copy_gbps=2 * n * 4 / (copy_ms / 1e3) / 1e9,
+                    matmul_tflops=2 * size ** 3 / (gemm_ms / 1e3) / 1e12)
+
+
+def median(values) -> float:
+    return float(statistics.median(values)) if values else float("nan")

@@ -1,0 +1,240 @@
+"""The timed cases of `ninfer-bench kernels`, one function per op family.
+
+Each case builds random inputs on the device at the real Qwen3.5 shape (values do not change a
+step's cost; never zeros), rotates input sets so they exceed the L2 cache, times our kernel with
+CUDA events and, where one exists, a peer on the same problem. It returns `Measure`s whose
+bytes/flops are the minimum traffic/work (each input read once, each output written once).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bench import peers
+from bench.harness import BenchContext, Measure, bf16_random, f32_random
+from ninfer.core.dtypes import DType
+from ninfer.core.tensor import Weight
+
+PAGE = 16
+
+
+def _peer(measure: Measure, ctx: BenchContext, make) -> Measure:
+    """Time a peer built by make() -> (fn, label); record why when it is unavailable."""
+    try:
+        fn, label = make()
+        measure.peer, measure.peer_ms = label, ctx.time(fn)
+    except peers.PeerUnavailable as exc:
+        measure.note = (measure.note + "; " if measure.note else "") + f"peer: {exc}"
+    except Exception as exc:  # a failing peer never fails our measurement
+        measure.note = (measure.note + "; " if measure.note else "") + \
+            f"peer failed: {type(exc).__name__}: {exc}"[:200]
+    return measure
+
+
+def linear_decode(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.linear import linear
+
+    out = []
+    for name, m, k in ctx.shape.decode_gemvs():
+        copies = ctx.copies(m * k * 2)
+        ws = [Weight(bf16_random(cp, (m, k)), DType.BFLOAT16) for _ in range(copies)]
+        for n in (1, 8):
+            x = f32_random(cp, (n, k))
+            y = cp.empty((n, m), dtype=cp.float32)
+            ms = ctx.time(lambda i: linear(x, ws[i % copies], y))
+            meas = Measure("linear", f"{name} [{m}x{k}] N={n}", ms,
+                           bytes=m * k * 2 + n * k * 4 + n * m * 4)
+            xb = bf16_random(cp, (n, k), 1.0)
+            out.append(_peer(meas, ctx, lambda: (
+                peers.cublas_gemm(cp, m, n, k, ws[0].data, xb, y), "cuBLAS bf16 gemmEx")))
+    return out
+
+
+def linear_prefill(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.linear import linear
+
+    name, m, k = max(ctx.shape.decode_gemvs()[:-1], key=lambda t: t[1] * t[2])
+    n = 8192
+    w = Weight(bf16_random(cp, (m, k)), DType.BFLOAT16)
+    x = f32_random(cp, (n, k))
+    y = cp.empty((n, m), dtype=cp.float32)
+    ws = cp.empty(n * k, dtype=cp.uint16)
+    ms = ctx.time(lambda i: linear(x, w, y, workspace=ws))
+    meas = Measure("linear_prefill", f"{name} [{m}x{k}] N={n}", ms, flops=2.0 * n * m * k,
+                   note="includes the f32->bf16 copy of x")
+    xb = bf16_random(cp, (n, k), 1.0)
+    return [_peer(meas, ctx, lambda: (peers.cublas_gemm(cp, m, n, k, w.data, xb, y),
+                                      "cuBLAS bf16 gemmEx"))]
+
+
+def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.attention import AttentionWorkspace, paged_attention
+
+    s = ctx.shape
+    out = []
+    for batch, context in ((1, 8192), (8, 8192), (1, 32768)):
+        per_set = batch * context * s.kv_heads * s.head_dim * 2 * 2
+        copies = ctx.copies(per_set, limit=16)
+        pages_per_seq = context // PAGE
+        num_pages = copies * batch * pages_per_seq
+        kp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
+        vp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
+        bt = cp.arange(num_pages, dtype=cp.int32).reshape(copies * batch, pages_per_seq)
+        seqs = [cp.arange(c * batch, (c + 1) * batch, dtype=cp.int32) for c in range(copies)]
+        pos = cp.full(batch, context - 1, dtype=cp.int32)
+        q = f32_random(cp, (batch, s.heads, s.head_dim))
+        o = cp.empty_like(q)
+        ws = AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
+        ms = ctx.time(lambda i: paged_attention(q, kp, vp, bt, seqs[i % copies], pos,
+                                                s.head_dim ** -0.5, o, workspace=ws))
+        out.append(Measure("paged_attention", f"decode B={batch} ctx={context} bf16 KV", ms,
+                           bytes=per_set + 2 * q.nbytes))
+    return out
+
+
+def attention_prefill(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.attention import paged_attention
+
+    s = ctx.shape
+    tokens = 4096
+    pages = tokens // PAGE
+    kp = bf16_random(cp, (pages, s.kv_heads, PAGE, s.head_dim), 1.0)
+    vp = bf16_random(cp, (pages, s.kv_heads, PAGE, s.head_dim), 1.0)
+    bt = cp.arange(pages, dtype=cp.int32).reshape(1, pages)
+    seq = cp.zeros(tokens, dtype=cp.int32)
+    pos = cp.arange(tokens, dtype=cp.int32)
+    q = f32_random(cp, (tokens, s.heads, s.head_dim))
+    o = cp.empty_like(q)
+    ms = ctx.time(lambda i: paged_attention(q, kp, vp, bt, seq, pos, s.head_dim ** -0.5, o))
+    meas = Measure("attention_prefill", f"causal N={tokens} (paged, bf16 KV)", ms,
+                   flops=4.0 * s.heads * s.head_dim * tokens * tokens / 2)
+    return [_peer(meas, ctx, lambda: peers.torch_sdpa(s.heads, s.kv_heads, tokens, s.head_dim))]
+
+
+def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace, gdn_chunk_prefill as chunk
+
+    s = ctx.shape
+    tokens = 8192
+    q = f32_random(cp, (tokens, s.key_heads, s.dk), s.dk ** -1.0)
+    k = f32_random(cp, (tokens, s.key_heads, s.dk), s.dk ** -0.5)
+    v = f32_random(cp, (tokens, s.value_heads, s.dv))
+    g = -cp.random.random_sample((tokens, s.value_heads), dtype=cp.float32) * 0.1
+    beta = cp.random.random_sample((tokens, s.value_heads), dtype=cp.float32)
+    state = f32_random(cp, (1, s.value_heads, s.dk, s.dv), 0.01)
+    starts = cp.asarray(np.array([0, tokens], np.int32))
+    slots = cp.zeros(1, dtype=cp.int32)
+    o = cp.empty_like(v)
+    ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads)
+    ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws))
+    meas = Measure("gdn_chunk_prefill", f"T={tokens} Hk={s.key_heads} Hv={s.value_heads}", ms,
+                   note="fp32 SIMT")
+    return [_peer(meas, ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
+                                                     s.dv))]
+
+
+def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.gdn_decode import decode_counters, gdn_decode_fused
+
+    s = ctx.shape
+    out = []
+    c = s.conv_channels
+    state_bytes = s.value_heads * s.dk * s.dv * 4
+    for batch in (1, 8):
+        copies = ctx.copies(batch * state_bytes * 2, limit=32)
+        slots_n = copies * batch
+        state = f32_random(cp, (slots_n, s.value_heads, s.dk, s.dv), 0.01)
+        conv = f32_random(cp, (slots_n, s.conv - 1, c))
+        slot_sets = [cp.arange(i * batch, (i + 1) * batch, dtype=cp.int32) for i in range(copies)]
+        qkv = f32_random(cp, (batch, c))
+        a, b = f32_random(cp, (batch, s.value_heads)), f32_random(cp, (batch, s.value_heads))
+        z = f32_random(cp, (batch, s.value_heads, s.dv))
+        w = [Weight(bf16_random(cp, shape, 0.5), DType.BFLOAT16)
+             for shape in ((c, s.conv), (s.value_heads,), (s.value_heads,), (s.dv,))]
+        o = cp.empty((batch, s.value_heads, s.dv), dtype=cp.float32)
+        counters = decode_counters(batch, s.key_heads)
+        ms = ctx.time(lambda i: gdn_decode_fused(qkv, w[0], conv, a, b, w[1], w[2], state,
+                                                 slot_sets[i % copies], z, w[3], 1e-6, o,
+                                                 counters=counters))
+        meas = Measure("gdn_decode_fused", f"B={batch} Hv={s.value_heads}", ms,
+                       bytes=batch * (2 * state_bytes + 2 * (s.conv - 1) * c * 4 + c * 4))
+        out.append(_peer(meas, ctx, lambda: peers.fla_recurrent(batch, s.key_heads,
+                                                                s.value_heads, s.dk, s.dv)))
+    return out
+
+
+def moe_decode(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.moe import MoeWorkspace, moe_experts, moe_route
+
+    s = ctx.shape
+    if not s.experts:
+        return []
+    h, im, e, k = s.hidden, s.moe_inter, s.experts, s.top_k
+    gu = Weight(bf16_random(cp, (e, 2 * im, h)), DType.BFLOAT16)
+    dn = Weight(bf16_random(cp, (e, h, im)), DType.BFLOAT16)
+    out = []
+    for n in (1, 8):
+        sets = [np.stack([ctx.rng.choice(e, k, replace=False) for _ in range(n)]).astype(np.int32)
+                for _ in range(8)]
+        experts_read = np.mean([len(np.unique(ids)) for ids in sets])
+        ids = [cp.asarray(x) for x in sets]
+        wts = cp.full((n, k), 1.0 / k, dtype=cp.float32)
+        x = f32_random(cp, (n, h))
+        y = cp.empty((n, h), dtype=cp.float32)
+        ws = MoeWorkspace.allocate(n, k, h, im)
+        ms = ctx.time(lambda i: moe_experts(x, gu, dn, ids[i % len(ids)], wts, y, workspace=ws))
+        out.append(Measure("moe_experts", f"decode N={n} E={e} top{k} Im={im}", ms,
+                           bytes=experts_read * 3 * im * h * 2))
+        logits = f32_random(cp, (n, e))
+        wo, io = cp.empty((n, k), dtype=cp.float32), cp.empty((n, k), dtype=cp.int32)
+        out.append(Measure("moe_route", f"N={n} E={e}", ctx.time(
+            lambda i: moe_route(logits, k, wo, io))))
+    return out
+
+
+def sampling(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.sampling import sample
+
+    vocab = ctx.shape.vocab
+    out = []
+    for batch, top_k in ((1, 20), (8, 20), (8, 0)):
+        logits = f32_random(cp, (batch, vocab), 3.0)
+        f = lambda v: cp.full(batch, v, dtype=cp.float32)  # noqa: E731
+        args = [f(0.7), cp.full(batch, top_k, dtype=cp.int32), f(0.95), f(0.0), f(1.0), f(0.0),
+                f(0.0), cp.arange(batch, dtype=cp.uint64), cp.zeros(batch, dtype=cp.int64),
+                cp.zeros(batch + 1, dtype=cp.int32), cp.zeros(1, dtype=cp.int32),
+                cp.zeros(1, dtype=cp.int32)]
+        outs = [cp.empty(batch, dtype=cp.int32), cp.empty(batch, dtype=cp.float32),
+                cp.empty((batch, 5), dtype=cp.int32), cp.empty((batch, 5), dtype=cp.float32)]
+        scratch = cp.empty((batch, vocab), dtype=cp.float32)
+        ms = ctx.time(lambda i: sample(logits, *args, *outs, scratch=scratch))
+        out.append(Measure("sample", f"B={batch} V={vocab} top_k={top_k} top_p=0.95 T=5", ms,
+                           bytes=batch * vocab * 4 * 2))
+    return out
+
+
+def norms(ctx: BenchContext, cp) -> list[Measure]:
+    from ninfer.kernels_cuda.norm import add_rms_norm
+
+    h = ctx.shape.hidden
+    out = []
+    for n in (1, 8):
+        res, x = f32_random(cp, (n, h)), f32_random(cp, (n, h))
+        w = Weight(bf16_random(cp, (h,), 0.1), DType.BFLOAT16)
+        y = cp.empty_like(x)
+        out.append(Measure("add_rms_norm", f"N={n} H={h}",
+                           ctx.time(lambda i: add_rms_norm(res, x, w, 1e-6, y)),
+                           bytes=4 * n * h * 4))
+    return out
+
+
+CASES = {
+    "linear": linear_decode,
+    "linear_prefill": linear_prefill,
+    "paged_attention": attention_decode,
+    "attention_prefill": attention_prefill,
+    "gdn_chunk_prefill": gdn_chunk_prefill,
+    "gdn_decode_fused": gdn_decode,
+    "moe": moe_decode,
+    "sample": sampling,
+    "norm": norms,
+}
