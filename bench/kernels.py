@@ -69,8 +69,8 @@ def run(shape: ModelShape, ops: list[str], json_path: str | None, repeat: int,
         start = time.perf_counter()
         precompile_all()
         compile_s = time.perf_counter() - start
-        print(f"compile: {compile_s:.1f} s for {len(compile_records())} modules (cached modules load "
-              "from the kernel cache)")
+        print(f"compile: {compile_s:.1f} s for {len(compile_records())} modules "
+              "(modules in the kernel cache load without compiling)")
         bench = BenchContext(shape, np.random.default_rng(seed), props.l2_bytes, repeat=repeat)
         ceilings = measure_ceilings(bench)
         for op in ops:

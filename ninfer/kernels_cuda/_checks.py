@@ -56,7 +56,8 @@ def device_array(x, name: str, *, dtype=None, ndim=None, shape=None, device_id=N
         fail(name, f"has {x.ndim} dims, expected {ndim}")
     if shape is not None:
         if x.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape, x.shape)):
-            fail(name, f"shape {tuple(x.shape)}, expected {tuple('*' if s is None else s for s in shape)}")
+            want = tuple("*" if s is None else s for s in shape)
+            fail(name, f"shape {tuple(x.shape)}, expected {want}")
     return x
 
 

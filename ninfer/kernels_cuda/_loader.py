@@ -3,8 +3,9 @@
 A `KernelSource` names one `.cu` file of this package and every kernel instance (NVRTC name
 expression, e.g. ``"rms_norm_kernel<unsigned short, 1>"``) its launchers use. `get_function`
 compiles the file the first time any of its kernels is asked for on a device, through
-`cupy.RawModule` with ``-arch=sm_XY`` of that device and ``--std=c++17``, and caches the module
-keyed on (source hash, options, instances, compute capability). Launchers call `get_function`
+`cupy.RawModule` (which targets ``-arch=sm_XY`` of that device) with ``--std=c++17``, and
+caches the module per (source, instances, options, device); CuPy's disk cache is keyed on the
+expanded source's hash, the options and the architecture. Launchers call `get_function`
 on every launch: after the first compile it is a dictionary lookup.
 
 Local headers (`#include "x.cuh"` naming a file of this package) are inlined before compiling so
@@ -118,7 +119,8 @@ class _ModuleCache:
         arch = f"sm_{cc}"
         code = expand_source(source.path())
         digest = hashlib.sha256(code.encode()).hexdigest()[:16]
-        options = BASE_OPTIONS + (f"-arch={arch}",) + source.options
+        # CuPy adds -arch=sm_XY of the current device itself (a second -arch would conflict).
+        options = BASE_OPTIONS + source.options
         # The digest line makes CuPy's cache key change whenever an inlined header changes.
         code = f"// ninfer {source.file} {digest}\n{code}"
         start = time.perf_counter()

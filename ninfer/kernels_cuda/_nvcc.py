@@ -22,7 +22,8 @@ from ninfer.kernels_cuda._loader import BASE_OPTIONS, PACKAGE_DIR, KernelSource,
 _FUNC_RE = re.compile(r"Compiling entry function '([^']+)' for '(\w+)'")
 _REG_RE = re.compile(r"Used (\d+) registers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
-_STACK_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK_RE = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
 @dataclasses.dataclass(frozen=True)

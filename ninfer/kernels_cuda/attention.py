@@ -147,7 +147,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
             workspace = AttentionWorkspace.allocate(n, q_heads, dim, max_context)
         C.require(workspace.part_o.shape[0] >= n and workspace.part_o.shape[1] == q_heads
                   and workspace.part_o.shape[3] == dim and workspace.max_chunks >= chunks,
-                  "workspace", f"too small for {n} rows x {q_heads} heads x {chunks} chunks x {dim}")
+                  "workspace",
+                  f"too small for {n} rows x {q_heads} heads x {chunks} chunks x {dim}")
         part_o, part_ml = C.ptr(workspace.part_o), C.ptr(workspace.part_ml)
         max_chunks = workspace.max_chunks
     params = C.pack(_ATTN, q=C.ptr(q), out=C.ptr(out), k_pages=C.ptr(kp), v_pages=C.ptr(vp),

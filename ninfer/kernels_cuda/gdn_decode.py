@@ -49,7 +49,8 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     C.require((channels - value_heads * dv) % (2 * dk) == 0 and channels > value_heads * dv,
               "qkv", f"width {channels} is not 2*Hk*{dk} + {value_heads}*{dv}")
     key_heads = (channels - value_heads * dv) // (2 * dk)
-    C.require(value_heads % key_heads == 0, "qkv", f"Hv {value_heads} not a multiple of Hk {key_heads}")
+    C.require(value_heads % key_heads == 0, "qkv",
+              f"Hv {value_heads} not a multiple of Hk {key_heads}")
     w, wk, w_rs = O.conv_weight(conv_weight, channels)
     kc = w.shape[1]
     css = O.slot_strided(conv_state, "conv_state", (kc - 1, channels))

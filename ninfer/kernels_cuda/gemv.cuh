@@ -30,7 +30,10 @@ template <> struct WVec<bf16raw> {
 
 template <> struct WVec<float> {
   uint4 a, b;
-  __device__ __forceinline__ void load(const float* p) { a = ld_stream16(p); b = ld_stream16(p + 4); }
+  __device__ __forceinline__ void load(const float* p) {
+    a = ld_stream16(p);
+    b = ld_stream16(p + 4);
+  }
   __device__ __forceinline__ void load_guard(const float* p, int n) {
     float f[8];
 #pragma unroll

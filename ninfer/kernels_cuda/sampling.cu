@@ -8,9 +8,9 @@
 //      radix select (4 passes of 8-bit digits over order-preserving uint32 keys, integer
 //      histograms in shared memory, so deterministic) + ordered compaction + bitonic sort;
 //   2. penalised logits into the caller's scratch row; argmax (greedy rows stop here);
-//   3. e_j, total (fp64), n_min; keep0 = min(n_min, top_k); the top min(keep0, CAP) candidates
-//      are selected and sorted as in 1, then one thread walks them in fp64 exactly like the CPU
-//      (top_p cut, kept mass, draw u * kept mass);
+//   3. e_j (written over the scratch row), total (fp64), n_min; keep0 = min(n_min, top_k);
+//      the top min(keep0, CAP) candidates are selected and sorted as in 1, then one thread
+//      walks them in fp64 exactly like the CPU (top_p cut, kept mass, draw u * kept mass);
 //   4. fallback when the kept prefix may be longer than CAP (top_k off and the first CAP
 //      candidates hold less than top_p of the mass, i.e. a flat distribution): the same walks
 //      done by mass-radix searches with 2^-44 fixed-point masses (integer atomics: deterministic).
@@ -339,7 +339,10 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p)
       if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
     __syncthreads();
-    if (lane == 0) { sh.cand_key[threadIdx.x >> 5] = __float_as_uint(bv); sh.cand_id[threadIdx.x >> 5] = bi; }
+    if (lane == 0) {
+      sh.cand_key[threadIdx.x >> 5] = __float_as_uint(bv);
+      sh.cand_id[threadIdx.x >> 5] = bi;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
       float best = __uint_as_float(sh.cand_key[0]);
@@ -358,17 +361,19 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p)
   if (temp != 0.0f) {
     // 3. filters and draw
     const float top = sh.best_val / temp;
-    Stream es{lg, 1, temp, top};
+    const Stream from_logits{lg, 1, temp, top};
     const float min_p = p.min_p[b];
     double total = 0.0;
     u64 total_fx = 0;
     int n_min = 0;
     for (int j = threadIdx.x; j < vocab; j += S_THREADS) {
-      const float e = es.value(j);
+      const float e = from_logits.value(j);
+      lg[j] = e;  // the scratch row now holds e_j: later passes read it, no exp again
       total += (double)e;
       total_fx += to_fx(e);
       n_min += e >= min_p;
     }
+    const Stream es{lg, 0, 1.0f, 0.0f};
     total = block_sum_f64(total, sh.dred);
     n_min = block_sum_i32(n_min, sh.ired);
     {  // total_fx: exact integer sum (order-free)

@@ -49,7 +49,8 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     C.device_array(top_ids_out, "top_ids_out", dtype=np.int32, ndim=2)
     n_top = top_ids_out.shape[1]
     C.device_array(top_logprobs_out, "top_logprobs_out", dtype=np.float32, shape=(b, n_top))
-    C.require(n_top <= min(MAX_TOP, vocab), "top_ids_out", f"at most {min(MAX_TOP, vocab)} alternatives")
+    C.require(n_top <= min(MAX_TOP, vocab), "top_ids_out",
+              f"at most {min(MAX_TOP, vocab)} alternatives")
     top_rs = C.row_stride(top_ids_out, "top_ids_out") if n_top else 0
     if n_top:
         C.require(C.row_stride(top_logprobs_out, "top_logprobs_out") == top_rs,

@@ -34,7 +34,8 @@ def test_resource_report_parser():
     log = ("ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'\n"
            "ptxas info    : Function properties for _Z3fooPf\n"
            "    16 bytes stack frame, 4 bytes spill stores, 8 bytes spill loads\n"
-           "ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 360 bytes cmem[0]\n")
+           "ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, "
+           "360 bytes cmem[0]\n")
     (k,) = _nvcc.parse_resources(log)
     assert (k.mangled, k.registers, k.smem_bytes, k.stack_bytes, k.spill_stores, k.spill_loads) \
         == ("_Z3fooPf", 40, 2048, 16, 4, 8)
