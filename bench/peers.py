@@ -48,6 +48,20 @@ def _torch():
     return torch
 
 
+def _on_cupy_stream(torch, fn):
+    """Run torch work on CuPy's current stream, where the benchmark's CUDA events are recorded."""
+    import cupy
+
+    torch.cuda.synchronize()  # inputs were made on torch's stream; the peer runs on CuPy's
+    stream = torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)
+
+    def run(i: int) -> None:
+        with torch.cuda.stream(stream):
+            fn()
+
+    return run
+
+
 def torch_sdpa(heads: int, kv_heads: int, tokens: int, head_dim: int):
     """torch SDPA causal prefill attention on bf16 [1, heads, tokens, head_dim] (GQA)."""
     torch = _torch()
@@ -55,10 +69,7 @@ def torch_sdpa(heads: int, kv_heads: int, tokens: int, head_dim: int):
     k = torch.randn(1, kv_heads, tokens, head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(1, kv_heads, tokens, head_dim, device="cuda", dtype=torch.bfloat16)
     sdpa = torch.nn.functional.scaled_dot_product_attention
-
-    def run(i: int) -> None:
-        sdpa(q, k, v, is_causal=True, enable_gqa=True)
-
+    run = _on_cupy_stream(torch, lambda: sdpa(q, k, v, is_causal=True, enable_gqa=True))
     run(0)
     return run, "torch SDPA (bf16)"
 
@@ -83,10 +94,8 @@ def fla_chunk(tokens: int, hk: int, hv: int, dk: int, dv: int):
     q, k, v, g, beta = _fla_inputs(torch, tokens, hk, hv, dk, dv)
     state = torch.zeros(1, hv, dk, dv, device="cuda", dtype=torch.float32)
 
-    def run(i: int) -> None:
-        chunk_gated_delta_rule(q, k, v, g, beta, scale=dk ** -0.5, initial_state=state,
-                               output_final_state=True)
-
+    run = _on_cupy_stream(torch, lambda: chunk_gated_delta_rule(
+        q, k, v, g, beta, scale=dk ** -0.5, initial_state=state, output_final_state=True))
     run(0)
     return run, "FLA chunk_gated_delta_rule (bf16, Triton)"
 
@@ -101,9 +110,7 @@ def fla_recurrent(batch: int, hk: int, hv: int, dk: int, dv: int):
     q, k, v, g, beta = _fla_inputs(torch, 1, hk, hv, dk, dv, batch)
     state = torch.zeros(batch, hv, dk, dv, device="cuda", dtype=torch.float32)
 
-    def run(i: int) -> None:
-        fused_recurrent_gated_delta_rule(q, k, v, g, beta, scale=dk ** -0.5,
-                                         initial_state=state, output_final_state=True)
-
+    run = _on_cupy_stream(torch, lambda: fused_recurrent_gated_delta_rule(
+        q, k, v, g, beta, scale=dk ** -0.5, initial_state=state, output_final_state=True))
     run(0)
     return run, "FLA fused_recurrent_gated_delta_rule (Triton)"
