@@ -1,6 +1,6 @@
 // sampling.cu: per-row GPU sampler with exactly the contract of docs/ops.md "sample", mirroring
-// the CPU kernel's arithmetic (fp32 e_j = exp(l_j / T - l_max / T), fp64 sums, min_p as
-// e_j >= min_p, walks in descending-e order with ties to the lower id).
+// the CPU kernel's arithmetic (e_j = exp(l_j / T - l_max / T) of an fp32 argument, rounded to
+// fp32; fp64 sums; min_p as e_j >= min_p; walks in descending-e order, ties to the lower id).
 //
 // sample_kernel: one block of 1024 threads per row; several passes over the row's V logits
 // (L2-resident), no full sort:
@@ -70,7 +70,9 @@ struct Stream {
   int mode;
   float temp, top;  // mode 1: e_j = exp(x_j / temp - top), as the CPU computes it
   __device__ __forceinline__ float value(int j) const {
-    return mode == 0 ? x[j] : expf(x[j] / temp - top);
+    // fp32 argument as on the CPU; exp in fp64 rounded to fp32 (nearly always the correctly
+    // rounded fp32 value, so both backends agree on e_j far more often than with expf's 2 ulp)
+    return mode == 0 ? x[j] : (float)exp((double)(x[j] / temp - top));
   }
 };
 
