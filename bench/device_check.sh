@@ -39,9 +39,10 @@ PYEOF
 echo "== GPU tests (log: $OUT/gpu_tests.log)"
 : > "$OUT/gpu_tests.log"
 : > "$OUT/summary_tests.txt"
-for f in tests/cuda/test_cuda_*.py; do
-  name=$(basename "$f" .py)
-  case "$name" in test_cuda_compile|test_cuda_bench_cli) continue ;; esac  # CPU-only tests
+# The loader test first: it compiles every module (one test per .cu) and fills the kernel cache.
+for name in test_cuda_loader test_cuda_basic test_cuda_linear test_cuda_attention test_cuda_gdn \
+            test_cuda_moe test_cuda_sampling test_cuda_graph; do
+  f="tests/cuda/$name.py"
   if [ "$(elapsed)" -gt 300 ]; then
     echo "$name: SKIPPED (time budget)" | tee -a "$OUT/summary_tests.txt"; continue
   fi
