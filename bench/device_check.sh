@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-call GPU check for the lead's H200 session (~8 min budget):
-#   versions -> GPU kernel tests (one pytest process per file, -x, NINFER_CUDA_SYNC=1 so a fault is
-#   pinned to its launch; a sticky CUDA error then spoils only its own file) -> kernel
+#   versions -> GPU kernel tests (one pytest process per file, --maxfail=3 so one call surfaces
+#   several independent problems, NINFER_CUDA_SYNC=1 so a fault is pinned to its launch; a sticky
+#   CUDA error then spoils only its own file) -> kernel
 #   microbenchmarks at the 9B and 35B-A3B shapes -> a short summary table.
 # Logs and JSON land in $OUT (default ./device_out). Run from the repository root; nothing is
 # installed: PYTHONPATH is the checkout (plus /tmp/site if .whl/ wheels, e.g. FLA, are carried).
@@ -46,7 +47,7 @@ for name in test_cuda_loader test_cuda_basic test_cuda_linear test_cuda_attentio
   if [ "$(elapsed)" -gt 300 ]; then
     echo "$name: SKIPPED (time budget)" | tee -a "$OUT/summary_tests.txt"; continue
   fi
-  NINFER_CUDA_SYNC=1 timeout 240 "$PY" -m pytest -m gpu "$f" -x -q -p no:cacheprovider \
+  NINFER_CUDA_SYNC=1 timeout 240 "$PY" -m pytest -m gpu "$f" --maxfail=3 -q -p no:cacheprovider \
     > "$OUT/$name.log" 2>&1
   rc=$?
   { echo "---- $f (rc=$rc)"; cat "$OUT/$name.log"; } >> "$OUT/gpu_tests.log"
