@@ -14,7 +14,7 @@ import sys
 import warnings
 
 # Adding a command is one line here plus its module.
-COMMANDS = ("convert", "verify", "inspect", "serve")
+COMMANDS = ("convert", "verify", "inspect", "generate", "serve")
 
 _PROGRESS_MODES = {"auto": True, "always": "force", "never": False}
 
