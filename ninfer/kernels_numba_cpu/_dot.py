@@ -2,7 +2,8 @@
 
 Order (this is the CPU side of the batch-invariance contract in docs/ops.md): with L = LANES,
 lane j accumulates x[k] * w[k] for k = j, j + L, j + 2L, ... below K - K % L, in ascending k;
-the lanes are then added in order j = 0..L-1, and the tail k >= K - K % L is added sequentially.
+the lanes are then folded as a halving tree (lane j += lane j + 16 for j < 16, then + 8, + 4, + 2,
++ 1), and the tail k >= K - K % L is added to lane 0's total sequentially.
 Every product and sum is an IEEE fp32 operation (no FMA contraction: fastmath is off), so the
 result depends only on x, w and K, never on which rows or columns share the call. The lane form
 lets LLVM vectorise the inner loop without reassociating anything. `dot2` computes two weight rows
@@ -20,6 +21,20 @@ LANES = 32
 
 
 @njit(inline="always")
+def _fold_lanes(acc):
+    """acc[0] = the LANES = 32 lanes summed as a fixed halving tree (+16, +8, +4, +2, +1)."""
+    for j in range(16):
+        acc[j] += acc[j + 16]
+    for j in range(8):
+        acc[j] += acc[j + 8]
+    for j in range(4):
+        acc[j] += acc[j + 4]
+    for j in range(2):
+        acc[j] += acc[j + 2]
+    acc[0] += acc[1]
+
+
+@njit(inline="always")
 def dot(x, xo, w, wo, k_len, acc):
     """sum_k x[xo + k] * w[wo + k], k < k_len, in the fixed lane order; acc: f32[LANES] scratch."""
     xo = uint64(xo)
@@ -32,9 +47,8 @@ def dot(x, xo, w, wo, k_len, acc):
         for j in range(LANES):
             uj = uint64(j)
             acc[uj] += x[xo + ub + uj] * widen(w[wo + ub + uj])
-    s = F0
-    for j in range(LANES):
-        s += acc[j]
+    _fold_lanes(acc)
+    s = acc[0]
     for k in range(k_lanes, k_len):
         uk = uint64(k)
         s += x[xo + uk] * widen(w[wo + uk])
@@ -58,11 +72,10 @@ def dot2(x, xo, w, wo0, wo1, k_len, acc0, acc1):
             xv = x[xo + ub + uj]
             acc0[uj] += xv * widen(w[wo0 + ub + uj])
             acc1[uj] += xv * widen(w[wo1 + ub + uj])
-    s0 = F0
-    s1 = F0
-    for j in range(LANES):
-        s0 += acc0[j]
-        s1 += acc1[j]
+    _fold_lanes(acc0)
+    _fold_lanes(acc1)
+    s0 = acc0[0]
+    s1 = acc1[0]
     for k in range(k_lanes, k_len):
         uk = uint64(k)
         xv = x[xo + uk]

@@ -24,9 +24,11 @@ def _lane_dot_f32(x: np.ndarray, w: np.ndarray) -> np.float32:
     acc = np.zeros(LANES, np.float32)
     for kb in range(0, k_lanes, LANES):
         acc = acc + prod[kb:kb + LANES]
-    s = np.float32(0)
-    for j in range(LANES):
-        s = np.float32(s + acc[j])
+    half = LANES // 2
+    while half:
+        acc = acc[:half] + acc[half:2 * half]
+        half //= 2
+    s = acc[0]
     for k in range(k_lanes, k_len):
         s = np.float32(s + prod[k])
     return s
