@@ -13,7 +13,7 @@ import numpy as np
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
-MAX_TOP = 2048  # S_CAP in sampling.cu
+MAX_TOP = 2048  # S_CAP in select.cuh
 SOURCE = KernelSource("sampling.cu", ("sample_kernel",))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "logits", "scratch", "temperature", "top_k", "top_p", "min_p", "rep", "presence",
