@@ -9,7 +9,7 @@ handled together so each K/V row is loaded once per group.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, uint64
 
 from ninfer.kernels_numba_cpu._dot import LANES, dot
 from ninfer.kernels_numba_cpu._layout import rows3
@@ -33,47 +33,50 @@ def _kv_write_kernel(k, ks0, ks1, v, vs0, vs1, k_pages, v_pages, block_tables,
             store(v_pages, dst + j, v[vo + j])
 
 
+@njit
+def _attend(q, qo0, qs1, k_pages, v_pages, pages, ctx, kvh, kv_heads, page_size, scale,
+            out, t, group):
+    """One row's causal attention for the `group` query heads of KV head kvh (pages: its table)."""
+    d = out.shape[2]
+    scores = np.empty((group, ctx), np.float32)
+    acc = np.empty(LANES, np.float32)
+    for j in range(ctx):
+        ko = ((pages[j // page_size] * kv_heads + kvh) * page_size + j % page_size) * d
+        for g in range(group):
+            scores[g, j] = dot(q, qo0 + g * qs1, k_pages, ko, d, acc) * scale
+    for g in range(group):
+        m = scores[g, 0]
+        for j in range(1, ctx):
+            m = max(m, scores[g, j])
+        total = F0
+        for j in range(ctx):
+            e = np.exp(scores[g, j] - m)
+            scores[g, j] = e
+            total += e
+        for j in range(ctx):
+            scores[g, j] = scores[g, j] / total
+    o = np.zeros((group, d), np.float32)
+    for j in range(ctx):
+        vo = uint64(((pages[j // page_size] * kv_heads + kvh) * page_size + j % page_size) * d)
+        for g in range(group):
+            p = scores[g, j]
+            for i in range(d):
+                o[g, i] += p * widen(v_pages[vo + uint64(i)])
+    for g in range(group):
+        for i in range(d):
+            out[t, kvh * group + g, i] = o[g, i]
+
+
 @njit(parallel=True, cache=True, fastmath=False)
 def _attention_kernel(q, qs0, qs1, k_pages, v_pages, block_tables, row_seq, row_pos,
                       scale, out, kv_heads, page_size):
-    n, n_heads, d = out.shape
+    n, n_heads, _ = out.shape
     group = n_heads // kv_heads
     for r in prange(n * kv_heads):
         t = r // kv_heads
         kvh = r - t * kv_heads
-        seq = row_seq[t]
-        ctx = row_pos[t] + 1
-        scores = np.empty((group, ctx), np.float32)
-        acc = np.empty(LANES, np.float32)
-        for j in range(ctx):
-            page = block_tables[seq, j // page_size]
-            ko = ((page * kv_heads + kvh) * page_size + j % page_size) * d
-            for g in range(group):
-                qo = t * qs0 + (kvh * group + g) * qs1
-                scores[g, j] = dot(q, qo, k_pages, ko, d, acc) * scale
-        for g in range(group):
-            m = scores[g, 0]
-            for j in range(1, ctx):
-                if scores[g, j] > m:
-                    m = scores[g, j]
-            total = F0
-            for j in range(ctx):
-                e = np.exp(scores[g, j] - m)
-                scores[g, j] = e
-                total += e
-            for j in range(ctx):
-                scores[g, j] = scores[g, j] / total
-        o = np.zeros((group, d), np.float32)
-        for j in range(ctx):
-            page = block_tables[seq, j // page_size]
-            vo = ((page * kv_heads + kvh) * page_size + j % page_size) * d
-            for g in range(group):
-                p = scores[g, j]
-                for i in range(d):
-                    o[g, i] += p * widen(v_pages[vo + i])
-        for g in range(group):
-            for i in range(d):
-                out[t, kvh * group + g, i] = o[g, i]
+        _attend(q, t * qs0 + kvh * group * qs1, qs1, k_pages, v_pages, block_tables[row_seq[t]],
+                row_pos[t] + 1, kvh, kv_heads, page_size, scale, out, t, group)
 
 
 def _check_rows(name, block_tables, row_seq, row_pos, page_size, num_pages, *, whole_context):
