@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping
 
 from ninfer.serve.errors import ApiError
 
-__all__ = ["Field", "Kind", "Unsupported", "object_schema", "parse_fields"]
+__all__ = ["Field", "Kind", "Unsupported", "as_int", "object_schema", "parse_fields", "token_ids"]
 
 
 class Kind(enum.Enum):
@@ -79,15 +79,34 @@ def _range_text(field: Field) -> str:
     return " and ".join(parts)
 
 
+def as_int(value: Any) -> int | None:
+    """`value` as an int when it is a JSON integer (2.0 counts, as in JSON Schema), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return None
+
+
+def token_ids(value: Any) -> tuple[int, ...] | None:
+    """A JSON array of integers as a tuple of ints, or None when it is not one."""
+    if not isinstance(value, list):
+        return None
+    ids = tuple(as_int(v) for v in value)
+    return None if any(i is None for i in ids) else ids
+
+
 def _check_number(field: Field, value: Any) -> int | float:
-    is_int = isinstance(value, int) and not isinstance(value, bool)
     is_float = isinstance(value, float)
     if field.kind is Kind.INT:
-        if is_float and math.isfinite(value) and value.is_integer():
-            value, is_int = int(value), True  # JSON schema: 2.0 is an integer
-        if not is_int:
+        integer = as_int(value)
+        if integer is None:
             raise _fail(field, "must be an integer", value)
-    elif not (is_int or is_float) or (is_float and not math.isfinite(value)):
+        value = integer
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or (is_float and not math.isfinite(value)):
         raise _fail(field, "must be a finite number", value)
     low, high = field.minimum, field.maximum
     too_low = low is not None and (value <= low if field.exclusive_minimum else value < low)
@@ -168,8 +187,10 @@ def _field_schema(field: Field) -> dict[str, Any]:
     return base
 
 
-def object_schema(fields: Iterable[Field], description: str = "") -> dict[str, Any]:
-    """The JSON schema of a request body made of `fields` (unknown properties refused)."""
+def object_schema(fields: Iterable[Field], description: str = "",
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON schema of a request body made of `fields` (unknown properties refused);
+    `extra` adds object-level keywords (e.g. dependentSchemas for cross-field rules)."""
     fields = list(fields)
     schema: dict[str, Any] = {
         "type": "object",
@@ -181,4 +202,5 @@ def object_schema(fields: Iterable[Field], description: str = "") -> dict[str, A
         schema["required"] = required
     if description:
         schema["description"] = description
+    schema.update(extra or {})
     return schema

@@ -28,7 +28,7 @@ class LoadOptions:
     max_context_len: int | None = None
     chat_template: str | None = None  # template source overriding the artifact's
     verify: bool = True
-    scripted_program: str | None = None  # test double, see ninfer.serve.scripted
+    scripted_program: str | None = None  # test double: scripted tokens over a FakeProgram
 
 
 def cuda_usable() -> bool:
@@ -82,12 +82,11 @@ def make_loader(options: LoadOptions) -> Callable[[], LoadedModel]:
                 raise InvalidInput("the artifact has no tokenizer.json; the server needs one",
                                    param="artifact")
             program = instance.program
-            if options.scripted_program is not None:
-                from ninfer.serve.scripted import ScriptedProgram, load_scripts
+            if options.scripted_program is not None:  # test double: see serve/scripted.py
+                from ninfer.serve.scripted import scripted_fake_program
 
-                scripts, default = load_scripts(options.scripted_program)
-                tokenizer = instance.frontend.tokenizer
-                program = ScriptedProgram(program, scripts, default, tokenizer.decode)
+                program = scripted_fake_program(program.limits, options.scripted_program,
+                                                instance.frontend.tokenizer.decode)
         except BaseException:
             instance.close()
             raise

@@ -12,10 +12,11 @@ from typing import Any, Mapping
 
 from ninfer.serve import schemas
 from ninfer.serve.errors import ApiError
-from ninfer.serve.fields import Field, Kind, Unsupported, parse_fields
+from ninfer.serve.fields import Field, Kind, Unsupported, parse_fields, token_ids
 
 __all__ = [
-    "CHAT_FIELDS", "CHAT_UNSUPPORTED", "COMPLETION_FIELDS", "COMPLETION_UNSUPPORTED",
+    "CHAT_FIELDS", "CHAT_SCHEMA_EXTRA", "CHAT_UNSUPPORTED", "COMPLETION_FIELDS",
+    "COMPLETION_SCHEMA_EXTRA", "COMPLETION_UNSUPPORTED",
     "DETOKENIZE_FIELDS", "MAX_N", "SAMPLING_KEYS", "TOKENIZE_FIELDS", "ChatParams",
     "CompletionParams", "GenerationParams", "parse_chat", "parse_completion",
 ]
@@ -117,6 +118,15 @@ COMPLETION_UNSUPPORTED = (
     Unsupported("guided_grammar", _CONSTRAINED),
 )
 
+# cross-field rules, stated in the OpenAPI schema too (parse_* enforces them)
+_NEEDS_STREAM = {"stream_options": {"required": ["stream"],
+                                    "properties": {"stream": {"const": True}}}}
+COMPLETION_SCHEMA_EXTRA = {"dependentSchemas": _NEEDS_STREAM}
+CHAT_SCHEMA_EXTRA = {"dependentSchemas": {
+    **_NEEDS_STREAM,
+    "top_logprobs": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}}
+
 TOKENIZE_FIELDS = (
     Field("model", Kind.STRING, "Served model id; optional."),
     Field("prompt", Kind.STRING, "Text to tokenize (or give messages)."),
@@ -188,6 +198,14 @@ def _include_usage(v: Mapping[str, Any]) -> bool:
     return include
 
 
+def _stop_token_ids(value: list | None) -> tuple[int, ...]:
+    ids = token_ids(value or [])
+    if ids is None:
+        raise ApiError(400, "stop_token_ids must be a list of integers", param="stop_token_ids",
+                       code="invalid_value")
+    return ids
+
+
 def _generation(v: Mapping[str, Any], *, max_tokens: int | None,
                 top_logprobs: int | None) -> GenerationParams:
     sampling = {k: v[k] for k in SAMPLING_KEYS if v[k] is not None}
@@ -196,7 +214,7 @@ def _generation(v: Mapping[str, Any], *, max_tokens: int | None,
     return GenerationParams(
         model=v["model"], n=v["n"] or 1, stream=bool(v["stream"]), include_usage=_include_usage(v),
         max_tokens=max_tokens, sampling=sampling, seed=v["seed"], top_logprobs=top_logprobs,
-        stop=v["stop"], stop_token_ids=tuple(v["stop_token_ids"] or ()),
+        stop=v["stop"], stop_token_ids=_stop_token_ids(v["stop_token_ids"]),
         ignore_eos=bool(v["ignore_eos"]),
         skip_special_tokens=v["skip_special_tokens"] is not False,
     )
@@ -216,21 +234,18 @@ def parse_chat(body: Mapping[str, Any]) -> ChatParams:
     )
 
 
-def _is_ids(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-
 def _prompts(prompt: Any) -> tuple[str | tuple[int, ...], ...]:
     if isinstance(prompt, str):
         return (prompt,)
-    if _is_ids(prompt):
-        return (tuple(prompt),)
+    ids = token_ids(prompt)
+    if ids:
+        return (ids,)
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return tuple(prompt)
-        if all(_is_ids(p) for p in prompt):
-            return tuple(tuple(p) for p in prompt)
+        lists = [token_ids(p) for p in prompt]
+        if all(lists):
+            return tuple(lists)
     raise ApiError(400, "prompt must be a string, a non-empty list of token ids, or a "
                    "non-empty list of strings or of token-id lists", param="prompt",
                    code="invalid_value")

@@ -8,7 +8,7 @@ import falcon
 from ninfer.serve.body import read_json_object
 from ninfer.serve.context import ServerContext
 from ninfer.serve.errors import ApiError
-from ninfer.serve.fields import parse_fields
+from ninfer.serve.fields import parse_fields, token_ids
 from ninfer.serve.lifecycle import HostState, ServedModel
 from ninfer.serve.metrics import CONTENT_TYPE
 from ninfer.serve.openapi import build_openapi
@@ -84,7 +84,11 @@ class DetokenizeResource:
                          DETOKENIZE_FIELDS)
         served.check_model(v["model"])
         tokenizer = served.frontend.tokenizer
-        ids = tokenizer.check_ids(v["tokens"], param="tokens")  # InvalidInput names "tokens"
+        ids = token_ids(v["tokens"])
+        if ids is None:
+            raise ApiError(400, "tokens must be a list of integers", param="tokens",
+                           code="invalid_value")
+        ids = tokenizer.check_ids(ids, param="tokens")  # InvalidInput names "tokens"
         resp.media = {"prompt": tokenizer.decode(ids)}
 
 
@@ -118,9 +122,24 @@ class MetricsResource:
 
 
 class OpenApiResource:
+    """The document; once the model is ready it names the model and its token-id range."""
+
     def __init__(self, ctx: ServerContext):
-        self._doc = json.dumps(build_openapi(auth=ctx.config.api_key is not None)).encode()
+        self._ctx = ctx
+        self._ready_doc: bytes | None = None
+
+    def _document(self) -> bytes:
+        if self._ready_doc is not None:
+            return self._ready_doc
+        auth = self._ctx.config.api_key is not None
+        served = self._ctx.host.served
+        if served is None:
+            return json.dumps(build_openapi(auth=auth)).encode()
+        self._ready_doc = json.dumps(build_openapi(
+            auth=auth, model_id=served.model_id,
+            vocab_size=served.frontend.vocab_size)).encode()
+        return self._ready_doc
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.content_type = "application/json"
-        resp.data = self._doc
+        resp.data = self._document()

@@ -9,7 +9,7 @@ from __future__ import annotations
 __all__ = [
     "CHAT_COMPLETION", "CHAT_CHUNK", "COMPLETION", "COMPLETION_CHUNK", "DETOKENIZE_RESPONSE",
     "ERROR", "HEALTH", "MESSAGES", "MODEL", "MODEL_LIST", "PROMPT", "STOP", "STREAM_OPTIONS",
-    "TOKENIZE_RESPONSE", "TOKEN_IDS", "TOOLS", "TOOL_CHOICE",
+    "TOKENIZE_RESPONSE", "TOKEN_ID", "TOKEN_IDS", "TOOLS", "TOOL_CHOICE",
 ]
 
 _STR = {"type": "string"}
@@ -17,7 +17,9 @@ _INT = {"type": "integer"}
 _NULLABLE_STR = {"type": ["string", "null"]}
 
 # --- requests ---------------------------------------------------------------------------------
-TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
+# "x-token-id" marks where /openapi.json adds the served model's id range (maximum)
+TOKEN_ID = {"type": "integer", "minimum": 0, "x-token-id": True}
+TOKEN_IDS = {"type": "array", "items": TOKEN_ID}
 _TOKEN_IDS_NONEMPTY = {**TOKEN_IDS, "minItems": 1}
 
 STOP = {"anyOf": [
@@ -53,19 +55,21 @@ _MESSAGE_TOOL_CALL = {
     "type": "object", "required": ["type", "function"],
     "properties": {"id": _STR, "type": {"const": "function"}, "function": _CALL_FUNCTION},
 }
+_MESSAGE_COMMON = {"content": _CONTENT, "name": _STR}
 MESSAGES = {
     "type": "array", "minItems": 1,
-    "items": {
-        "type": "object", "required": ["role"],
-        "properties": {
-            "role": {"enum": ["system", "user", "assistant", "tool"]},
-            "content": _CONTENT,
-            "name": _STR,
-            "tool_calls": {"type": "array", "items": _MESSAGE_TOOL_CALL},
-            "tool_call_id": _STR,
-            "reasoning_content": _STR,
-        },
-    },
+    "items": {"anyOf": [
+        {"type": "object", "required": ["role", "content"],
+         "properties": {**_MESSAGE_COMMON, "role": {"enum": ["system", "user"]},
+                        "content": {"anyOf": _CONTENT["anyOf"][:2]}}},
+        {"type": "object", "required": ["role", "content"],
+         "properties": {**_MESSAGE_COMMON, "role": {"const": "tool"},
+                        "content": {"anyOf": _CONTENT["anyOf"][:2]}, "tool_call_id": _STR}},
+        {"type": "object", "required": ["role"],
+         "properties": {**_MESSAGE_COMMON, "role": {"const": "assistant"},
+                        "tool_calls": {"type": "array", "items": _MESSAGE_TOOL_CALL},
+                        "reasoning_content": _STR}},
+    ]},
 }
 TOOLS = {"type": "array", "items": {
     "type": "object", "required": ["type", "function"],

@@ -1,10 +1,14 @@
 """ScriptedProgram: a test double at the Program boundary (``ninfer serve --scripted-program``).
 
-It wraps a real Program and replaces the tokens its decode rows produce with a script chosen
-per request, so end-to-end tests can drive the real frontend (tool-call and reasoning parsing),
+It wraps a Program and replaces the tokens its decode rows produce with a script chosen per
+request, so end-to-end tests can drive the real frontend (tool-call and reasoning parsing),
 engine, streaming and response code with an exact token sequence from the real tokenizer. The
-wrapped Program still runs every step and is fed the scripted tokens (they are committed into
-its ledger), so resources, batching and metrics behave as in production.
+wrapped Program still runs every step, so resources, batching and metrics behave as usual; a
+Program that commits the row's tokens (the Qwen3.5 Program does) is fed the scripted ones.
+
+`scripted_fake_program` is what ``--scripted-program`` serves: the script over a FakeProgram
+with the real model's limits (vocabulary, context, pages, slots), so the scripted server runs
+in milliseconds per token while the model's tokenizer, template and frontend stay real.
 
 Script file (JSON)::
 
@@ -24,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ninfer.errors import InvalidInput
 
-__all__ = ["Script", "ScriptedProgram", "load_scripts"]
+__all__ = ["Script", "ScriptedProgram", "load_scripts", "scripted_fake_program"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,3 +142,16 @@ class ScriptedProgram:
     def discard_resume_state(self, state) -> None:
         self._inner.discard_resume_state(state)
         self._paused.pop(id(state), None)
+
+
+def scripted_fake_program(limits, script_path: str | Path,
+                          decode: Callable[[Sequence[int]], str]) -> ScriptedProgram:
+    """The scripts of `script_path` over a FakeProgram shaped like `limits` (ProgramLimits)."""
+    from ninfer.testing.fake_program import FakeProgram
+
+    scripts, default = load_scripts(script_path)
+    fake = FakeProgram(vocab_size=limits.vocab_size, max_context_len=limits.max_context_len,
+                       page_size=limits.page_size, total_pages=limits.total_pages,
+                       total_slots=limits.total_slots, max_batch=limits.max_batch,
+                       prefill_chunk=limits.prefill_chunk)
+    return ScriptedProgram(fake, scripts, default, decode)

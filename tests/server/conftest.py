@@ -66,4 +66,4 @@ def scripted_server(tmp_path_factory, tokenizer):
     yield from _running(ServerProcess(
         "--demo", "--api-key", API_KEY, "--scripted-program", str(path),
         "--max-concurrency", "2", "--max-queue", "6", "--max-context-len", "512",
-        "--default-max-tokens", "64", "--max-request-bytes", "65536"))
+        "--default-max-tokens", "200", "--max-request-bytes", "65536"))
