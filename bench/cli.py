@@ -25,10 +25,21 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--json", metavar="OUT", help="write machine-readable results here")
     k.add_argument("--repeat", type=int, default=20, help="timed repeats per case (median)")
     k.add_argument("--seed", type=int, default=0)
-    for name, text in (("decode", "whole-model decode tokens/s at a shape (--batch 1,8)"),
-                       ("prefill", "whole-model prefill at a shape (--tokens 8192)"),
-                       ("serve-sim", "simulated serving load")):
-        sub.add_parser(name, help=f"{text} [not implemented yet]")
+    d = sub.add_parser("decode", help="whole-model decode tokens/s at a shape (random weights)")
+    d.add_argument("--shape", default="qwen3.5-9b")
+    d.add_argument("--batch", default="1,8", help="comma-separated batch sizes")
+    d.add_argument("--context", type=int, default=1024, help="tokens already in each sequence")
+    d.add_argument("--repeat", type=int, default=30)
+    d.add_argument("--hf", action="store_true", help="also time transformers on the shape")
+    d.add_argument("--json", metavar="OUT")
+    p = sub.add_parser("prefill", help="whole-model prefill at a shape (random weights)")
+    p.add_argument("--shape", default="qwen3.5-9b")
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--chunk", type=int, default=2048, help="prefill chunk size")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--hf", action="store_true", help="also time transformers on the shape")
+    p.add_argument("--json", metavar="OUT")
+    sub.add_parser("serve-sim", help="simulated serving load [not implemented yet]")
     return parser
 
 
@@ -37,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "kernels" and extra:
         print(f"ninfer-bench: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
         return 2
+    if args.command in ("decode", "prefill"):
+        if extra:
+            print(f"ninfer-bench: error: unrecognized arguments: {' '.join(extra)}",
+                  file=sys.stderr)
+            return 2
+        return _model_bench(args)
     if args.command != "kernels":
         print(f"ninfer-bench {args.command}: not implemented yet", file=sys.stderr)
         return 2
@@ -52,6 +69,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # e.g. no CUDA device: one line, not a traceback
         print(f"ninfer-bench: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _model_bench(args) -> int:
+    try:
+        shape = resolve(args.shape)
+        from bench import model
+
+        if args.command == "decode":
+            batches = [int(b) for b in args.batch.split(",") if b.strip()]
+            if not batches or min(batches) < 1 or max(batches) > 8:
+                raise ValueError("--batch takes sizes in 1..8")
+            return model.run_decode(shape, batches, args.context, args.repeat, args.hf,
+                                    args.json)
+        if args.tokens < 1 or args.chunk < 1:
+            raise ValueError("--tokens and --chunk must be >= 1")
+        return model.run_prefill(shape, args.tokens, args.chunk, args.repeat, args.hf, args.json)
+    except (ValueError, OSError, ImportError) as exc:
+        print(f"ninfer-bench: error: {exc}", file=sys.stderr)
         return 2
 
 

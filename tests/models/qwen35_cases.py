@@ -86,7 +86,7 @@ def generate(program, prompt_list, max_new: int, sampling: SamplingParams | None
         turn += 1
         batch = program.run(StepPlan(decode=decode, prefill=chunk))
         if keep_logits and decode:
-            logits = program.backend.workspace.logits[: len(decode)].copy()
+            logits = program.backend.last_logits(len(decode))
         decisions = []
         for row in batch.rows:
             if row.is_prefill:

@@ -105,6 +105,10 @@ class CpuBackend:
         if num_decode:
             ops.sample(logits, **self.sampler_inputs.row_arrays())
 
+    def last_logits(self, rows: int) -> np.ndarray:
+        """A host copy of the last step's decode logits (tests and diagnostics)."""
+        return self.workspace.logits[:rows].copy()
+
     def score(self, slot: int, token_ids: list[int], chunk: int) -> np.ndarray:
         """Logits f32[T, V] of every position of `token_ids` fed from position 0 in `slot`.
 

@@ -12,6 +12,8 @@ StateImage views and the paged KV pool.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ninfer import ops
@@ -48,6 +50,28 @@ def rope_tables(cfg: Qwen35Config) -> tuple[np.ndarray, np.ndarray]:
     return inv_freq, axis
 
 
+@dataclasses.dataclass
+class KernelWorkspaces:
+    """Backend scratch the ops need beyond the activation buffers (CUDA; all None on the CPU).
+
+    `fused_gdn_decode`: a step whose rows are all single-token segments runs each GDN layer as
+    one `gdn_decode_fused` op; `chunked_gdn_prefill`: multi-token segments use the chunkwise
+    (WY) delta rule instead of the token-by-token recurrence.
+    """
+
+    attention: object = None
+    moe: object = None
+    gdn_chunk: object = None
+    gdn_decode_counters: object = None
+    linear_bf16: object = None
+    sample_scratch: object = None
+    fused_gdn_decode: bool = False
+    chunked_gdn_prefill: bool = False
+
+    def kw(self, value) -> dict:
+        return {} if value is None else {"workspace": value}
+
+
 class StepContext:
     """Views of one step's index arrays on the executing backend (leading `n` rows)."""
 
@@ -62,13 +86,15 @@ class StepContext:
         self.block_tables = block_tables
         self.logit_rows = logit_rows
         self.n = int(ids.shape[0])
+        self.decode_only = self.n == int(seg_slots.shape[0])  # every segment is one token
 
 
 class Qwen35Forward:
     """Runs the model over a StepContext; owns no state beyond references to its stores."""
 
     def __init__(self, cfg: Qwen35Config, params: Parameters, ws: Workspace, kv_pool, states,
-                 xp=np):
+                 xp=np, kernel_ws: KernelWorkspaces | None = None):
+        self.kws = kernel_ws or KernelWorkspaces()
         self.cfg = cfg
         self.params = params
         self.ws = ws
@@ -100,8 +126,11 @@ class Qwen35Forward:
             return None
         normed, logits = ws.final_normed[:b], ws.logits[:b]
         ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
-        ops.linear(normed, p.lm_head, logits)
+        self._linear(normed, p.lm_head, logits)
         return logits
+
+    def _linear(self, x, weight, out) -> None:
+        ops.linear(x, weight, out, **self.kws.kw(self.kws.linear_bf16))
 
     def _mixer(self, i: int, layer: LayerParams, x, out, ctx: StepContext) -> None:
         if layer.kind is LayerType.LINEAR_ATTENTION:
@@ -117,10 +146,18 @@ class Qwen35Forward:
         kd, vd, c = cfg.linear_key_dim, cfg.linear_value_dim, cfg.conv_channels
 
         proj = ws.proj(n, c + vd + 2 * hv)
-        ops.linear(x, w.in_proj, proj)  # [qkv | z | b | a]
+        self._linear(x, w.in_proj, proj)  # [qkv | z | b | a]
         qkv, z = proj[:, :c], proj[:, c: c + vd]
         b, a = proj[:, c + vd: c + vd + hv], proj[:, c + vd + hv:]
 
+        if self.kws.fused_gdn_decode and ctx.decode_only:
+            y = ws.gdn_normed[:n]
+            ops.gdn_decode_fused(qkv, w.conv, self.states.conv_view(g_idx), a, b, w.a_log,
+                                 w.dt_bias, self.states.rec_view(g_idx), ctx.seg_slots,
+                                 z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps, y,
+                                 counters=self.kws.gdn_decode_counters)
+            self._linear(y.reshape(n, vd), w.out_proj, out)
+            return
         u = ws.conv_out[:n]
         ops.gdn_conv(qkv, w.conv, self.states.conv_view(g_idx), ctx.seg_starts, ctx.seg_slots, u)
         q = u[:, :kd].reshape(n, hk, dk)
@@ -133,11 +170,16 @@ class Qwen35Forward:
         ops.gdn_gates(a, b, w.a_log, w.dt_bias, g, beta)
 
         core = ws.gdn_core[:n]
-        ops.gdn_recurrence(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
-                           ctx.seg_starts, ctx.seg_slots, core)
+        if self.kws.chunked_gdn_prefill and not ctx.decode_only:
+            ops.gdn_chunk_prefill(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
+                                  ctx.seg_starts, ctx.seg_slots, core,
+                                  **self.kws.kw(self.kws.gdn_chunk))
+        else:
+            ops.gdn_recurrence(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
+                               ctx.seg_starts, ctx.seg_slots, core)
         y = ws.gdn_normed[:n]
         ops.gated_rms_norm(core, z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps, y)
-        ops.linear(y.reshape(n, vd), w.out_proj, out)
+        self._linear(y.reshape(n, vd), w.out_proj, out)
 
     # -- gated full attention ----------------------------------------------------------------
     def _gated_attention(self, a_idx: int, w: AttentionParams, x, out, ctx: StepContext) -> None:
@@ -145,7 +187,7 @@ class Qwen35Forward:
         a, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
         proj = ws.proj(n, 2 * a * d + 2 * hkv * d)
-        ops.linear(x, w.qkv_proj, proj)
+        self._linear(x, w.qkv_proj, proj)
         q_and_gate = proj[:, : 2 * a * d].reshape(n, a, 2 * d)  # per head [q_h | gate_h]
         k = proj[:, 2 * a * d: 2 * a * d + hkv * d].reshape(n, hkv, d)
         v = proj[:, 2 * a * d + hkv * d:].reshape(n, hkv, d)
@@ -160,9 +202,9 @@ class Qwen35Forward:
         ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
         attn = ws.attn_out[:n]
         ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos,
-                            d ** -0.5, attn)
+                            d ** -0.5, attn, **self.kws.kw(self.kws.attention))
         ops.sigmoid_mul(attn, q_and_gate[:, :, d:], attn)
-        ops.linear(attn.reshape(n, a * d), w.o_proj, out)
+        self._linear(attn.reshape(n, a * d), w.o_proj, out)
 
     # -- FFN -----------------------------------------------------------------------------------
     def _ffn(self, w: DenseMLPParams | MoEParams, x, out) -> None:
@@ -175,20 +217,21 @@ class Qwen35Forward:
         n = x.shape[0]
         inner = gate_up.shape[0] // 2
         gu = self.ws.proj(n, 2 * inner)
-        ops.linear(x, gate_up, gu)
+        self._linear(x, gate_up, gu)
         act = self.ws.ffn_act(n, inner)
         ops.swiglu(gu, act)
-        ops.linear(act, down, out)
+        self._linear(act, down, out)
 
     def _moe(self, w: MoEParams, x, out) -> None:
         ws, n = self.ws, x.shape[0]
         logits = ws.router_logits[:n]
-        ops.linear(x, w.router, logits)
+        self._linear(x, w.router, logits)
         weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
         ops.moe_route(logits, self.cfg.num_experts_per_tok, weights, ids)
-        ops.moe_experts(x, w.experts_gate_up, w.experts_down, ids, weights, out)
+        ops.moe_experts(x, w.experts_gate_up, w.experts_down, ids, weights, out,
+                        **self.kws.kw(self.kws.moe))
         shared = ws.shared_out[:n]
         self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
         gate = ws.shared_gate_logit[:n]
-        ops.linear(x, w.shared_gate, gate)
+        self._linear(x, w.shared_gate, gate)
         ops.sigmoid_scale_add(out, shared, gate)

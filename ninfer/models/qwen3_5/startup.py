@@ -56,8 +56,11 @@ class CapacityPlan:
     kv_bytes: int
     state_bytes: int
     host_snapshot_bytes: int
+    device_report: str = ""  # the CUDA start-up's memory plan (empty on the CPU)
 
     def describe(self) -> str:
+        if self.device_report:
+            return self.device_report
         return (f"capacity: {self.num_pages} KV pages x {self.page_size} tokens "
                 f"({self.kv_bytes / MIB:.1f} MiB), {self.num_slots} state slots "
                 f"({self.state_bytes / MIB:.1f} MiB), context {self.max_context_len}, "
@@ -112,22 +115,32 @@ class LoadedModel:
 
 def start_qwen35(artifact: Artifact, opts: ProgramOptions) -> LoadedModel:
     cfg = Qwen35Config.from_hf(artifact.config, architecture=artifact.architecture)
-    if opts.device != "cpu":
-        raise InvalidInput(f"device {opts.device!r} is not available for this model yet "
-                           "(supported: cpu)", param="device")
-    from ninfer.models.qwen3_5.cpu_backend import CpuBackend
+    if opts.device == "cpu":
+        from ninfer.models.qwen3_5.cpu_backend import CpuBackend
 
-    kv_dtype = DType.FLOAT32
-    plan = plan_capacity(cfg, opts, kv_dtype)
-    params = bind_parameters(artifact, cfg, place=lambda a: a)
-    backend = CpuBackend(cfg, params, num_pages=plan.num_pages, page_size=plan.page_size,
-                         num_slots=plan.num_slots, max_batch=opts.max_concurrency,
-                         prefill_chunk=opts.prefill_chunk, max_context_len=plan.max_context_len,
-                         kv_dtype=kv_dtype)
+        kv_dtype = DType.FLOAT32
+        plan = plan_capacity(cfg, opts, kv_dtype)
+        params = bind_parameters(artifact, cfg, place=lambda a: a)
+        backend = CpuBackend(cfg, params, num_pages=plan.num_pages, page_size=plan.page_size,
+                             num_slots=plan.num_slots, max_batch=opts.max_concurrency,
+                             prefill_chunk=opts.prefill_chunk,
+                             max_context_len=plan.max_context_len, kv_dtype=kv_dtype)
+    elif opts.device == "cuda":
+        from ninfer.models.qwen3_5.cuda_startup import start_cuda_backend
+
+        params, backend, plan = start_cuda_backend(
+            cfg, opts, lambda place: bind_parameters(artifact, cfg, place=place))
+    else:
+        raise InvalidInput(f"unknown device {opts.device!r} (supported: cpu, cuda)",
+                           param="device")
+    return LoadedModel(artifact, cfg, params, build_program(cfg, opts, plan, backend), plan)
+
+
+def build_program(cfg: Qwen35Config, opts: ProgramOptions, plan: CapacityPlan,
+                  backend) -> Qwen35Program:
     limits = ProgramLimits(
         max_context_len=plan.max_context_len, vocab_size=cfg.vocab_size, page_size=plan.page_size,
         total_pages=plan.num_pages, total_slots=plan.num_slots, max_batch=opts.max_concurrency,
         prefill_chunk=opts.prefill_chunk,
     )
-    program = Qwen35Program(backend, limits, plan.host_snapshot_bytes)
-    return LoadedModel(artifact, cfg, params, program, plan)
+    return Qwen35Program(backend, limits, plan.host_snapshot_bytes)

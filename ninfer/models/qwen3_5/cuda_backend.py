@@ -1,0 +1,298 @@
+"""The CUDA backend of the Qwen3.5 Program: CuPy storage, RawModule kernels, CUDA graphs.
+
+Same methods as `CpuBackend` (the Program does not know which one it drives). Differences:
+- a step runs its prefill chunk eagerly (cuBLAS GEMMs, chunkwise GDN) and its decode rows by
+  replaying the captured graph of exactly B rows (B = 1..max_batch); inputs reach the graphs
+  through fixed device buffers (ids, positions, slots, sampling parameters), never as graph keys;
+- the block-table matrix lives on the device and is updated row by row when pages are added;
+- sampling runs on the device inside the decode graph; only the tokens, their logprobs and the
+  top alternatives come back (one D2H copy per step).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ninfer import ops
+from ninfer.core.dtypes import DType
+from ninfer.core.kv_pool import PageAllocator, PagedKVPool
+from ninfer.core.state_image import StateImageStorage
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.cpu_backend import state_image_layout
+from ninfer.models.qwen3_5.forward import KernelWorkspaces, Qwen35Forward, StepContext
+from ninfer.models.qwen3_5.parameters import Parameters
+from ninfer.models.qwen3_5.sampler_inputs import MAX_TOP_LOGPROBS, SamplerInputs
+from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
+
+_SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "seeds", "counters")
+
+
+@dataclasses.dataclass
+class _DeviceRows:
+    """Device copies of one forward's index arrays (fixed addresses: graph inputs)."""
+
+    ids: object
+    positions_flat: object  # int32[3 * max_rows]; positions(n) is a contiguous [3, n] view
+    row_slot: object
+    row_pos: object
+    seg_starts: object
+    seg_slots: object
+
+    @classmethod
+    def allocate(cls, cp, max_rows: int) -> "_DeviceRows":
+        i32 = np.int32
+        return cls(cp.zeros(max_rows, i32), cp.zeros(3 * max_rows, i32), cp.zeros(max_rows, i32),
+                   cp.zeros(max_rows, i32), cp.zeros(max_rows + 1, i32), cp.zeros(max_rows, i32))
+
+    def positions(self, n: int):
+        return self.positions_flat[: 3 * n].reshape(3, n)
+
+    def context(self, n: int, segments: int, block_tables, logit_rows: slice) -> StepContext:
+        return StepContext(ids=self.ids[:n], positions=self.positions(n),
+                           row_slot=self.row_slot[:n], row_pos=self.row_pos[:n],
+                           seg_starts=self.seg_starts[: segments + 1],
+                           seg_slots=self.seg_slots[:segments], block_tables=block_tables,
+                           logit_rows=logit_rows)
+
+
+class CudaBackend:
+    def __init__(self, cfg: Qwen35Config, params: Parameters, device, *, num_pages: int,
+                 page_size: int, num_slots: int, max_batch: int, prefill_chunk: int,
+                 max_context_len: int, kv_dtype: DType = DType.BFLOAT16):
+        import cupy as cp
+
+        from ninfer.kernels_cuda.attention import AttentionWorkspace
+        from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
+        from ninfer.kernels_cuda.gdn_decode import decode_counters
+
+        self.cp = cp
+        self.cfg = cfg
+        self.params = params
+        self.device = device
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        with device.activate():
+            self.kv = PagedKVPool(len(cfg.full_attention_layers), num_pages,
+                                  cfg.num_key_value_heads, page_size, cfg.head_dim, kv_dtype,
+                                  xp=cp)
+            self.states = StateImageStorage(state_image_layout(cfg), num_slots, xp=cp)
+            max_pages = -(-max_context_len // page_size)
+            self.block_tables = cp.zeros((num_slots, max_pages), np.int32)
+            self.prefill_rows = _DeviceRows.allocate(cp, prefill_chunk)
+            self.decode_rows = _DeviceRows.allocate(cp, max_batch)
+            self.decode_rows.seg_starts[...] = cp.arange(max_batch + 1, dtype=np.int32)
+            self.sampler_dev = {f: cp.zeros(max_batch, getattr(np, str(
+                getattr(SamplerInputs(1), f).dtype))) for f in _SAMPLER_FIELDS}
+            self.pen_offsets = cp.zeros(max_batch + 1, np.int32)
+            self.pen_capacity = max_batch * 4096
+            self.pen_tokens = cp.zeros(self.pen_capacity, np.int32)
+            self.pen_counts = cp.zeros(self.pen_capacity, np.int32)
+            self.tokens_dev = cp.zeros(max_batch, np.int32)
+            self.logprobs_dev = cp.zeros(max_batch, np.float32)
+            self.top_ids_dev = cp.zeros((max_batch, MAX_TOP_LOGPROBS), np.int32)
+            self.top_lp_dev = cp.zeros((max_batch, MAX_TOP_LOGPROBS), np.float32)
+            widest_k = max(cfg.hidden_size, cfg.linear_value_dim,
+                           cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size or 0,
+                           cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size)
+            moe_ws = None
+            if cfg.is_moe:
+                from ninfer.kernels_cuda.moe import MoeWorkspace
+
+                moe_ws = MoeWorkspace.allocate(max(max_batch, prefill_chunk),
+                                               cfg.num_experts_per_tok, cfg.hidden_size,
+                                               cfg.moe_intermediate_size)
+            self.decode_kws = KernelWorkspaces(
+                attention=AttentionWorkspace.allocate(max_batch, cfg.num_attention_heads,
+                                                      cfg.head_dim, max_context_len),
+                moe=moe_ws,
+                gdn_decode_counters=decode_counters(max_batch, cfg.linear_num_key_heads),
+                sample_scratch=cp.empty((max_batch, cfg.vocab_size), np.float32),
+                fused_gdn_decode=True)
+            self.prefill_kws = KernelWorkspaces(
+                moe=moe_ws,
+                gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
+                linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
+                chunked_gdn_prefill=True)
+            self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp)
+            self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp)
+            self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,
+                                                 self.states, xp=cp, kernel_ws=self.prefill_kws)
+            self.decode_forward = Qwen35Forward(cfg, params, self.decode_ws, self.kv,
+                                                self.states, xp=cp, kernel_ws=self.decode_kws)
+        self.pages = PageAllocator(num_pages)
+        self.step_inputs = StepInputs(prefill_chunk + max_batch, max_segments=max_batch + 1)
+        self.sampler_inputs = SamplerInputs(max_batch)
+        self.graphs: dict[int, object] = {}
+        self.use_graphs = True
+
+    # -- slots and pages -------------------------------------------------------------------
+    def slots_free(self) -> int:
+        return self.states.num_free
+
+    def allocate_slot(self) -> int:
+        slot = self.states.allocate()
+        if slot is None:
+            raise RuntimeError("no free StateImage slot (checked before allocating)")
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        self.states.free(slot)
+
+    def zero_state(self, slot: int) -> None:
+        with self.device.activate():
+            self.states.zero(slot)
+
+    def set_block_table(self, slot: int, pages: list[int]) -> None:
+        with self.device.activate():
+            self.block_tables[slot, : len(pages)].set(np.asarray(pages, np.int32),
+                                                      stream=self.device.stream)
+
+    # -- snapshots (host copies) -----------------------------------------------------------
+    def snapshot_bytes(self, frontier: int) -> int:
+        kv = self.kv
+        pages = -(-frontier // kv.page_size)
+        return self.states.layout.image_bytes + pages * PagedKVPool.bytes_per_page(
+            kv.num_layers, kv.num_kv_heads, kv.page_size, kv.head_dim, kv.dtype)
+
+    def copy_out_state(self, slot: int) -> np.ndarray:
+        with self.device.activate():
+            return self.cp.asnumpy(self.states.data[slot], stream=self.device.stream)
+
+    def copy_in_state(self, slot: int, image: np.ndarray) -> None:
+        with self.device.activate():
+            self.states.data[slot].set(image, stream=self.device.stream)
+
+    def copy_out_kv(self, pages: list[int], tokens: int) -> np.ndarray:
+        cp = self.cp
+        with self.device.activate():
+            ids = cp.asarray(pages[: -(-tokens // self.kv.page_size)], np.int64)
+            blocks = cp.stack([cp.stack([k[ids], v[ids]]) for k, v in zip(self.kv.k, self.kv.v)])
+            return cp.asnumpy(blocks, stream=self.device.stream)
+
+    def copy_in_kv(self, pages: list[int], blocks: np.ndarray) -> None:
+        cp = self.cp
+        with self.device.activate():
+            ids = cp.asarray(pages[: blocks.shape[2]], np.int64)
+            dev = cp.asarray(blocks)
+            for layer, (k, v) in enumerate(zip(self.kv.k, self.kv.v)):
+                k[ids] = dev[layer, 0]
+                v[ids] = dev[layer, 1]
+
+    # -- execution -------------------------------------------------------------------------
+    def execute(self, num_decode: int) -> None:
+        """Prefill rows eagerly, then the decode rows by graph replay; results on the host."""
+        inp = self.step_inputs
+        n_prefill = inp.num_rows - num_decode
+        with self.device.activate():
+            if n_prefill:
+                self._prefill(inp, n_prefill)
+            if num_decode:
+                self._decode(inp, n_prefill, num_decode)
+
+    def _prefill(self, inp: StepInputs, n: int) -> None:
+        rows, stream = self.prefill_rows, self.device.stream
+        rows.ids[:n].set(inp.ids[:n], stream=stream)
+        rows.positions(n).set(np.ascontiguousarray(inp.positions[:, :n]), stream=stream)
+        rows.row_slot[:n].set(inp.row_slot[:n], stream=stream)
+        rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
+        rows.seg_starts[:2].set(np.array([0, n], np.int32), stream=stream)
+        rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
+        self.prefill_forward(rows.context(n, 1, self.block_tables, slice(n, n)))
+
+    def _load_decode_inputs(self, inp: StepInputs, start: int, b: int) -> None:
+        rows, stream = self.decode_rows, self.device.stream
+        end = start + b
+        rows.ids[:b].set(inp.ids[start:end], stream=stream)
+        rows.positions(b).set(np.ascontiguousarray(inp.positions[:, start:end]), stream=stream)
+        rows.row_slot[:b].set(inp.row_slot[start:end], stream=stream)
+        rows.row_pos[:b].set(inp.row_pos[start:end], stream=stream)
+        rows.seg_slots[:b].set(inp.row_slot[start:end], stream=stream)
+        host = self.sampler_inputs
+        for f in _SAMPLER_FIELDS:
+            self.sampler_dev[f][:b].set(getattr(host, f)[:b], stream=stream)
+        self.pen_offsets[: b + 1].set(host.pen_offsets[: b + 1], stream=stream)
+        m = len(host.pen_tokens)
+        if m > self.pen_capacity:
+            raise RuntimeError(f"{m} penalty entries exceed the device buffer ({self.pen_capacity})")
+        if m:
+            self.pen_tokens[:m].set(host.pen_tokens, stream=stream)
+            self.pen_counts[:m].set(host.pen_counts, stream=stream)
+
+    def _decode_body(self, b: int) -> None:
+        """The decode step of B rows on fixed buffers: what each graph captures."""
+        ctx = self.decode_rows.context(b, b, self.block_tables, slice(0, b))
+        logits = self.decode_forward(ctx)
+        d = self.sampler_dev
+        ops.sample(logits, d["temperature"][:b], d["top_k"][:b], d["top_p"][:b], d["min_p"][:b],
+                   d["repetition_penalty"][:b], d["presence_penalty"][:b],
+                   d["frequency_penalty"][:b], d["seeds"][:b], d["counters"][:b],
+                   self.pen_offsets[: b + 1], self.pen_tokens, self.pen_counts,
+                   self.tokens_dev[:b], self.logprobs_dev[:b], self.top_ids_dev[:b],
+                   self.top_lp_dev[:b], workspace=self.decode_kws.sample_scratch)
+
+    def _decode(self, inp: StepInputs, start: int, b: int) -> None:
+        self._load_decode_inputs(inp, start, b)
+        graph = self.graphs.get(b) if self.use_graphs else None
+        if graph is not None:
+            graph.launch(self.device.stream)
+        else:
+            self._decode_body(b)
+        host, stream = self.sampler_inputs, self.device.stream
+        self.tokens_dev[:b].get(stream=stream, out=host.tokens[:b])
+        self.logprobs_dev[:b].get(stream=stream, out=host.logprobs[:b])
+        if host.num_top:
+            host.top_ids[:b] = self.top_ids_dev[:b].get(stream=stream)
+            host.top_logprobs[:b] = self.top_lp_dev[:b].get(stream=stream)
+        stream.synchronize()
+
+    # -- graphs ----------------------------------------------------------------------------
+    def capture_graphs(self) -> None:
+        """Warm up and capture one decode graph per batch size 1..max_batch."""
+        from ninfer.core.cuda.graph import CudaGraph
+
+        with self.device.activate():
+            for b in range(1, self.max_batch + 1):
+                self._decode_body(b)  # warm-up: compiles kernels, touches every buffer
+            self.device.synchronize()
+            for b in range(1, self.max_batch + 1):
+                graph = CudaGraph(f"decode_b{b}")
+                with graph.capture(self.device.stream):
+                    self._decode_body(b)
+                self.graphs[b] = graph
+            self.device.synchronize()
+
+    def destroy_graphs(self) -> None:
+        for graph in self.graphs.values():
+            graph.destroy()
+        self.graphs.clear()
+
+    def last_logits(self, rows: int) -> np.ndarray:
+        """A host copy of the last step's decode logits (tests and diagnostics)."""
+        with self.device.activate():
+            return self.cp.asnumpy(self.decode_ws.logits[:rows])
+
+    def score(self, slot: int, token_ids: list[int], chunk: int) -> np.ndarray:
+        """Logits f32[T, V] of every position (scoring path; allocates its own staging)."""
+        cp = self.cp
+        t = len(token_ids)
+        out = np.empty((t, self.cfg.vocab_size), np.float32)
+        with self.device.activate():
+            ws = Workspace(self.cfg, chunk, chunk, xp=cp)
+            fwd = Qwen35Forward(self.cfg, self.params, ws, self.kv, self.states, xp=cp,
+                                kernel_ws=dataclasses.replace(self.prefill_kws))
+            rows = _DeviceRows.allocate(cp, chunk)
+            for start in range(0, t, chunk):
+                stop = min(t, start + chunk)
+                n = stop - start
+                pos = np.arange(start, stop, dtype=np.int32)
+                rows.ids[:n].set(np.asarray(token_ids[start:stop], np.int32))
+                rows.positions(n).set(np.ascontiguousarray(np.broadcast_to(pos, (3, n))))
+                rows.row_slot[:n].fill(slot)
+                rows.row_pos[:n].set(pos)
+                rows.seg_starts[:2].set(np.array([0, n], np.int32))
+                rows.seg_slots[:1].fill(slot)
+                logits = fwd(rows.context(n, 1, self.block_tables, slice(0, n)))
+                out[start:stop] = cp.asnumpy(logits)
+        return out
