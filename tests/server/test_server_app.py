@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ninfer.runtime import GenerationRequest
 from ninfer.runtime.contract.output import TokenOutputSession
 from ninfer.serve import EngineOptions, LoadedModel, ModelHost, ServerConfig, create_app
-from ninfer.serve.params import CHAT_FIELDS, COMPLETION_FIELDS
+from ninfer.serve.jobs import JobLimits, chat_choices
+from ninfer.serve.params import CHAT_FIELDS, COMPLETION_FIELDS, parse_chat
 from app_harness import AppHarness
 from server_scripts import (
     ANSWER, NAMED_ARGS, NAMED_TRIGGER, REASONING, REASONING_TRIGGER, SEARCH_TOOL, TOOL_CALLS,
@@ -467,3 +468,45 @@ def test_loaded_model_is_closed_on_shutdown(frontend):
     with pytest.raises(Exception) as info:
         host.ready()
     assert info.value.status == 503
+
+
+def test_sampling_defaults_overrides_and_seeds(harness, frontend):
+    served = harness.host.ready()
+    defaults = frontend.sampling_defaults
+    choices = chat_choices(served, parse_chat(
+        {"messages": USER, "n": 3, "seed": 5, "top_p": 0.5, "max_tokens": 7}), JobLimits())
+    for j, choice in enumerate(choices):
+        sampling = choice.request.sampling
+        assert (choice.index, sampling.seed, sampling.top_p) == (j, 5 + j, 0.5)
+        assert (sampling.temperature, sampling.top_k) == (defaults["temperature"],
+                                                          defaults["top_k"])
+        assert choice.request.max_tokens == 7
+    assert len({id(c.session) for c in choices}) == 3
+    (choice,) = chat_choices(served, parse_chat(
+        {"messages": USER, "top_k": -1, "repetition_penalty": 1.3, "presence_penalty": 0.5,
+         "frequency_penalty": -0.5, "min_p": 0.1, "temperature": 0}), JobLimits())
+    s = choice.request.sampling
+    assert (s.top_k, s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.min_p,
+            s.temperature, s.seed) == (0, 1.3, 0.5, -0.5, 0.1, 0.0, None)
+    prompt_len = choice.prompt_tokens
+    assert choice.request.max_tokens == served.max_context_len - prompt_len
+    (choice,) = chat_choices(served, parse_chat({"messages": USER}),
+                             JobLimits(default_max_tokens=11, timeout_s=3.0))
+    assert (choice.request.max_tokens, choice.request.timeout_s) == (11, 3.0)
+
+
+def test_ignore_eos_and_stop_token_ids(harness, tokenizer):
+    from server_scripts import STOP_TEXT, STOP_TRIGGER
+
+    body = {"messages": [{"role": "user", "content": STOP_TRIGGER}], "max_tokens": 12}
+    plain = harness.chat(body).json
+    assert plain["choices"][0]["message"]["content"] == STOP_TEXT
+    assert plain["choices"][0]["finish_reason"] == "stop"
+    eos_kept = harness.chat({**body, "ignore_eos": True}).json
+    assert eos_kept["choices"][0]["finish_reason"] == "length"
+    assert eos_kept["usage"]["completion_tokens"] == 12
+    assert eos_kept["choices"][0]["message"]["content"].startswith(STOP_TEXT)
+    beta = tokenizer.encode(" beta")
+    assert len(beta) == 1
+    cut = harness.chat({**body, "stop_token_ids": beta}).json["choices"][0]
+    assert (cut["message"]["content"], cut["finish_reason"]) == ("alpha", "stop")
