@@ -94,8 +94,12 @@ class HandleGroup:
         Refusals (overload, rejection, queue timeout) happen before admission, so after this
         the HTTP status is settled: 200 and the stream may begin.
         """
+        first: list = [next_event(h, 0) for h in self.handles]  # refusals at submit come first
+        for event in first:
+            if isinstance(event, GenerationFailed):
+                raise_failure(event)
         for i, handle in enumerate(self.handles):
-            event = self._wait(handle, disconnected)
+            event = first[i] if first[i] is not None else self._wait(handle, disconnected)
             if isinstance(event, GenerationFailed):
                 raise_failure(event)
             if not isinstance(event, GenerationStart):

@@ -49,10 +49,15 @@ def server_url(server) -> str:
 def run_server(server, model_host: ModelHost) -> None:
     """Serve until SIGINT/SIGTERM (main thread only), then shut everything down."""
 
+    stopping = threading.Event()
+
     def stop(signum, frame) -> None:
+        if stopping.is_set():  # a repeated signal (e.g. also sent by a wrapper): already on it
+            return
+        stopping.set()
         _log.info("received %s; shutting down", signal.Signals(signum).name)
         model_host.begin_shutdown()
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt  # ends waitress's loop (it catches this and shuts down)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -61,7 +66,8 @@ def run_server(server, model_host: ModelHost) -> None:
     try:
         server.run()  # returns after waitress has shut its task threads down
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stopping.set()  # signals during the cleanup below are ignored, not raised
         model_host.close()
         server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

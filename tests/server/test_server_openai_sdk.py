@@ -112,10 +112,12 @@ def test_completion_logprobs(client, model):
     assert all(len(top) <= 2 and max(top.values()) <= 0 for top in lp.top_logprobs)
 
 
+SAMPLED = {"temperature": 1.0, "top_p": 1.0, "extra_body": {"top_k": 0}}
+
+
 def test_seed_reproducibility(client, model):
     def sample(seed):
-        return _chat(client, model, max_tokens=8, temperature=1.0, top_p=1.0, extra_body={"top_k": 0},
-                     seed=seed).choices[0].message.content
+        return _chat(client, model, max_tokens=6, seed=seed, **SAMPLED).choices[0].message.content
 
     first = sample(1234)
     assert sample(1234) == first
@@ -123,16 +125,14 @@ def test_seed_reproducibility(client, model):
 
 
 def test_n_choices_follow_seeds(client, model):
-    both = _chat(client, model, n=2, max_tokens=6, temperature=1.0, extra_body={"top_k": 0}, seed=77)
+    both = _chat(client, model, n=2, max_tokens=5, seed=77, **SAMPLED)
     assert [c.index for c in both.choices] == [0, 1]
-    assert both.usage.completion_tokens == 12
-    singles = [_chat(client, model, max_tokens=6, temperature=1.0, extra_body={"top_k": 0}, seed=s)
-               for s in (77, 78)]
+    assert both.usage.completion_tokens == 10
+    singles = [_chat(client, model, max_tokens=5, seed=s, **SAMPLED) for s in (77, 78)]
     assert [c.message.content for c in both.choices] == \
         [s.choices[0].message.content for s in singles]
     assert both.usage.prompt_tokens == singles[0].usage.prompt_tokens
-    streamed = _chat(client, model, n=2, max_tokens=6, temperature=1.0, extra_body={"top_k": 0}, seed=77,
-                     stream=True)
+    streamed = _chat(client, model, n=2, max_tokens=5, seed=77, stream=True, **SAMPLED)
     texts = ["", ""]
     for chunk in streamed:
         for c in chunk.choices:
