@@ -14,6 +14,7 @@ from numba import njit, prange, uint64
 from ninfer.kernels_numba_cpu._dot import LANES, dot
 from ninfer.kernels_numba_cpu._layout import rows3
 from ninfer.kernels_numba_cpu._prim import F0, store, widen
+from ninfer.kernels_numba_cpu._threads import launch
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -103,8 +104,8 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
                 whole_context=False)
     kb, ks0, ks1 = rows3(k)
     vb, vs0, vs1 = rows3(v)
-    _kv_write_kernel(kb, ks0, ks1, vb, vs0, vs1, k_pages.reshape(-1), v_pages.reshape(-1),
-                     block_tables, row_seq, row_pos, heads, page_size, d)
+    launch(_kv_write_kernel, 2 * k.size, kb, ks0, ks1, vb, vs0, vs1, k_pages.reshape(-1),
+           v_pages.reshape(-1), block_tables, row_seq, row_pos, heads, page_size, d)
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out) -> None:
@@ -114,5 +115,6 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
     _check_rows("paged_attention", block_tables, row_seq, row_pos, page_size, num_pages,
                 whole_context=True)
     qb, qs0, qs1 = rows3(q)
-    _attention_kernel(qb, qs0, qs1, k_pages.reshape(-1), v_pages.reshape(-1), block_tables,
-                      row_seq, row_pos, np.float32(scale), out, kv_heads, page_size)
+    work = 2 * (int(row_pos.sum()) + len(row_pos)) * q.shape[1] * q.shape[2]
+    launch(_attention_kernel, work, qb, qs0, qs1, k_pages.reshape(-1), v_pages.reshape(-1),
+           block_tables, row_seq, row_pos, np.float32(scale), out, kv_heads, page_size)

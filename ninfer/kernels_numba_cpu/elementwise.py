@@ -5,6 +5,7 @@ from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._layout import rows3
 from ninfer.kernels_numba_cpu._prim import sigmoid, silu
+from ninfer.kernels_numba_cpu._threads import launch
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -51,23 +52,24 @@ def sigmoid_mul(x, gate, out) -> None:
     gb, gs0, gs1 = rows3(gate)
     ob, os0, os1 = rows3(out)
     heads = 1 if x.ndim == 2 else x.shape[1]
-    _sigmoid_mul_kernel(xb, xs0, xs1, gb, gs0, gs1, ob, os0, os1, x.shape[0], heads, x.shape[-1])
+    launch(_sigmoid_mul_kernel, 4 * x.size, xb, xs0, xs1, gb, gs0, gs1, ob, os0, os1, x.shape[0],
+           heads, x.shape[-1])
 
 
 def swiglu(gate_up, out) -> None:
     if out.size == 0:
         return
-    _swiglu_kernel(gate_up, out)
+    launch(_swiglu_kernel, 4 * out.size, gate_up, out)
 
 
 def sigmoid_scale_add(acc, y, gate) -> None:
     if acc.size == 0:
         return
     gb, gs0, _ = rows3(gate)
-    _sigmoid_scale_add_kernel(acc, y, gb, gs0)
+    launch(_sigmoid_scale_add_kernel, acc.size, acc, y, gb, gs0)
 
 
 def add_inplace(acc, x) -> None:
     if acc.size == 0:
         return
-    _add_inplace_kernel(acc, x)
+    launch(_add_inplace_kernel, acc.size, acc, x)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._prim import widen
+from ninfer.kernels_numba_cpu._threads import launch
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -22,4 +23,4 @@ def embedding(ids, table, out) -> None:
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= vocab:
         raise ValueError(f"embedding: token id out of range [0, {vocab}): min {lo}, max {hi}")
-    _embedding_kernel(ids, table.data, out)
+    launch(_embedding_kernel, out.size, ids, table.data, out)

@@ -12,6 +12,7 @@ from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._layout import flat, rows3
 from ninfer.kernels_numba_cpu._prim import F0, sigmoid, silu, softplus, widen
+from ninfer.kernels_numba_cpu._threads import launch
 
 CONV_CHANNEL_BLOCK = 256
 
@@ -119,8 +120,8 @@ def gdn_conv(x, weight, conv_state, seg_starts, seg_slots, out) -> None:
         return
     xb, xs0, _ = rows3(x)
     sb, sst = flat(conv_state)
-    _conv_kernel(xb, xs0, weight.data, sb, sst[0], seg_starts, seg_slots, out,
-                 x.shape[1], weight.shape[1])
+    launch(_conv_kernel, x.size * weight.shape[1], xb, xs0, weight.data, sb, sst[0], seg_starts,
+           seg_slots, out, x.shape[1], weight.shape[1])
 
 
 def gdn_gates(a, b, a_log, dt_bias, g_out, beta_out) -> None:
@@ -128,7 +129,8 @@ def gdn_gates(a, b, a_log, dt_bias, g_out, beta_out) -> None:
         return
     ab, as0, _ = rows3(a)
     bb, bs0, _ = rows3(b)
-    _gates_kernel(ab, as0, bb, bs0, a_log.data, dt_bias.data, g_out, beta_out)
+    launch(_gates_kernel, 8 * g_out.size, ab, as0, bb, bs0, a_log.data, dt_bias.data, g_out,
+           beta_out)
 
 
 def gdn_recurrence(q, k, v, g, beta, state, seg_starts, seg_slots, out) -> None:
@@ -139,5 +141,5 @@ def gdn_recurrence(q, k, v, g, beta, state, seg_starts, seg_slots, out) -> None:
     kb, ks0, ks1 = rows3(k)
     vb, vs0, vs1 = rows3(v)
     sb, sst = flat(state)
-    _recurrence_kernel(qb, qs0, qs1, kb, ks0, ks1, vb, vs0, vs1, g, beta, sb, sst[0],
-                       seg_starts, seg_slots, out, q.shape[1], q.shape[2])
+    launch(_recurrence_kernel, 4 * out.size * q.shape[2], qb, qs0, qs1, kb, ks0, ks1, vb, vs0,
+           vs1, g, beta, sb, sst[0], seg_starts, seg_slots, out, q.shape[1], q.shape[2])

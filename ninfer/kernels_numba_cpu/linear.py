@@ -9,6 +9,7 @@ import numpy as np
 
 from ninfer.kernels_numba_cpu._layout import rows3
 from ninfer.kernels_numba_cpu._matmul import chunks_for, grouped_matmul
+from ninfer.kernels_numba_cpu._threads import launch
 
 _ONE_GROUP = np.zeros(1, np.int64)
 
@@ -20,6 +21,6 @@ def linear(x, weight, out) -> None:
         return
     xbuf, xs, _ = rows3(x)
     rows = np.arange(n, dtype=np.int64)
-    grouped_matmul(xbuf, rows * xs, weight.data.reshape(-1), _ONE_GROUP,
-                   np.array([0, n], np.int64), out.reshape(-1), rows * m_len, m_len, k_len,
-                   chunks_for(m_len, 1))
+    launch(grouped_matmul, n * m_len * k_len, xbuf, rows * xs, weight.data.reshape(-1),
+           _ONE_GROUP, np.array([0, n], np.int64), out.reshape(-1), rows * m_len, m_len, k_len,
+           chunks_for(m_len, 1))

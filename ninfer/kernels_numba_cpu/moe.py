@@ -12,6 +12,7 @@ from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._matmul import chunks_for, grouped_matmul
 from ninfer.kernels_numba_cpu._prim import F0, silu
+from ninfer.kernels_numba_cpu._threads import launch
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -114,7 +115,7 @@ def _combine(y, pair_of, ids, weights, out):
 def moe_route(logits, top_k, weights_out, ids_out) -> None:
     if logits.shape[0] == 0:
         return
-    _route_kernel(logits, int(top_k), weights_out, ids_out)
+    launch(_route_kernel, logits.size * (2 + int(top_k)), logits, int(top_k), weights_out, ids_out)
 
 
 def moe_experts(x, gate_up, down, ids, weights, out) -> None:
@@ -131,11 +132,12 @@ def moe_experts(x, gate_up, down, ids, weights, out) -> None:
     gu = np.empty(n_pairs * two_inter, np.float32)
     act = np.empty(n_pairs * inter, np.float32)
     y = np.empty(n_pairs * hidden, np.float32)
-    grouped_matmul(x.reshape(-1), pair_row * hidden, gate_up.data.reshape(-1),
-                   active * (two_inter * hidden), group_starts, gu, pairs * two_inter,
-                   two_inter, hidden, chunks_for(two_inter, len(active)))
-    _swiglu_pairs(gu, act, inter)
-    grouped_matmul(act, pairs * inter, down.data.reshape(-1), active * (hidden * inter),
-                   group_starts, y, pairs * hidden, hidden, inter,
-                   chunks_for(hidden, len(active)))
-    _combine(y, pair_of, ids, weights, out)
+    work = n_pairs * two_inter * hidden
+    launch(grouped_matmul, work, x.reshape(-1), pair_row * hidden, gate_up.data.reshape(-1),
+           active * (two_inter * hidden), group_starts, gu, pairs * two_inter, two_inter, hidden,
+           chunks_for(two_inter, len(active)))
+    launch(_swiglu_pairs, 4 * act.size, gu, act, inter)
+    launch(grouped_matmul, work // 2, act, pairs * inter, down.data.reshape(-1),
+           active * (hidden * inter), group_starts, y, pairs * hidden, hidden, inter,
+           chunks_for(hidden, len(active)))
+    launch(_combine, y.size, y, pair_of, ids, weights, out)

@@ -10,6 +10,7 @@ from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._layout import rows3
 from ninfer.kernels_numba_cpu._prim import F0, F1, silu, widen
+from ninfer.kernels_numba_cpu._threads import launch
 
 
 @njit(inline="always")
@@ -90,25 +91,25 @@ def rms_norm(x, weight, eps, out, *, zero_centered) -> None:
     xb, xs0, xs1 = rows3(x)
     ob, os0, os1 = rows3(out)
     heads = 1 if x.ndim == 2 else x.shape[1]
-    _rms_norm_kernel(xb, xs0, xs1, weight.data, np.float32(eps), ob, os0, os1,
-                     x.shape[0], heads, x.shape[-1], bool(zero_centered))
+    launch(_rms_norm_kernel, x.size, xb, xs0, xs1, weight.data, np.float32(eps), ob, os0, os1,
+           x.shape[0], heads, x.shape[-1], bool(zero_centered))
 
 
 def add_rms_norm(residual, x, weight, eps, out) -> None:
     if residual.size == 0:
         return
-    _add_rms_norm_kernel(residual, x, weight.data, np.float32(eps), out)
+    launch(_add_rms_norm_kernel, 2 * x.size, residual, x, weight.data, np.float32(eps), out)
 
 
 def gated_rms_norm(x, z, weight, eps, out) -> None:
     if x.size == 0:
         return
     zb, zs0, zs1 = rows3(z)
-    _gated_rms_norm_kernel(x, weight.data, np.float32(eps), zb, zs0, zs1, out)
+    launch(_gated_rms_norm_kernel, 4 * x.size, x, weight.data, np.float32(eps), zb, zs0, zs1, out)
 
 
 def l2norm_heads(x, eps, scale, out) -> None:
     if x.size == 0:
         return
     xb, xs0, xs1 = rows3(x)
-    _l2norm_kernel(xb, xs0, xs1, np.float32(eps), np.float32(scale), out)
+    launch(_l2norm_kernel, x.size, xb, xs0, xs1, np.float32(eps), np.float32(scale), out)

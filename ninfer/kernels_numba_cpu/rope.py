@@ -5,6 +5,7 @@ import numpy as np
 from numba import njit, prange
 
 from ninfer.kernels_numba_cpu._layout import rows3
+from ninfer.kernels_numba_cpu._threads import launch
 
 
 @njit(parallel=True, cache=True, fastmath=False)
@@ -31,4 +32,4 @@ def rope(x, positions, inv_freq, freq_axis) -> None:
     if x.size == 0:
         return
     xb, xs0, xs1 = rows3(x)
-    _rope_kernel(xb, xs0, xs1, x.shape[1], positions, inv_freq, freq_axis)
+    launch(_rope_kernel, x.size, xb, xs0, xs1, x.shape[1], positions, inv_freq, freq_axis)

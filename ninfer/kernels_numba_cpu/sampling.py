@@ -14,6 +14,7 @@ from numba import float64, njit, prange, uint64
 
 from ninfer.kernels_numba_cpu._layout import flat
 from ninfer.kernels_numba_cpu._prim import F0
+from ninfer.kernels_numba_cpu._threads import launch
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -203,7 +204,7 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     n_top = top_ids_out.shape[1]
     ids_buf, ids_strides = flat(top_ids_out) if n_top else (np.zeros(0, np.int32), (0, 0))
     lp_buf, lp_strides = flat(top_logprobs_out) if n_top else (np.zeros(0, np.float32), (0, 0))
-    _sample_kernel(logits, temperature, top_k, top_p, min_p, repetition_penalty,
-                   presence_penalty, frequency_penalty, seeds, counters, pen_offsets, pen_tokens,
-                   pen_counts, tokens_out, logprobs_out, ids_buf, ids_strides[0], lp_buf,
-                   lp_strides[0], n_top)
+    launch(_sample_kernel, 16 * logits.size, logits, temperature, top_k, top_p, min_p,
+           repetition_penalty, presence_penalty, frequency_penalty, seeds, counters, pen_offsets,
+           pen_tokens, pen_counts, tokens_out, logprobs_out, ids_buf, ids_strides[0], lp_buf,
+           lp_strides[0], n_top)

@@ -113,8 +113,16 @@ def test_seeded_draws_are_reproducible_and_batch_independent(rng):
         one["pen_offsets"] = np.array([0, hi - lo], np.int32)
         one["pen_tokens"], one["pen_counts"] = p["pen_tokens"][lo:hi], p["pen_counts"][lo:hi]
         assert _run(logits[i:i + 1], one)[0][0] == first[i], f"row {i}"
-    other = dict(p, counters=p["counters"] + 1)
-    assert not np.array_equal(_run(logits, other)[0], first) or b < 3
+
+
+def test_the_counter_selects_a_fresh_draw(rng):
+    b, vocab = 32, 64
+    logits = np.repeat(randn(rng, (1, vocab), scale=0.3), b, axis=0)  # high entropy
+    p = _params(b, seeds=np.full(b, rng.integers(0, 2**63), np.uint64), counters=np.arange(b))
+    draws = _run(logits, p)[0]
+    next_draws = _run(logits, dict(p, counters=p["counters"] + b))[0]
+    assert np.mean(draws != next_draws) > 0.5
+    assert len(set(draws.tolist())) > b // 3, "one seed, consecutive counters: varied tokens"
 
 
 CASES = [
