@@ -96,6 +96,51 @@ def _top_alternatives(row, lse, top_ids, top_lp, base, n_top):
         top_lp[base + i] = np.float32(float64(vals[i]) - lse)
 
 
+@njit
+def _draw(lg, best, temp, top_k, top_p, min_p, u):
+    """Step 3 of docs/ops.md for one row with temperature > 0: softmax at `temp`, top-k, top-p,
+    min-p, then the first candidate whose cumulative kept mass exceeds u * kept mass."""
+    vocab = lg.shape[0]
+    top = lg[best] / temp
+    e = np.empty(vocab, np.float32)
+    total = 0.0
+    n_min = 0
+    for j in range(vocab):
+        e[j] = np.exp(lg[j] / temp - top)
+        total += e[j]
+        if e[j] >= min_p:
+            n_min += 1
+    keep = max(n_min, 1)  # n_min is 0 only for a NaN row: keep something valid
+    if 0 < top_k < keep:
+        keep = top_k
+    order = np.empty(vocab, np.int32)
+    count = 0
+    band = 0
+    kept_mass = total
+    if top_p < np.float32(1.0) or keep < vocab:
+        target = float64(top_p) * total
+        cum = 0.0
+        for i in range(keep):
+            while count <= i:
+                count = _add_band(e, order, count, band)
+                band += 1
+            cum += e[order[i]]
+            if top_p < np.float32(1.0) and cum >= target:
+                keep = i + 1
+                break
+        kept_mass = cum
+    threshold = u * kept_mass
+    cum = 0.0
+    for i in range(keep):
+        while count <= i:
+            count = _add_band(e, order, count, band)
+            band += 1
+        cum += e[order[i]]
+        if cum > threshold:
+            return order[i]
+    return order[keep - 1]
+
+
 @njit(parallel=True, cache=True, fastmath=False)
 def _sample_kernel(logits, temperature, top_k, top_p, min_p, rep, presence, frequency, seeds,
                    counters, pen_offsets, pen_tokens, pen_counts, tokens_out, logprobs_out,
@@ -115,64 +160,21 @@ def _sample_kernel(logits, temperature, top_k, top_p, min_p, rep, presence, freq
         _top_alternatives(row, lse, top_ids[b * ids_stride:], top_lp[b * lp_stride:], 0, n_top)
         # 2. Penalties on a private copy.
         lg = row.copy()
-        r = rep[b]
         for i in range(pen_offsets[b], pen_offsets[b + 1]):
-            tok = pen_tokens[i]
             cnt = pen_counts[i]
-            v = lg[tok]
-            v = v / r if v > F0 else v * r
+            v = lg[pen_tokens[i]]
+            v = v / rep[b] if v > F0 else v * rep[b]
             v -= frequency[b] * np.float32(cnt) + (presence[b] if cnt > 0 else F0)
-            lg[tok] = v
-        # 3. Greedy, or temperature + filters + draw.
+            lg[pen_tokens[i]] = v
+        # 3. Greedy (lowest id on ties), or the filtered draw.
         best = 0
         for j in range(1, vocab):
             if lg[j] > lg[best]:
                 best = j
         token = best
         if temperature[b] != F0:
-            temp = temperature[b]
-            top = lg[best] / temp
-            e = np.empty(vocab, np.float32)
-            total = 0.0
-            n_min = 0
-            for j in range(vocab):
-                e[j] = np.exp(lg[j] / temp - top)
-                total += e[j]
-                if e[j] >= min_p[b]:
-                    n_min += 1
-            keep = max(n_min, 1)  # n_min is 0 only for a NaN row: keep something valid
-            if top_k[b] > 0 and top_k[b] < keep:
-                keep = top_k[b]
-            order = np.empty(vocab, np.int32)
-            count = 0
-            band = 0
-            kept_mass = total
-            if top_p[b] < np.float32(1.0) or keep < vocab:
-                target = float64(top_p[b]) * total
-                check_p = top_p[b] < np.float32(1.0)
-                cum = 0.0
-                for i in range(keep):
-                    while count <= i:
-                        count = _add_band(e, order, count, band)
-                        band += 1
-                    cum += e[order[i]]
-                    if check_p and cum >= target:
-                        keep = i + 1
-                        break
-                kept_mass = cum
-            u = uniform(seeds[b], counters[b]) * kept_mass
-            cum = 0.0
-            token = -1
-            for i in range(keep):
-                while count <= i:
-                    count = _add_band(e, order, count, band)
-                    band += 1
-                cum += e[order[i]]
-                if cum > u:
-                    token = order[i]
-                    break
-            if token < 0:
-                token = order[keep - 1]
+            token = _draw(lg, best, temperature[b], top_k[b], top_p[b], min_p[b],
+                          uniform(seeds[b], counters[b]))
         tokens_out[b] = token
         logprobs_out[b] = np.float32(float64(row[token]) - lse)
 
