@@ -2,7 +2,8 @@
 
 A declared Content-Length over the limit is refused with 413 before any of the body is read;
 a body without one (chunked) is read up to one byte past the limit. JSON is parsed strictly:
-NaN and Infinity are not JSON and are refused, and the top level must be an object.
+NaN and Infinity are not JSON and are refused, the top level must be an object, and strings
+must be valid Unicode (an escaped unpaired surrogate is refused).
 """
 from __future__ import annotations
 
@@ -40,4 +41,9 @@ def read_json_object(req, max_bytes: int) -> dict[str, Any]:
                        code="invalid_json") from None
     if not isinstance(value, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_json")
+    try:  # JSON may spell unpaired UTF-16 surrogates ("\ud800"): not text, refuse them here
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, "the request body contains an unpaired UTF-16 surrogate (not "
+                       "valid Unicode text)", code="invalid_json") from None
     return value

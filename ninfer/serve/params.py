@@ -37,16 +37,19 @@ _COMMON = (
           minimum=1),
     Field("temperature", Kind.NUMBER, "Sampling temperature; 0 is greedy.", minimum=0,
           maximum=2),
-    Field("top_p", Kind.NUMBER, "Nucleus sampling mass.", minimum=0, exclusive_minimum=True,
-          maximum=1),
-    Field("top_k", Kind.INT, "Keep the k most likely tokens; 0 or -1 disables.", minimum=-1),
+    # Bounds below are tighter than SamplingParams' where a legal value would not survive the
+    # sampler's float32/int32 inputs (top_p or repetition_penalty underflowing to 0, top_k
+    # overflowing int32): such a request must get a 400, never reach the engine.
+    Field("top_p", Kind.NUMBER, "Nucleus sampling mass.", minimum=1e-6, maximum=1),
+    Field("top_k", Kind.INT, "Keep the k most likely tokens; 0 or -1 disables.", minimum=-1,
+          maximum=2**31 - 1),
     Field("min_p", Kind.NUMBER, "Drop tokens below min_p times the top probability.",
           minimum=0, maximum=1),
     Field("presence_penalty", Kind.NUMBER, "OpenAI presence penalty.", minimum=-2, maximum=2),
     Field("frequency_penalty", Kind.NUMBER, "OpenAI frequency penalty.", minimum=-2,
           maximum=2),
     Field("repetition_penalty", Kind.NUMBER, "Multiplicative repetition penalty (1 = off).",
-          minimum=0, exclusive_minimum=True),
+          minimum=0.01, maximum=100),
     Field("seed", Kind.INT, "Sampling seed; choice i uses seed + i.", minimum=0,
           maximum=MAX_SEED),
     Field("stop", Kind.ANY, "Stop string or list of up to 16 stop strings.",

@@ -60,7 +60,11 @@ BAD_CHAT = [
     ({"messages": USER, "temperature": "hot"}, "temperature", "invalid_value"),
     ({"messages": USER, "temperature": True}, "temperature", "invalid_value"),
     ({"messages": USER, "top_p": 0}, "top_p", "invalid_value"),
+    ({"messages": USER, "top_p": 1e-300}, "top_p", "invalid_value"),
     ({"messages": USER, "top_k": -2}, "top_k", "invalid_value"),
+    ({"messages": USER, "top_k": 2**31}, "top_k", "invalid_value"),
+    ({"messages": USER, "repetition_penalty": 1e-300}, "repetition_penalty", "invalid_value"),
+    ({"messages": USER, "repetition_penalty": 1e300}, "repetition_penalty", "invalid_value"),
     ({"messages": USER, "n": 0}, "n", "invalid_value"),
     ({"messages": USER, "n": 9}, "n", "invalid_value"),
     ({"messages": USER, "max_tokens": 0}, "max_tokens", "invalid_value"),
@@ -126,7 +130,9 @@ def test_neutral_values_of_unsupported_parameters_are_accepted(harness):
 
 
 @pytest.mark.parametrize("raw", [b"{bad", b"[1, 2]", b"", b"   ", b'{"messages": NaN}',
-                                 b'{"a": Infinity}', b"\xff\xfe{}", b'"text"'])
+                                 b'{"a": Infinity}', b"\xff\xfe{}", b'"text"',
+                                 b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+                                 b'{"messages": [{"role": "user", "content": "\xed\xa0\x80"}]}'])
 def test_malformed_json(harness, raw):
     resp = harness.client.simulate_post("/v1/chat/completions", body=raw,
                                         headers={"Content-Type": "application/json"})

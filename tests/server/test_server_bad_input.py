@@ -153,3 +153,24 @@ def test_missing_or_wrong_key(scripted_server):
         assert json.loads(resp.read())["error"]["code"] == "invalid_api_key"
         conn.close()
     assert _request(scripted_server, "GET", "/v1/models")[0] == 200
+
+
+EXTREME_SAMPLING = [{"temperature": 1e-300}, {"temperature": 2}, {"top_p": 1e-6},
+                    {"top_p": 1e-300}, {"top_k": 2**31 - 1}, {"top_k": 2**31}, {"min_p": 1},
+                    {"repetition_penalty": 0.01}, {"repetition_penalty": 1e-300},
+                    {"repetition_penalty": 100}, {"presence_penalty": 2,
+                                                  "frequency_penalty": -2},
+                    {"seed": 2**63 - 1}, {"seed": 2**63}, {"n": 8}]
+
+
+def test_extreme_sampling_values_do_not_harm_the_real_engine(demo_server):
+    """Every boundary value either works or gets a 400; the real engine stays up."""
+    for extra in EXTREME_SAMPLING:
+        status, _, raw = _request(demo_server, "POST", "/v1/completions", json.dumps(
+            {"prompt": "hello hello", "max_tokens": 2, **extra}))
+        assert status in (200, 400), (extra, raw[:300])
+        if status == 200:
+            assert json.loads(raw)["usage"]["completion_tokens"] == 2 * extra.get("n", 1)
+    status, _, raw = _request(demo_server, "GET", "/metrics")
+    assert b"ninfer:engine_running 1.0" in raw
+    assert demo_server.health()[0] == 200
