@@ -9,10 +9,6 @@ gone), so a disconnected client never leaves engine work behind.
 Waiting never blocks for longer than `POLL_S` without checking `disconnected()` (waitress's
 ``waitress.client_disconnected``), so a client that goes away while its request is queued or
 running is noticed within POLL_S even when no output is being written.
-
-The runtime's GenerationHandle has blocking iteration and a non-blocking poll but no
-"next event within a timeout"; `next_event` uses the handle's public `next_event(timeout)`
-when the runtime provides one and otherwise its response channel's (same semantics).
 """
 from __future__ import annotations
 
@@ -26,7 +22,7 @@ from ninfer.runtime.handle import GenerationHandle
 from ninfer.serve.errors import api_error_from
 from ninfer.serve.jobs import Choice
 
-__all__ = ["ClientGone", "HandleGroup", "POLL_S", "is_terminal", "next_event"]
+__all__ = ["ClientGone", "HandleGroup", "POLL_S", "is_terminal"]
 
 POLL_S = 0.25
 Disconnected = Callable[[], bool]
@@ -38,14 +34,6 @@ class ClientGone(Exception):
 
 def is_terminal(event) -> bool:
     return isinstance(event, (GenerationFinished, GenerationFailed))
-
-
-def next_event(handle: GenerationHandle, timeout: float | None):
-    """The handle's next event, waiting at most `timeout` seconds; None when none came."""
-    public = getattr(handle, "next_event", None)
-    if public is not None:
-        return public(timeout)
-    return handle._channel.next_event(timeout)  # noqa: SLF001 - see the module docstring
 
 
 def raise_failure(event: GenerationFailed) -> None:
@@ -82,7 +70,7 @@ class HandleGroup:
 
     def _wait(self, handle: GenerationHandle, disconnected: Disconnected):
         while True:
-            event = next_event(handle, POLL_S)
+            event = handle.next_event(POLL_S)
             if event is not None:
                 return event
             if disconnected():
@@ -94,7 +82,7 @@ class HandleGroup:
         Refusals (overload, rejection, queue timeout) happen before admission, so after this
         the HTTP status is settled: 200 and the stream may begin.
         """
-        first: list = [next_event(h, 0) for h in self.handles]  # refusals at submit come first
+        first: list = [h.next_event(0) for h in self.handles]  # refusals at submit come first
         for event in first:
             if isinstance(event, GenerationFailed):
                 raise_failure(event)
@@ -134,7 +122,7 @@ class HandleGroup:
                 raise ClientGone()
             progressed = False
             for i in list(live):
-                while (event := next_event(self.handles[i], 0)) is not None:
+                while (event := self.handles[i].next_event(0)) is not None:
                     progressed = True
                     yield i, event
                     if is_terminal(event):
@@ -142,7 +130,7 @@ class HandleGroup:
                         break
             if not progressed and live:
                 first = live[0]
-                event = next_event(self.handles[first], POLL_S)
+                event = self.handles[first].next_event(POLL_S)
                 if event is not None:
                     yield first, event
                     if is_terminal(event):
