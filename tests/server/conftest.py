@@ -15,9 +15,8 @@ from __future__ import annotations
 import pytest
 
 from server_process import ServerProcess
-from server_scripts import script_file_text
+from server_scripts import API_KEY, script_file_text
 
-API_KEY = "test-key-5f1c"
 READY_TIMEOUT_S = 900  # a first run builds the demo model and compiles the Numba kernels
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 
+API_KEY = "test-key-5f1c"  # the scripted server's --api-key
+
 WEATHER_TOOL = {
     "type": "function",
     "function": {

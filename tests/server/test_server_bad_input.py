@@ -19,7 +19,8 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance, response_schema_conformance, status_code_conformance,
 )
 
-from conftest import API_KEY
+from server_scripts import API_KEY
+
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 FUZZ_BUDGET_S = 60
