@@ -13,6 +13,7 @@ from ninfer.ops.attention import kv_write, paged_attention
 from ninfer.ops.elementwise import add_inplace, sigmoid_mul, sigmoid_scale_add, swiglu
 from ninfer.ops.embedding import embedding
 from ninfer.ops.gdn import gdn_conv, gdn_gates, gdn_recurrence
+from ninfer.ops.gdn_fused import gdn_chunk_prefill, gdn_decode_fused
 from ninfer.ops.linear import linear
 from ninfer.ops.moe import moe_experts, moe_route
 from ninfer.ops.norm import add_rms_norm, gated_rms_norm, l2norm_heads, rms_norm
@@ -20,7 +21,8 @@ from ninfer.ops.rope import rope
 from ninfer.ops.sampling import sample
 
 __all__ = [
-    "add_inplace", "add_rms_norm", "embedding", "gated_rms_norm", "gdn_conv", "gdn_gates",
+    "add_inplace", "add_rms_norm", "embedding", "gated_rms_norm", "gdn_chunk_prefill", "gdn_conv",
+    "gdn_decode_fused", "gdn_gates",
     "gdn_recurrence", "kv_write", "l2norm_heads", "linear", "moe_experts", "moe_route",
     "paged_attention", "rms_norm", "rope", "sample", "sigmoid_mul", "sigmoid_scale_add", "swiglu",
 ]

@@ -101,6 +101,15 @@ _KERNEL_PACKAGES = {Backend.CPU: "ninfer.kernels_numba_cpu", Backend.CUDA: "ninf
 _modules: dict[tuple[Backend, str], ModuleType] = {}
 
 
+def scratch(backend: Backend, **buffers) -> dict:
+    """Keyword arguments passing preallocated scratch to a CUDA kernel (dropped on the CPU,
+    whose kernels need none, and when None). Graph capture needs them: CUDA launchers allocate
+    their scratch when none is given, and allocation cannot be captured."""
+    if backend is not Backend.CUDA:
+        return {}
+    return {k: v for k, v in buffers.items() if v is not None}
+
+
 def kernels(backend: Backend, module: str) -> ModuleType:
     """The kernel module `module` of `backend`, imported on first use (import compiles nothing)."""
     key = (backend, module)

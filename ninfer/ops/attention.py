@@ -43,7 +43,8 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
                                                  row_seq, row_pos)
 
 
-def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out) -> None:
+def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, *,
+                    workspace=None) -> None:
     """Causal attention of q[n] (f32[N, A, D], rows/heads strided) over keys 0..row_pos[n] of
     its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous."""
     backend = backend_of(q, k_pages, v_pages, block_tables, row_seq, row_pos, out)
@@ -56,5 +57,6 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
     _rows("paged_attention", block_tables, row_seq, row_pos, n)
     check.scalar("paged_attention", "scale", scale)
     check.array("paged_attention", "out", out, check.F32, (n, heads, d))
-    check.kernels(backend, "attention").paged_attention(q, k_pages, v_pages, block_tables,
-                                                        row_seq, row_pos, scale, out)
+    check.kernels(backend, "attention").paged_attention(
+        q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out,
+        **check.scratch(backend, workspace=workspace))

@@ -10,7 +10,7 @@ def supports(weight_dtype: DType) -> bool:
     return weight_dtype in check.WEIGHT_DTYPES
 
 
-def linear(x, weight, out) -> None:
+def linear(x, weight, out, *, workspace=None) -> None:
     """out[N, M] = x[N, K] @ weight[M, K]^T.
 
     x: f32, rows strided (last axis contiguous); weight: Weight (f32 or bf16), C-contiguous;
@@ -21,4 +21,5 @@ def linear(x, weight, out) -> None:
     n, k = check.array("linear", "x", x, check.F32, (None, None), check.Layout.ROWS)
     m, _ = check.weight("linear", "weight", weight, (None, k))
     check.array("linear", "out", out, check.F32, (n, m))
-    check.kernels(backend, "linear").linear(x, weight, out)
+    check.kernels(backend, "linear").linear(x, weight, out,
+                                            **check.scratch(backend, workspace=workspace))

@@ -22,7 +22,7 @@ def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
     check.kernels(backend, "moe").moe_route(logits, top_k, weights_out, ids_out)
 
 
-def moe_experts(x, gate_up, down, ids, weights, out) -> None:
+def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None) -> None:
     """out[n] = sum_k weights[n, k] * down[e] @ (silu(g) * u), [g | u] = gate_up[e] @ x[n],
     e = ids[n, k], terms added in ascending expert id. x: f32[N, H]; gate_up: Weight[E, 2Im, H];
     down: Weight[E, H, Im]; ids: i32[N, K]; weights: f32[N, K]; out: f32[N, H] (overwritten)."""
@@ -35,4 +35,5 @@ def moe_experts(x, gate_up, down, ids, weights, out) -> None:
     _, k = check.array("moe_experts", "ids", ids, check.I32, (n, None))
     check.array("moe_experts", "weights", weights, check.F32, (n, k))
     check.array("moe_experts", "out", out, check.F32, (n, h))
-    check.kernels(backend, "moe").moe_experts(x, gate_up, down, ids, weights, out)
+    check.kernels(backend, "moe").moe_experts(x, gate_up, down, ids, weights, out,
+                                              **check.scratch(backend, workspace=workspace))

@@ -8,7 +8,7 @@ from ninfer.ops._backend import backend_of
 
 def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
            frequency_penalty, seeds, counters, pen_offsets, pen_tokens, pen_counts, tokens_out,
-           logprobs_out, top_ids_out, top_logprobs_out) -> None:
+           logprobs_out, top_ids_out, top_logprobs_out, *, workspace=None) -> None:
     """Sample one token per row of logits f32[B, V] (see docs/ops.md for the exact order).
 
     Per-row parameters are arrays of length B: temperature, top_p, min_p, repetition/presence/
@@ -43,4 +43,5 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
         raise ValueError(f"sample: {t} top alternatives requested from a vocabulary of {v}")
     check.array("sample", "top_logprobs_out", top_logprobs_out, check.F32, (b, t),
                 check.Layout.ROWS)
-    check.kernels(backend, "sampling").sample(*args)
+    check.kernels(backend, "sampling").sample(*args,
+                                             **check.scratch(backend, scratch=workspace))

@@ -95,6 +95,7 @@ class Qwen35Forward:
     def __init__(self, cfg: Qwen35Config, params: Parameters, ws: Workspace, kv_pool, states,
                  xp=np, kernel_ws: KernelWorkspaces | None = None):
         self.kws = kernel_ws or KernelWorkspaces()
+        self.xp = xp
         self.cfg = cfg
         self.params = params
         self.ws = ws
@@ -203,8 +204,11 @@ class Qwen35Forward:
         attn = ws.attn_out[:n]
         ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos,
                             d ** -0.5, attn, **self.kws.kw(self.kws.attention))
-        ops.sigmoid_mul(attn, q_and_gate[:, :, d:], attn)
-        self._linear(attn.reshape(n, a * d), w.o_proj, out)
+        gate = ws.attn_gate[:n]
+        self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
+        flat = attn.reshape(n, a * d)
+        ops.sigmoid_mul(flat, gate.reshape(n, a * d), flat)
+        self._linear(flat, w.o_proj, out)
 
     # -- FFN -----------------------------------------------------------------------------------
     def _ffn(self, w: DenseMLPParams | MoEParams, x, out) -> None:
