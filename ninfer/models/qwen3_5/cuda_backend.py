@@ -83,8 +83,9 @@ class CudaBackend:
             self.prefill_rows = _DeviceRows.allocate(cp, prefill_chunk)
             self.decode_rows = _DeviceRows.allocate(cp, max_batch)
             self.decode_rows.seg_starts[...] = cp.arange(max_batch + 1, dtype=np.int32)
-            self.sampler_dev = {f: cp.zeros(max_batch, getattr(np, str(
-                getattr(SamplerInputs(1), f).dtype))) for f in _SAMPLER_FIELDS}
+            host_sampler = SamplerInputs(max_batch)
+            self.sampler_dev = {f: cp.zeros(max_batch, getattr(host_sampler, f).dtype)
+                                for f in _SAMPLER_FIELDS}
             self.pen_offsets = cp.zeros(max_batch + 1, np.int32)
             self.pen_capacity = max_batch * 4096
             self.pen_tokens = cp.zeros(self.pen_capacity, np.int32)
@@ -123,7 +124,7 @@ class CudaBackend:
                                                 self.states, xp=cp, kernel_ws=self.decode_kws)
         self.pages = PageAllocator(num_pages)
         self.step_inputs = StepInputs(prefill_chunk + max_batch, max_segments=max_batch + 1)
-        self.sampler_inputs = SamplerInputs(max_batch)
+        self.sampler_inputs = host_sampler
         self.graphs: dict[int, object] = {}
         self.use_graphs = True
 

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The lead's H200 session driver: `bash bench/device_session.sh tests|bench` (logs in $OUT).
+#   tests: every GPU kernel test file (one pytest process each, NINFER_CUDA_SYNC=1) then the
+#          model-level GPU tests (CUDA backend vs transformers on the GPU), ~7 min.
+#   bench: kernel microbenchmarks + whole-model decode/prefill at real shapes, with
+#          transformers side by side, ~9 min.
+set -u
+cd "$(dirname "$0")/.."
+MODE="${1:-tests}"
+OUT="${OUT:-$PWD/device_out}"
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH="$PWD"
+fi
+export NINFER_KERNEL_CACHE=/tmp/ninfer_kernels PYTHONUNBUFFERED=1
+T0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T0 )); }
+run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, one summary line
+  local name=$1 limit=$2; shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  local last
+  last=$(grep -E "passed|failed|error|rc=|tok/s|ratio" "$OUT/$name.log" | tail -2 | tr '\n' ' ')
+  echo "[$(elapsed)s] $name rc=$rc ${last}" | tee -a "$OUT/summary.txt"
+}
+nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
+if [ "$MODE" = tests ]; then
+  for f in test_cuda_loader test_cuda_basic test_cuda_linear test_cuda_attention test_cuda_gdn \
+           test_cuda_moe test_cuda_sampling test_cuda_graph; do
+    run "$f" 150 env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
+      --maxfail=5 -q -p no:cacheprovider -x
+  done
+  run model_gpu 240 python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
+    -p no:cacheprovider --maxfail=4
+else
+  run decode_9b 200 python3 -m bench.cli decode --shape 9b --batch 1,8 --hf --json "$OUT/decode_9b.json"
+  run decode_35b 200 python3 -m bench.cli decode --shape 35b-a3b --batch 1,8 --hf --json "$OUT/decode_35b.json"
+  run prefill_9b 150 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 --hf --json "$OUT/prefill_9b.json"
+  run kernels_9b 150 python3 -m bench.cli kernels --shape 9b --repeat 10 --json "$OUT/kernels_9b.json"
+fi
+echo "== done in $(elapsed)s"; cat "$OUT/summary.txt"
