@@ -16,7 +16,7 @@ from ninfer.serve import EngineOptions, LoadedModel, ModelHost, ServerConfig, cr
 from ninfer.serve.scripted import ScriptedProgram, load_scripts
 from ninfer.testing.fake_program import FakeProgram
 
-from server_scripts import script_file_text
+from .server_scripts import script_file_text
 
 VOCAB = 248320
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from server_process import ServerProcess
-from server_scripts import API_KEY, script_file_text
+from .server_process import ServerProcess
+from .server_scripts import API_KEY, script_file_text
 
 READY_TIMEOUT_S = 900  # a first run builds the demo model and compiles the Numba kernels
 

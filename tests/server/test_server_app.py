@@ -16,10 +16,11 @@ from ninfer.runtime.contract.output import TokenOutputSession
 from ninfer.serve import EngineOptions, LoadedModel, ModelHost, ServerConfig, create_app
 from ninfer.serve.jobs import JobLimits, chat_choices
 from ninfer.serve.params import CHAT_FIELDS, COMPLETION_FIELDS, parse_chat
-from app_harness import AppHarness
-from server_scripts import (
-    ANSWER, NAMED_ARGS, NAMED_TRIGGER, REASONING, REASONING_TRIGGER, SEARCH_TOOL, TOOL_CALLS,
-    TOOL_CONTENT, TOOL_TRIGGER, WEATHER_TOOL,
+
+from .app_harness import AppHarness
+from .server_scripts import (
+    ANSWER, NAMED_ARGS, NAMED_TRIGGER, REASONING, REASONING_TRIGGER, SEARCH_TOOL, STOP_TEXT,
+    STOP_TRIGGER, TOOL_CALLS, TOOL_CONTENT, TOOL_TRIGGER, WEATHER_TOOL,
 )
 
 USER = [{"role": "user", "content": "hello"}]
@@ -502,8 +503,6 @@ def test_sampling_defaults_overrides_and_seeds(harness, frontend):
 
 
 def test_ignore_eos_and_stop_token_ids(harness, tokenizer):
-    from server_scripts import STOP_TEXT, STOP_TRIGGER
-
     body = {"messages": [{"role": "user", "content": STOP_TRIGGER}], "max_tokens": 12}
     plain = harness.chat(body).json
     assert plain["choices"][0]["message"]["content"] == STOP_TEXT

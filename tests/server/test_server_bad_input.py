@@ -19,7 +19,7 @@ from schemathesis.specs.openapi.checks import (
     content_type_conformance, response_schema_conformance, status_code_conformance,
 )
 
-from server_scripts import API_KEY
+from .server_scripts import API_KEY
 
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.parse
 
-from server_process import ServerProcess
+from .server_process import ServerProcess
 
 
 def test_missing_artifact_is_refused_at_once(tmp_path):

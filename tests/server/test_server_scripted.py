@@ -12,7 +12,7 @@ import json
 import openai
 import pytest
 
-from server_scripts import (
+from .server_scripts import (
     ANSWER, API_KEY, NAMED_ARGS, NAMED_TRIGGER, REASONING, REASONING_TRIGGER, SEARCH_TOOL,
     STOP_TEXT, STOP_TRIGGER, TOOL_CALLS, TOOL_CONTENT, TOOL_TRIGGER, WEATHER_TOOL,
 )

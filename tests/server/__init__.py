@@ -1,0 +1,1 @@
+"""End-to-end and in-process tests of the HTTP server (ninfer/serve)."""
