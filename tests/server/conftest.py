@@ -3,8 +3,9 @@
 - `tokenizer`, `frontend`: the real Qwen3.5 tokenizer and frontend (for in-process tests and
   for building token scripts).
 - `demo_server`: ``ninfer serve --demo`` (the real CPU model), started once per session.
-- `scripted_server`: ``ninfer serve --demo --api-key KEY --scripted-program FILE``: the same
-  real model and server, with decode tokens replaced by scripts (see server_scripts.py) for
+- `scripted_server`: ``ninfer serve --demo --api-key KEY --scripted-program FILE``: the real
+  server, tokenizer, template and frontend, with the model's Program swapped for a FakeProgram
+  of the same limits that emits token scripts (see server_scripts.py); for the
   tool-call/reasoning tests, the API-key tests and the schema fuzz.
 
 Both use the demo model from the default cache (``$NINFER_CACHE_DIR`` or ``~/.cache/ninfer``),
