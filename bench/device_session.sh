@@ -37,9 +37,10 @@ if [ "$MODE" = tests ]; then
   run model_gpu 240 python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
     -p no:cacheprovider --maxfail=4
 else
+  run diag_prefill 150 python3 bench/diag_prefill.py
   run decode_9b 200 python3 -m bench.cli decode --shape 9b --batch 1,8 --hf --json "$OUT/decode_9b.json"
   run decode_35b 200 python3 -m bench.cli decode --shape 35b-a3b --batch 1,8 --hf --json "$OUT/decode_35b.json"
   run prefill_9b 150 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 --hf --json "$OUT/prefill_9b.json"
-  run kernels_9b 150 python3 -m bench.cli kernels --shape 9b --repeat 10 --json "$OUT/kernels_9b.json"
+  run kernels_9b 100 python3 -m bench.cli kernels --shape 9b --repeat 10 --json "$OUT/kernels_9b.json"
 fi
 echo "== done in $(elapsed)s"; cat "$OUT/summary.txt"
