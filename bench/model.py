@@ -143,6 +143,9 @@ def run_decode(shape: ModelShape, batches: list[int], context: int, repeat: int,
             backend.pages.free(pages)
     result = dict(shape=shape.name, context=context, capture_s=capture_s,
                   ceilings=dataclasses.asdict(ceilings), ours=rows)
+    backend.destroy_graphs()
+    del backend, params
+    cp.get_default_memory_pool().free_all_blocks()  # transformers needs the memory next
     if hf:
         result["transformers"] = _hf_decode(raw, arch, batches, context, repeat)
     _report(result, json_path, _decode_table)
@@ -184,6 +187,8 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
                   ceilings=dataclasses.asdict(ceilings),
                   ours=[dict(ms=ms, tokens_per_s=tokens / (ms / 1e3), flops=flops,
                              floor_ms=floor_ms, matmul_ratio=floor_ms / ms)])
+    del backend, params
+    cp.get_default_memory_pool().free_all_blocks()
     if hf:
         result["transformers"] = _hf_prefill(raw, arch, tokens)
     _report(result, json_path, _prefill_table)

@@ -102,8 +102,9 @@ _modules: dict[tuple[Backend, str], ModuleType] = {}
 
 
 def scratch(backend: Backend, **buffers) -> dict:
-    """Keyword arguments passing preallocated scratch to a CUDA kernel (dropped on the CPU,
-    whose kernels need none, and when None). Graph capture needs them: CUDA launchers allocate
+    """Keyword arguments passing preallocated scratch (and CUDA-only switches such as
+    `batch_invariant`; the CPU kernels always are) to a CUDA kernel, dropped on the CPU and when
+    None. Graph capture needs them: CUDA launchers allocate
     their scratch when none is given, and allocation cannot be captured."""
     if backend is not Backend.CUDA:
         return {}

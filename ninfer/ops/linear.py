@@ -10,7 +10,7 @@ def supports(weight_dtype: DType) -> bool:
     return weight_dtype in check.WEIGHT_DTYPES
 
 
-def linear(x, weight, out, *, workspace=None) -> None:
+def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out[N, M] = x[N, K] @ weight[M, K]^T.
 
     x: f32, rows strided (last axis contiguous); weight: Weight (f32 or bf16), C-contiguous;
@@ -22,4 +22,5 @@ def linear(x, weight, out, *, workspace=None) -> None:
     m, _ = check.weight("linear", "weight", weight, (None, k))
     check.array("linear", "out", out, check.F32, (n, m))
     check.kernels(backend, "linear").linear(x, weight, out,
-                                            **check.scratch(backend, workspace=workspace))
+                                            **check.scratch(backend, workspace=workspace,
+                                                          batch_invariant=batch_invariant or None))

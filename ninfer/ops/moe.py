@@ -22,7 +22,8 @@ def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
     check.kernels(backend, "moe").moe_route(logits, top_k, weights_out, ids_out)
 
 
-def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None) -> None:
+def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
+                batch_invariant: bool = False) -> None:
     """out[n] = sum_k weights[n, k] * down[e] @ (silu(g) * u), [g | u] = gate_up[e] @ x[n],
     e = ids[n, k], terms added in ascending expert id. x: f32[N, H]; gate_up: Weight[E, 2Im, H];
     down: Weight[E, H, Im]; ids: i32[N, K]; weights: f32[N, K]; out: f32[N, H] (overwritten)."""
@@ -36,4 +37,5 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None) -> None:
     check.array("moe_experts", "weights", weights, check.F32, (n, k))
     check.array("moe_experts", "out", out, check.F32, (n, h))
     check.kernels(backend, "moe").moe_experts(x, gate_up, down, ids, weights, out,
-                                              **check.scratch(backend, workspace=workspace))
+                                              **check.scratch(backend, workspace=workspace,
+                                                             batch_invariant=batch_invariant or None))

@@ -60,7 +60,8 @@ class _DeviceRows:
 class CudaBackend:
     def __init__(self, cfg: Qwen35Config, params: Parameters, device, *, num_pages: int,
                  page_size: int, num_slots: int, max_batch: int, prefill_chunk: int,
-                 max_context_len: int, kv_dtype: DType = DType.BFLOAT16):
+                 max_context_len: int, kv_dtype: DType = DType.BFLOAT16,
+                 batch_invariant_prefill: bool = False):
         import cupy as cp
 
         from ninfer.kernels_cuda.attention import AttentionWorkspace
@@ -115,7 +116,7 @@ class CudaBackend:
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
-                chunked_gdn_prefill=True)
+                chunked_gdn_prefill=True, batch_invariant=batch_invariant_prefill)
             self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,

@@ -43,7 +43,7 @@ def _backend(cfg, params, device, opts, plan: CapacityPlan, num_pages: int, kv_d
     return CudaBackend(cfg, params, device, num_pages=num_pages, page_size=plan.page_size,
                        num_slots=plan.num_slots, max_batch=opts.max_concurrency,
                        prefill_chunk=opts.prefill_chunk, max_context_len=plan.max_context_len,
-                       kv_dtype=kv_dtype)
+                       kv_dtype=kv_dtype, batch_invariant_prefill=opts.batch_invariant_prefill)
 
 
 def start_cuda_backend(cfg: Qwen35Config, opts: ProgramOptions,
@@ -58,11 +58,13 @@ def start_cuda_backend(cfg: Qwen35Config, opts: ProgramOptions,
     from ninfer.core.cuda.device import DeviceContext
 
     device = DeviceContext(0)
-    kv_dtype = DType.BFLOAT16
-    base = plan_capacity(cfg, dataclasses.replace(opts, num_pages=1), kv_dtype)
     with device.activate():
         start = memory.snapshot("start")
         params = bind(lambda host: cp.asarray(host))
+    # KV in the model's dtype (as transformers keeps it): fp32 models get fp32 pages
+    kv_dtype = DType.FLOAT32 if params.embed.dtype is DType.FLOAT32 else DType.BFLOAT16
+    base = plan_capacity(cfg, dataclasses.replace(opts, num_pages=1), kv_dtype)
+    with device.activate():
         after_weights = memory.snapshot("weights")
         calib = _backend(cfg, params, device, opts, base, 2 * opts.max_concurrency, kv_dtype)
         before_graphs = memory.snapshot("workspace")

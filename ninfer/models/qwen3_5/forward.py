@@ -67,6 +67,7 @@ class KernelWorkspaces:
     sample_scratch: object = None
     fused_gdn_decode: bool = False
     chunked_gdn_prefill: bool = False
+    batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
 
     def kw(self, value) -> dict:
         return {} if value is None else {"workspace": value}
@@ -131,7 +132,8 @@ class Qwen35Forward:
         return logits
 
     def _linear(self, x, weight, out) -> None:
-        ops.linear(x, weight, out, **self.kws.kw(self.kws.linear_bf16))
+        ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant,
+                   **self.kws.kw(self.kws.linear_bf16))
 
     def _mixer(self, i: int, layer: LayerParams, x, out, ctx: StepContext) -> None:
         if layer.kind is LayerType.LINEAR_ATTENTION:
@@ -233,7 +235,7 @@ class Qwen35Forward:
         weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
         ops.moe_route(logits, self.cfg.num_experts_per_tok, weights, ids)
         ops.moe_experts(x, w.experts_gate_up, w.experts_down, ids, weights, out,
-                        **self.kws.kw(self.kws.moe))
+                        batch_invariant=self.kws.batch_invariant, **self.kws.kw(self.kws.moe))
         shared = ws.shared_out[:n]
         self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
         gate = ws.shared_gate_logit[:n]

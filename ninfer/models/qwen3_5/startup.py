@@ -37,6 +37,10 @@ class ProgramOptions:
     kv_memory_mib: int | None = None
     host_snapshot_mib: int | None = None
     num_slots: int | None = None  # None: max_concurrency (+1 for a protected resume)
+    # CUDA: prefill GEMMs whose per-row results do not depend on the chunk's row count (our
+    # GEMV kernels instead of cuBLAS): chunked and whole prefill then give identical tokens,
+    # at a prefill-speed cost. The CPU backend is always batch invariant.
+    batch_invariant_prefill: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_concurrency <= 8:
