@@ -30,8 +30,12 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, one summary line
   echo "[$(elapsed)s] $name rc=$rc ${last}" | tee -a "$OUT/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
-if [ "$MODE" = final ]; then
-  run model_gpu 300 python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
+if [ "$MODE" = oracle ]; then
+  run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
+    -p no:cacheprovider --maxfail=6
+elif [ "$MODE" = final ]; then
+  # without the FLA wheels: transformers then uses its fp32 torch GDN path (an exact oracle)
+  run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
     -p no:cacheprovider --maxfail=6
   run decode_35b 150 python3 -m bench.cli decode --shape 35b-a3b --batch 1,8 --hf --json "$OUT/decode_35b.json"
   run prefill_9b 150 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 --hf --json "$OUT/prefill_9b.json"

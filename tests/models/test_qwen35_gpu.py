@@ -13,6 +13,17 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def exact_reference():
+    """transformers as an fp32 oracle: no TF32 in its matmuls and (cuDNN) convolutions. The
+    device session runs these tests without flash-linear-attention, whose Triton kernels compute
+    in TF32/bf16; transformers then uses its fp32 torch implementations of the GDN layers."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def gpu_program(case, **opts):
     return open_program(case, device="cuda", **opts)
 
