@@ -72,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _model_bench(args) -> int:
     try:
         shape = resolve(args.shape)
@@ -87,7 +92,10 @@ def _model_bench(args) -> int:
             raise ValueError("--tokens and --chunk must be >= 1")
         return model.run_prefill(shape, args.tokens, args.chunk, args.repeat, args.hf, args.json)
     except (ValueError, OSError, ImportError) as exc:
-        print(f"ninfer-bench: error: {exc}", file=sys.stderr)
+        print(f"ninfer-bench: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # e.g. no CUDA device: one line, not a traceback
+        print(f"ninfer-bench: error: {type(exc).__name__}: {_one_line(exc)}", file=sys.stderr)
         return 2
 
 

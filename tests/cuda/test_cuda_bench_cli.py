@@ -5,6 +5,7 @@ import pytest
 
 from bench import cli
 from bench.shapes import SHAPES, resolve
+from tests.conftest import gpu_available
 
 
 def test_shapes_match_the_spec_table():
@@ -26,10 +27,28 @@ def test_unknown_shape_is_one_line_error(capsys):
     assert err.count("\n") == 1 and "unknown shape" in err
 
 
-@pytest.mark.parametrize("command", ["decode", "prefill", "serve-sim"])
-def test_whole_model_hooks_are_not_implemented_yet(capsys, command):
-    assert cli.main([command, "--shape", "9b"]) == 2
+def test_serve_sim_is_not_implemented_yet(capsys):
+    assert cli.main(["serve-sim"]) == 2
     assert "not implemented yet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["decode", "--shape", "9b", "--batch", "0"], "1..8"),
+    (["decode", "--shape", "nope"], "unknown shape"),
+    (["prefill", "--shape", "9b", "--tokens", "0"], ">= 1"),
+])
+def test_whole_model_benchmarks_reject_bad_arguments(capsys, argv, message):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the no-GPU error path")
+@pytest.mark.parametrize("command", ["decode", "prefill"])
+def test_whole_model_benchmarks_without_a_gpu_fail_in_one_line(capsys, command):
+    assert cli.main([command, "--shape", "0.8b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ninfer-bench: error:")
 
 
 def test_unknown_op_is_rejected():

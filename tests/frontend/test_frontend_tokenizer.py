@@ -122,3 +122,9 @@ def test_numpy_ids_are_accepted(tokenizer):
     ids = np.asarray(tokenizer.encode("numpy ids"), dtype=np.int64)
     assert tokenizer.decode(ids) == "numpy ids"
     assert tokenizer.token_bytes(np.int32(ids[0])) == tokenizer.token_bytes(int(ids[0]))
+
+
+@pytest.mark.parametrize("text", ["\ud800", "ok \udfff then"])
+def test_lone_surrogates_are_invalid_input(tokenizer, text):
+    with pytest.raises(InvalidInput, match="not valid Unicode"):
+        tokenizer.encode(text)

@@ -13,9 +13,20 @@ The sampler's numeric contract (shared by the CPU and CUDA samplers, see docs/op
 from __future__ import annotations
 
 import dataclasses
+import math
 import secrets
 
+import numpy as np
+
 from ninfer.errors import InvalidInput
+
+INT32_MAX = 2**31 - 1
+
+
+def _f32_positive(x: float) -> bool:
+    """x survives the samplers' float32 conversion as a finite, strictly positive number."""
+    with np.errstate(over="ignore", under="ignore"):
+        return math.isfinite(x) and 0.0 < float(np.float32(x)) < math.inf
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,11 +44,15 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         checks = [
-            (self.temperature >= 0.0, "temperature", "must be >= 0"),
-            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k >= 0, "top_k", "must be >= 0 (0 disables it)"),
+            (math.isfinite(self.temperature) and self.temperature >= 0.0
+             and (self.temperature == 0.0 or _f32_positive(self.temperature)),
+             "temperature", "must be 0 (greedy) or a positive finite float32"),
+            (self.top_p <= 1.0 and _f32_positive(self.top_p), "top_p",
+             "must be in (0, 1] and representable in float32"),
+            (0 <= self.top_k <= INT32_MAX, "top_k", "must be in [0, 2**31) (0 disables it)"),
             (0.0 <= self.min_p <= 1.0, "min_p", "must be in [0, 1]"),
-            (self.repetition_penalty > 0.0, "repetition_penalty", "must be > 0"),
+            (_f32_positive(self.repetition_penalty), "repetition_penalty",
+             "must be a positive finite float32"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (0 <= self.top_logprobs <= 20, "top_logprobs", "must be in [0, 20]"),

@@ -120,6 +120,11 @@ class QwenTokenizer:
     def encode(self, text: str) -> list[int]:
         if not isinstance(text, str):
             raise InvalidInput(f"text must be a string, got {type(text).__name__}", param="text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates cannot be tokenized
+            raise InvalidInput(f"text is not valid Unicode (position {exc.start}: "
+                               f"{exc.reason})", param="text") from None
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def check_ids(self, ids: Iterable[int], *, param: str = "token_ids") -> list[int]:
