@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--hf", action="store_true", help="also time transformers on the shape")
     p.add_argument("--json", metavar="OUT")
+    c = sub.add_parser("cpu", help="whole-model decode/prefill on the CPU backend")
+    c.add_argument("--model", default="demo", choices=("demo", "0.8b"))
+    c.add_argument("--prompt", type=int, default=256, help="prompt tokens to prefill")
+    c.add_argument("--decode", type=int, default=32, help="decode steps to time")
+    c.add_argument("--json", metavar="OUT")
     sub.add_parser("serve-sim", help="simulated serving load [not implemented yet]")
     return parser
 
@@ -48,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "kernels" and extra:
         print(f"ninfer-bench: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
         return 2
+    if args.command == "cpu":
+        if extra or args.prompt < 1 or args.decode < 1:
+            print("ninfer-bench: error: cpu takes --prompt >= 1 and --decode >= 1",
+                  file=sys.stderr)
+            return 2
+        from bench.cpu_model import run_cpu
+
+        return run_cpu(args.model, args.prompt, args.decode, args.json)
     if args.command in ("decode", "prefill"):
         if extra:
             print(f"ninfer-bench: error: unrecognized arguments: {' '.join(extra)}",

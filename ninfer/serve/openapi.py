@@ -33,8 +33,11 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _errors(*statuses: int) -> dict[str, Any]:
-    return {str(s): {"description": _ERROR_TEXT[s], "content": _json(schemas.ERROR)}
-            for s in statuses}
+    out = {str(s): {"description": _ERROR_TEXT[s], "content": _json(schemas.ERROR)}
+           for s in statuses}
+    if "413" in out:  # bodies over twice the limit are refused by waitress itself, in text
+        out["413"]["content"]["text/plain"] = {"schema": {"type": "string"}}
+    return out
 
 
 def _generation(summary: str, fields, extra: dict, success: dict,
