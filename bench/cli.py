@@ -44,7 +44,12 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--prompt", type=int, default=256, help="prompt tokens to prefill")
     c.add_argument("--decode", type=int, default=32, help="decode steps to time")
     c.add_argument("--json", metavar="OUT")
-    sub.add_parser("serve-sim", help="simulated serving load [not implemented yet]")
+    v = sub.add_parser("serve-sim", help="simulated serving through the Engine on the GPU")
+    v.add_argument("--shape", default="qwen3.5-9b")
+    v.add_argument("--concurrency", default="1,4,8", help="comma-separated levels in 1..8")
+    v.add_argument("--prompt", type=int, default=1024)
+    v.add_argument("--output", type=int, default=256)
+    v.add_argument("--json", metavar="OUT")
     return parser
 
 
@@ -61,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.cpu_model import run_cpu
 
         return run_cpu(args.model, args.prompt, args.decode, args.json)
-    if args.command in ("decode", "prefill"):
+    if args.command in ("decode", "prefill", "serve-sim"):
         if extra:
             print(f"ninfer-bench: error: unrecognized arguments: {' '.join(extra)}",
                   file=sys.stderr)
@@ -95,6 +100,15 @@ def _model_bench(args) -> int:
         shape = resolve(args.shape)
         from bench import model
 
+        if args.command == "serve-sim":
+            levels = [int(c) for c in args.concurrency.split(",") if c.strip()]
+            if not levels or min(levels) < 1 or max(levels) > 8:
+                raise ValueError("--concurrency takes levels in 1..8")
+            if args.prompt < 1 or args.output < 2:
+                raise ValueError("--prompt must be >= 1 and --output >= 2")
+            from bench.serve_sim import run_serve_sim
+
+            return run_serve_sim(shape, levels, args.prompt, args.output, args.json)
         if args.command == "decode":
             batches = [int(b) for b in args.batch.split(",") if b.strip()]
             if not batches or min(batches) < 1 or max(batches) > 8:

@@ -27,15 +27,12 @@ def test_unknown_shape_is_one_line_error(capsys):
     assert err.count("\n") == 1 and "unknown shape" in err
 
 
-def test_serve_sim_is_not_implemented_yet(capsys):
-    assert cli.main(["serve-sim"]) == 2
-    assert "not implemented yet" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize("argv, message", [
     (["decode", "--shape", "9b", "--batch", "0"], "1..8"),
     (["decode", "--shape", "nope"], "unknown shape"),
     (["prefill", "--shape", "9b", "--tokens", "0"], ">= 1"),
+    (["serve-sim", "--concurrency", "9"], "1..8"),
+    (["serve-sim", "--output", "1"], "--output"),
 ])
 def test_whole_model_benchmarks_reject_bad_arguments(capsys, argv, message):
     assert cli.main(argv) == 2
@@ -44,7 +41,7 @@ def test_whole_model_benchmarks_reject_bad_arguments(capsys, argv, message):
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the no-GPU error path")
-@pytest.mark.parametrize("command", ["decode", "prefill"])
+@pytest.mark.parametrize("command", ["decode", "prefill", "serve-sim"])
 def test_whole_model_benchmarks_without_a_gpu_fail_in_one_line(capsys, command):
     assert cli.main([command, "--shape", "0.8b"]) == 2
     err = capsys.readouterr().err
