@@ -67,7 +67,7 @@ def run_serve_sim(shape, concurrencies: list[int], prompt: int, output: int,
         handles = [engine.submit(r) for r in reqs]
         results = [h.wait() for h in handles]
         wall = time.perf_counter() - t0
-        steps = engine.metrics_snapshot()["steps"]
+        steps = engine.metrics_snapshot()["counters"]["steps"]
         engine.shutdown()
         tpot = [(r.timings.total_s - r.timings.ttft_s) / max(1, r.completion_tokens - 1)
                 for r in results]
