@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from bench.harness import BenchContext, Ceilings, measure_ceilings, median
+from bench.harness import BenchContext, measure_ceilings, median
 from bench.shapes import ModelShape
 
 
@@ -144,7 +144,7 @@ def run_decode(shape: ModelShape, batches: list[int], context: int, repeat: int,
     result = dict(shape=shape.name, context=context, capture_s=capture_s,
                   ceilings=dataclasses.asdict(ceilings), ours=rows)
     backend.destroy_graphs()
-    del backend, params
+    backend = params = None  # drop our model before the transformers peer loads
     cp.get_default_memory_pool().free_all_blocks()  # transformers needs the memory next
     if hf:
         result["transformers"] = _hf_decode(raw, arch, batches, context, repeat)
@@ -187,7 +187,7 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
                   ceilings=dataclasses.asdict(ceilings),
                   ours=[dict(ms=ms, tokens_per_s=tokens / (ms / 1e3), flops=flops,
                              floor_ms=floor_ms, matmul_ratio=floor_ms / ms)])
-    del backend, params
+    backend = params = None  # drop our model before the transformers peer loads
     cp.get_default_memory_pool().free_all_blocks()
     if hf:
         result["transformers"] = _hf_prefill(raw, arch, tokens)

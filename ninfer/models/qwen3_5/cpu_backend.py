@@ -14,6 +14,7 @@ from ninfer.core.state_image import GdnStateShape, StateImageLayout, StateImageS
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.forward import Qwen35Forward, StepContext
 from ninfer.models.qwen3_5.parameters import Parameters
+from ninfer.models.qwen3_5.stores import BackendStores
 from ninfer.models.qwen3_5.sampler_inputs import SamplerInputs
 from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
 
@@ -26,7 +27,7 @@ def state_image_layout(cfg: Qwen35Config) -> StateImageLayout:
     return StateImageLayout.uniform(len(cfg.linear_attention_layers), shape)
 
 
-class CpuBackend:
+class CpuBackend(BackendStores):
     def __init__(self, cfg: Qwen35Config, params: Parameters, *, num_pages: int, page_size: int,
                  num_slots: int, max_batch: int, prefill_chunk: int, max_context_len: int,
                  kv_dtype: DType = DType.FLOAT32):
@@ -45,18 +46,6 @@ class CpuBackend:
         self.forward = Qwen35Forward(cfg, params, self.workspace, self.kv, self.states, xp=np)
 
     # -- slots and pages -------------------------------------------------------------------
-    def slots_free(self) -> int:
-        return self.states.num_free
-
-    def allocate_slot(self) -> int:
-        slot = self.states.allocate()
-        if slot is None:
-            raise RuntimeError("no free StateImage slot (checked before allocating)")
-        return slot
-
-    def free_slot(self, slot: int) -> None:
-        self.states.free(slot)
-
     def zero_state(self, slot: int) -> None:
         self.states.zero(slot)
 
@@ -64,13 +53,6 @@ class CpuBackend:
         self.block_tables[slot, : len(pages)] = pages
 
     # -- snapshots -------------------------------------------------------------------------
-    def snapshot_bytes(self, frontier: int) -> int:
-        kv = self.kv
-        pages = -(-frontier // kv.page_size)
-        per_page = PagedKVPool.bytes_per_page(kv.num_layers, kv.num_kv_heads, kv.page_size,
-                                              kv.head_dim, kv.dtype)
-        return self.states.layout.image_bytes + pages * per_page
-
     def copy_out_state(self, slot: int) -> np.ndarray:
         return self.states.copy_out(slot)
 

@@ -22,6 +22,7 @@ from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.cpu_backend import state_image_layout
 from ninfer.models.qwen3_5.forward import KernelWorkspaces, Qwen35Forward, StepContext
 from ninfer.models.qwen3_5.parameters import Parameters
+from ninfer.models.qwen3_5.stores import BackendStores
 from ninfer.models.qwen3_5.sampler_inputs import MAX_TOP_LOGPROBS, SamplerInputs
 from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
 
@@ -57,7 +58,7 @@ class _DeviceRows:
                            logit_rows=logit_rows)
 
 
-class CudaBackend:
+class CudaBackend(BackendStores):
     def __init__(self, cfg: Qwen35Config, params: Parameters, device, *, num_pages: int,
                  page_size: int, num_slots: int, max_batch: int, prefill_chunk: int,
                  max_context_len: int, kv_dtype: DType = DType.BFLOAT16,
@@ -130,18 +131,6 @@ class CudaBackend:
         self.use_graphs = True
 
     # -- slots and pages -------------------------------------------------------------------
-    def slots_free(self) -> int:
-        return self.states.num_free
-
-    def allocate_slot(self) -> int:
-        slot = self.states.allocate()
-        if slot is None:
-            raise RuntimeError("no free StateImage slot (checked before allocating)")
-        return slot
-
-    def free_slot(self, slot: int) -> None:
-        self.states.free(slot)
-
     def zero_state(self, slot: int) -> None:
         with self.device.activate():
             self.states.zero(slot)
@@ -152,12 +141,6 @@ class CudaBackend:
                                                       stream=self.device.stream)
 
     # -- snapshots (host copies) -----------------------------------------------------------
-    def snapshot_bytes(self, frontier: int) -> int:
-        kv = self.kv
-        pages = -(-frontier // kv.page_size)
-        return self.states.layout.image_bytes + pages * PagedKVPool.bytes_per_page(
-            kv.num_layers, kv.num_kv_heads, kv.page_size, kv.head_dim, kv.dtype)
-
     def copy_out_state(self, slot: int) -> np.ndarray:
         with self.device.activate():
             return self.cp.asnumpy(self.states.data[slot], stream=self.device.stream)
