@@ -42,7 +42,7 @@ def _program(model: str, context: int):
 
 
 def run_cpu(model: str, prompt_len: int, decode: int, json_path: str | None) -> int:
-    from ninfer.models.qwen3_5.parameters import _all_weights
+    from ninfer.models.qwen3_5.parameters import all_weights
     from ninfer.runtime.contract import PrefillChunk, RowDecision, SamplingParams, StepPlan
 
     cfg, params, program = _program(model, prompt_len + decode + 8)
@@ -66,7 +66,7 @@ def run_cpu(model: str, prompt_len: int, decode: int, json_path: str | None) -> 
     prefill_s, decode_s = one_run()
     # every weight once per step; the embedding table is gathered (one row), not streamed
     # (a tied lm_head appears twice in the list and is streamed once)
-    weight_bytes = sum(w.nbytes for w in _all_weights(params)) - params.embed.nbytes
+    weight_bytes = sum(w.nbytes for w in all_weights(params)) - params.embed.nbytes
     step_s = decode_s / decode
     result = dict(model=model, prompt=prompt_len, decode=decode,
                   prefill_tokens_per_s=prompt_len / prefill_s, decode_ms=step_s * 1e3,

@@ -54,11 +54,11 @@ def shape_config(shape: ModelShape, max_context: int):
 
 def _weight_bytes(params, cfg, batch: int) -> float:
     """Weight bytes one decode step of `batch` rows streams (MoE: expected distinct experts)."""
-    from ninfer.models.qwen3_5.parameters import MoEParams, _all_weights
+    from ninfer.models.qwen3_5.parameters import MoEParams, all_weights
 
     total = 0.0
     for layer in params.layers:
-        for w in _all_weights(layer):
+        for w in all_weights(layer):
             total += w.nbytes
         if isinstance(layer.ffn, MoEParams):
             e, k = cfg.num_experts, cfg.num_experts_per_tok
@@ -196,11 +196,11 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
 
 
 def _prefill_flops(params, cfg, tokens: int) -> float:
-    from ninfer.models.qwen3_5.parameters import MoEParams, _all_weights
+    from ninfer.models.qwen3_5.parameters import MoEParams, all_weights
 
     dense = 0.0
     for layer in params.layers:
-        n = sum(w.data.size for w in _all_weights(layer))
+        n = sum(w.data.size for w in all_weights(layer))
         if isinstance(layer.ffn, MoEParams):
             routed = layer.ffn.experts_gate_up.data.size + layer.ffn.experts_down.data.size
             n -= routed * (1 - cfg.num_experts_per_tok / cfg.num_experts)

@@ -73,25 +73,18 @@ class Parameters:
     final_norm: Weight  # [H] zero-centred
     lm_head: Weight  # [V, H] (the embedding object itself when tied)
 
-    @property
-    def nbytes(self) -> int:
-        seen: dict[int, int] = {}
-        for w in _all_weights(self):
-            base = w.data.base if getattr(w.data, "base", None) is not None else w.data
-            seen[id(base)] = max(seen.get(id(base), 0), w.nbytes)
-        return sum(seen.values())
 
-
-def _all_weights(obj) -> list[Weight]:
+def all_weights(obj) -> list[Weight]:
+    """Every Weight inside a parameter dataclass (shared objects appear once per binding)."""
     if isinstance(obj, Weight):
         return [obj]
     if dataclasses.is_dataclass(obj):
         out: list[Weight] = []
         for f in dataclasses.fields(obj):
-            out.extend(_all_weights(getattr(obj, f.name)))
+            out.extend(all_weights(getattr(obj, f.name)))
         return out
     if isinstance(obj, tuple):
-        return [w for item in obj for w in _all_weights(item)]
+        return [w for item in obj for w in all_weights(item)]
     return []
 
 

@@ -51,8 +51,8 @@ class Qwen35Program:
         )
 
     # -- sequences ---------------------------------------------------------------------------
-    def open_sequence(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> SequenceId:
-        ids = [int(t) for t in prompt_ids]
+    def _checked_ids(self, token_ids: Sequence[int], max_len: int, why: str) -> list[int]:
+        ids = [int(t) for t in token_ids]
         if not ids:
             raise InvalidInput("the prompt is empty", param="prompt")
         vocab = self._limits.vocab_size
@@ -60,11 +60,14 @@ class Qwen35Program:
         if bad:
             raise InvalidInput(f"token id {bad[0]} is outside the vocabulary [0, {vocab})",
                                param="prompt")
-        if len(ids) >= self._limits.max_context_len:
-            raise InvalidInput(
-                f"the prompt has {len(ids)} tokens; the context limit is "
-                f"{self._limits.max_context_len} (prompt + at least one output token)",
-                param="prompt")
+        if len(ids) > max_len:
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; the context limit is "
+                               f"{self._limits.max_context_len}{why}", param="prompt")
+        return ids
+
+    def open_sequence(self, prompt_ids: Sequence[int], sampling: SamplingParams) -> SequenceId:
+        ids = self._checked_ids(prompt_ids, self._limits.max_context_len - 1,
+                                " (prompt + at least one output token)")
         if sampling.seed is None:
             raise ProgramMisuse("open_sequence needs a sampling seed (SamplingParams.with_seed())")
         seq_id = next(self._ids)
@@ -235,13 +238,14 @@ class Qwen35Program:
         Runs on a temporary sequence in prefill-chunk pieces; needs a free slot and pages for T
         tokens, and frees them afterwards.
         """
-        rec = self._rec(self.open_sequence(list(token_ids) + [0], SamplingParams(seed=0)))
+        ids = self._checked_ids(token_ids, self._limits.max_context_len, "")
+        rec = SequenceRecord(next(self._ids), ids, len(ids), SamplingParams(seed=0))
         try:
-            if not self._hold(rec, len(token_ids)):
+            if not self._hold(rec, len(ids)):
                 raise ProgramMisuse("not enough free slots/pages to score this prompt now")
-            return self.backend.score(rec.slot, list(token_ids), self._limits.prefill_chunk)
+            return self.backend.score(rec.slot, ids, self._limits.prefill_chunk)
         finally:
-            self.release(rec.seq_id)
+            self._drop_resources(rec)
 
     # -- pause / resume --------------------------------------------------------------------
     def pause(self, seq: SequenceId, prefer: ResumeKind) -> ResumeState:

@@ -106,6 +106,7 @@ class StepInputs:
         self.row_slot = np.zeros(max_rows, np.int32)
         self.row_pos = np.zeros(max_rows, np.int32)
         self._positions_packed = np.zeros(3 * max_rows, np.int32)
+        self._offsets = np.arange(max_rows, dtype=np.int32)
         self.seg_starts = np.zeros(max_segments + 1, np.int32)
         self.seg_slots = np.zeros(max_segments, np.int32)
         self.num_rows = 0
@@ -127,10 +128,9 @@ class StepInputs:
         n0, count = self.num_rows, len(token_ids)
         n1 = n0 + count
         self.ids[n0:n1] = token_ids
-        pos = np.arange(start_pos, start_pos + count, dtype=np.int32)
-        self.positions[:, n0:n1] = pos  # text: t = h = w = position
+        np.add(self._offsets[:count], start_pos, out=self.row_pos[n0:n1])
+        self.positions[:, n0:n1] = self.row_pos[n0:n1]  # text: t = h = w = position
         self.row_slot[n0:n1] = slot
-        self.row_pos[n0:n1] = pos
         g = self.num_segments
         self.seg_starts[g] = n0
         self.seg_starts[g + 1] = n1
