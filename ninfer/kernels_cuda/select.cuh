@@ -55,28 +55,21 @@ struct SampleShared {
   int fallback;
 };
 
-__device__ double block_sum_f64(double v, double* red) {
+// Block-wide sum (every thread gets the total), fixed order: lanes, then warps in order.
+template <typename T>
+__device__ T block_sum_t(T v, T* red) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   __syncthreads();
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  double t = 0.0;
+  T t = 0;
   for (int w = 0; w < S_THREADS / 32; ++w) t += red[w];
   return t;
 }
-__device__ int block_sum_i32(int v, int* red) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  int t = 0;
-  for (int w = 0; w < S_THREADS / 32; ++w) t += red[w];
-  return t;
-}
+__device__ double block_sum_f64(double v, double* red) { return block_sum_t<double>(v, red); }
+__device__ int block_sum_i32(int v, int* red) { return block_sum_t<int>(v, red); }
 // Exclusive prefix sum of one int per thread, in thread order.
 __device__ int block_exclusive_scan(int v, int* scan) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
