@@ -30,7 +30,24 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, one summary line
   echo "[$(elapsed)s] $name rc=$rc ${last}" | tee -a "$OUT/summary.txt"
 }
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
-if [ "$MODE" = oracle ]; then
+if [ "$MODE" = dev ]; then
+  # dev: the kernel test files named in $TESTS (default: all), the exact model oracle, then the
+  # decode benchmarks of $SHAPES (default 9b 35b-a3b) and an ncu breakdown of the 9B B=1 step.
+  for f in ${TESTS:-test_cuda_loader test_cuda_basic test_cuda_linear test_cuda_attention test_cuda_gdn test_cuda_moe test_cuda_sampling test_cuda_graph}; do
+    run "$f" 200 env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
+      --maxfail=5 -q -p no:cacheprovider
+  done
+  run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
+    -p no:cacheprovider --maxfail=6
+  for s in ${SHAPES:-9b 35b-a3b}; do
+    run "decode_$s" 200 python3 -m bench.cli decode --shape "$s" --batch 1,8 --json "$OUT/decode_$s.json"
+  done
+  if [ -n "${PROFILE:-}" ]; then
+    run profile 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+      --csv python3 bench/profile_decode.py --shape 9b --batch 1,8
+    python3 bench/profile_decode.py --summarize "$OUT/profile.log" > "$OUT/profile_summary.txt" 2>&1
+  fi
+elif [ "$MODE" = oracle ]; then
   run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
     -p no:cacheprovider --maxfail=6
 elif [ "$MODE" = final ]; then

@@ -9,9 +9,17 @@
 // ALIGNED=1 needs K % 8 == 0 and 16-byte aligned rows of w and x (16-byte vector loads);
 // ALIGNED=0 reads the same 8-element units with scalar, bounds-checked loads (same order).
 //
+// linear_mma_kernel (bf16 weights, 16-byte aligned rows of w and x): the tensor-core variant of
+// the same contract (mma_gemv.cuh: x split into bf16 hi + lo terms, f32 accumulation). Grid
+// (ceil(M / 16), ceil(N / 8)); block = `splits` warps, warp s reducing the s-th of `splits`
+// ranges of K (whole 32-element steps, the split chosen from K alone); partials summed in split
+// order. Each output element's arithmetic is independent of N (batch invariance). Streams the
+// weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
+//
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
 #include "gemv.cuh"
+#include "mma_gemv.cuh"
 
 struct GemvParams {
   const void* w;
@@ -50,6 +58,37 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
     const int r = t / NT, n = t % NT;
     if (m0 + r < p.m && n0 + n < p.n)
       p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = gemv_sum_splits<R, NT>(red, p.splits, r, n);
+  }
+}
+
+#define MMA_U 4
+__global__ void __launch_bounds__(256) linear_mma_kernel(const GemvParams p) {
+  __shared__ float red[8][16][8];  // [split][row in tile][n in tile]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int m0 = blockIdx.x * 16, n0 = blockIdx.y * 8;
+  const int steps = (p.k + 31) >> 5;
+  const int per = (steps + p.splits - 1) / p.splits;
+  const int k_begin = min(p.k, warp * per * 32);
+  const int k_end = min(p.k, k_begin + per * 32);
+  const bf16raw* w = static_cast<const bf16raw*>(p.w);
+  const bf16raw* wrow0 = m0 + g < p.m ? w + (i64)(m0 + g) * p.w_rs : nullptr;
+  const bf16raw* wrow1 = m0 + g + 8 < p.m ? w + (i64)(m0 + g + 8) * p.w_rs : nullptr;
+  const float* xrow = n0 + g < p.n ? p.x + (i64)(n0 + g) * p.x_rs : nullptr;
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
+  red[warp][g][2 * t] = c[0];
+  red[warp][g][2 * t + 1] = c[1];
+  red[warp][g + 8][2 * t] = c[2];
+  red[warp][g + 8][2 * t + 1] = c[3];
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < 128; idx += blockDim.x) {
+    const int r = idx >> 3, n = idx & 7;
+    if (m0 + r < p.m && n0 + n < p.n) {
+      float s = 0.0f;
+      for (int w2 = 0; w2 < p.splits; ++w2) s += red[w2][r][n];
+      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = s;
+    }
   }
 }
 

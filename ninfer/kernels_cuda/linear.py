@@ -1,7 +1,8 @@
 """Launchers for linear.cu: `linear(x, weight, out)` = x @ w^T (docs/ops.md).
 
 Two paths:
-- GEMV / skinny GEMM (our kernel) for N <= GEMV_MAX_ROWS, for any N while a graph is being
+- GEMV / skinny GEMM (our kernels: the tensor-core `linear_mma_kernel` for bf16 weights with
+  16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS, for any N while a graph is being
   captured, and whenever `batch_invariant=True`: one fixed split of K per output element
   (chosen from K alone), so a row's result never depends on the other rows.
 - cuBLAS (through CuPy, not capturable) for N > GEMV_MAX_ROWS: bf16 weights multiply a bf16 copy
@@ -23,7 +24,7 @@ ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
-    + ["f32_to_bf16_kernel"]))
+    + ["linear_mma_kernel", "f32_to_bf16_kernel"]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -40,6 +41,12 @@ def k_splits(k: int) -> int:
     """Warps (K ranges) per output element: a function of K only (batch invariance)."""
     units = (k + 7) // 8
     return max(1, min(MAX_SPLITS, units // 128))
+
+
+def mma_splits(k: int) -> int:
+    """Warps (K ranges of whole 32-element steps) per output of the tensor-core kernel: K only."""
+    steps = (k + 31) // 32
+    return max(1, min(MAX_SPLITS, steps // 16))
 
 
 def rows_tile(n: int) -> int:
@@ -59,10 +66,16 @@ def _gemv_aligned(w, kind: C.WKind, w_rs: int, x, x_rs: int, k: int) -> bool:
 def launch_gemv(x, x_rs: int, w, kind: C.WKind, w_rs: int, out, out_rs: int, m: int, k: int,
                 n: int) -> None:
     """The GEMV kernel on already-checked operands (also used by other launchers)."""
+    aligned = int(_gemv_aligned(w, kind, w_rs, x, x_rs, k))
+    if kind is C.WKind.BF16 and C.aligned(w) and w_rs % 8 == 0 and C.aligned(x) and x_rs % 4 == 0:
+        params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs,
+                        x_rs=x_rs, out_rs=out_rs, m=m, k=k, n=n, splits=mma_splits(k))
+        launch(get_function(SOURCE, "linear_mma_kernel"), ((m + 15) // 16, (n + 7) // 8),
+               (32 * mma_splits(k),), (params,), name="linear_mma")
+        return
     nt = rows_tile(n)
     r = ROWS_PER_BLOCK[nt]
     splits = k_splits(k)
-    aligned = int(_gemv_aligned(w, kind, w_rs, x, x_rs, k))
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=splits)
     fn = get_function(SOURCE, f"linear_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}>")

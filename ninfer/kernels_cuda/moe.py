@@ -3,7 +3,9 @@
 `moe_experts` has two paths:
 - grouped GEMV (capturable, batch invariant, reads each selected expert's weights once per
   group of <= 8 rows): N <= GEMV_MAX_ROWS, or while capturing, or `batch_invariant=True`;
-  intermediates live in a `MoeWorkspace` (allocated per call when None);
+  intermediates live in a `MoeWorkspace` (allocated per call when None); bf16 weights with
+  16-byte aligned rows run the tensor-core `moe_mma_kernel` (groups of up to 8 pairs), others
+  the f32-FMA `moe_gemv_kernel`;
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
@@ -16,7 +18,7 @@ import numpy as np
 
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
-from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, rows_tile
+from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, mma_splits, rows_tile
 
 GEMV_MAX_ROWS = 32
 MAX_PAIRS = 1024  # moe_group_kernel: one block
@@ -31,6 +33,7 @@ SOURCE = KernelSource("moe.cu", tuple(
     ["moe_route_kernel", "moe_group_kernel", "moe_combine_kernel"]
     + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
+    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -136,17 +139,31 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> Non
     if ws is None:
         ws = MoeWorkspace.allocate(n, top_k, hidden, inter)
     C.require(ws.fits(pairs, hidden, inter), "workspace", f"too small for {pairs} pairs")
-    nt = rows_tile(min(n, GROUP_STRIDE))
+    x_rs = C.row_stride(x, "x")
+    use_mma = kind is C.WKind.BF16 and all(
+        C.aligned(w) and w.shape[2] % 8 == 0 for w in (gu, dn)) and C.aligned(x) and x_rs % 4 == 0
+    nt = GROUP_STRIDE if use_mma else rows_tile(min(n, GROUP_STRIDE))
     launch(get_function(SOURCE, "moe_group_kernel"), (1,), (1024,),
            (ids, np.int32(pairs), np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
            name="moe_group")
-    x_rs = C.row_stride(x, "x")
     stages = (  # (weights, x, x_rs, x_by_pair, out, m, k, swiglu)
         (gu, x, x_rs, 0, ws.act, inter, hidden, 1),
         (dn, ws.act, inter, 1, ws.y, hidden, inter, 0))
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
-        r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
+        if use_mma:
+            tile = 8 if swiglu else 16
+            params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(xs), out=C.ptr(dst),
+                            group_expert=C.ptr(ws.group_expert),
+                            group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
+                            w_es=w_es, w_rs=w_rs, x_rs=xs_rs, out_rs=dst.shape[1], m=m, k=k,
+                            splits=mma_splits(k), top_k=top_k, up_offset=inter,
+                            x_by_pair=by_pair, experts=experts)
+            launch(get_function(SOURCE, f"moe_mma_kernel<{swiglu}>"),
+                   ((m + tile - 1) // tile, pairs), (32 * mma_splits(k),), (params,),
+                   name="moe_mma")
+            continue
+        r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
         aligned = int(_gemv_aligned(w, kind, w_rs, w_es, xs, xs_rs, k))
         splits = k_splits(k)
         params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(xs), out=C.ptr(dst),

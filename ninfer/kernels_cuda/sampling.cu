@@ -2,9 +2,15 @@
 // the CPU kernel's arithmetic (e_j = exp(l_j / T - l_max / T) of an fp32 argument, rounded to
 // fp32; fp64 sums; min_p as e_j >= min_p; walks in descending-e order, ties to the lower id).
 //
+// sample_stats_kernel: grid (NB, B), 256 threads: block i takes the i-th of NB equal slices of
+//   the row and writes its max, its argmax (ties to the lower id) and z_i = sum_j exp(l_j - m_i)
+//   (expf of the fp32 difference, fp64 sum) into the first 4 * NB words of the row's scratch.
+//   Spreading these two passes over many SMs is what keeps greedy sampling cheap.
 // sample_kernel: one block of 1024 threads per row; several passes over the row's V logits
 // (L2-resident), no full sort:
-//   1. raw max and log-sum-exp (fp64) -> logprob of the drawn token; top-T raw alternatives by
+//   1. max m = max_i m_i and log-sum-exp: z = sum_i z_i exp(m_i - m) in slice order (fp64) ->
+//      logprob of the drawn token. Greedy rows without (effective) penalties stop here (token = the first
+//      slice argmax reaching m). Otherwise: top-T raw alternatives by
 //      radix select (4 passes of 8-bit digits over order-preserving uint32 keys, integer
 //      histograms in shared memory, so deterministic) + ordered compaction + bitonic sort;
 //   2. penalised logits into the caller's scratch row; argmax (greedy rows stop here);
@@ -38,8 +44,10 @@ struct SampleParams {
   float* top_logprobs_out;
   i64 logits_rs, scratch_rs, top_rs;
   int vocab, n_top;
+  int n_slices;
+  int pad;
 };
-static_assert(sizeof(SampleParams) == 176, "SampleParams layout is mirrored in sampling.py");
+static_assert(sizeof(SampleParams) == 184, "SampleParams layout is mirrored in sampling.py");
 
 __device__ __forceinline__ double uniform01(u64 seed, i64 n) {
   u64 z = seed + ((u64)n + 1ull) * 0x9E3779B97F4A7C15ull;
@@ -49,26 +57,99 @@ __device__ __forceinline__ double uniform01(u64 seed, i64 n) {
   return (double)(z >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// Slice partials in the first 4 * n_slices words of the row's scratch: max, argmax, z (fp64 as
+// two words). sample_kernel reads them before anything rewrites the scratch row.
+__device__ __forceinline__ void slice_range(int vocab, int n_slices, int i, int& begin, int& end) {
+  const int per = (vocab + n_slices - 1) / n_slices;
+  begin = min(vocab, i * per);
+  end = min(vocab, begin + per);
+}
+
+__global__ void __launch_bounds__(256) sample_stats_kernel(const SampleParams p) {
+  __shared__ float fred[32];
+  __shared__ int ired[32];
+  __shared__ double dred[32];
+  const int b = blockIdx.y;
+  const float* row = p.logits + (i64)b * p.logits_rs;
+  int begin, end;
+  slice_range(p.vocab, p.n_slices, blockIdx.x, begin, end);
+  float m = -NINFER_INF;
+  int arg = 0x7fffffff;
+  for (int j = begin + threadIdx.x; j < end; j += 256) {
+    const float v = row[j];
+    if (v > m || arg == 0x7fffffff) { m = v; arg = j; }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, m, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (ov > m || (ov == m && oi < arg)) { m = ov; arg = oi; }
+  }
+  if (lane == 0) { fred[warp] = m; ired[warp] = arg; }
+  __syncthreads();
+  m = fred[0];
+  arg = ired[0];
+  for (int w = 1; w < 8; ++w)
+    if (fred[w] > m || (fred[w] == m && ired[w] < arg)) { m = fred[w]; arg = ired[w]; }
+  double z = 0.0;
+  for (int j = begin + threadIdx.x; j < end; j += 256) z += (double)expf(row[j] - m);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
+  __syncthreads();
+  if (lane == 0) dred[warp] = z;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    z = 0.0;
+    for (int w = 0; w < 8; ++w) z += dred[w];
+    unsigned* part = reinterpret_cast<unsigned*>(p.scratch + (i64)b * p.scratch_rs);
+    const int i = blockIdx.x, ns = p.n_slices;
+    const unsigned long long zb = (unsigned long long)__double_as_longlong(z);
+    part[i] = __float_as_uint(m);
+    part[ns + i] = (unsigned)arg;
+    part[2 * ns + 2 * i] = (unsigned)(zb & 0xffffffffull);
+    part[2 * ns + 2 * i + 1] = (unsigned)(zb >> 32);
+  }
+}
+
 __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p) {
   __shared__ SampleShared sh;
-  __shared__ float fred[32];
   const int b = blockIdx.x;
   const int vocab = p.vocab;
   const float* row = p.logits + (i64)b * p.logits_rs;
   float* lg = p.scratch + (i64)b * p.scratch_rs;
 
-  // 1. raw log-softmax statistics, copy to scratch
-  float m = -NINFER_INF;
-  for (int j = threadIdx.x; j < vocab; j += S_THREADS) m = fmaxf(m, row[j]);
-  m = block_max(m, fred);
-  double z = 0.0;
-  for (int j = threadIdx.x; j < vocab; j += S_THREADS) {
-    const float v = row[j];
-    z += (double)expf(v - m);
-    lg[j] = v;
+  // 1. raw log-softmax statistics from the slice partials (slice order)
+  __shared__ double sh_lse;
+  __shared__ int sh_argmax;
+  if (threadIdx.x == 0) {
+    const unsigned* part = reinterpret_cast<const unsigned*>(lg);
+    const int ns = p.n_slices;
+    float m = -NINFER_INF;
+    int arg = 0x7fffffff;
+    for (int i = 0; i < ns; ++i) {
+      const float mi = __uint_as_float(part[i]);
+      if (mi > m || arg == 0x7fffffff) { m = mi; arg = (int)part[ns + i]; }
+    }
+    double z = 0.0;
+    for (int i = 0; i < ns; ++i) {
+      const unsigned long long zb = (unsigned long long)part[2 * ns + 2 * i] |
+                                    ((unsigned long long)part[2 * ns + 2 * i + 1] << 32);
+      const float mi = __uint_as_float(part[i]);
+      if (mi > -NINFER_INF) z += __longlong_as_double((long long)zb) * exp((double)mi - (double)m);
+    }
+    sh_lse = (double)m + log(z);
+    sh_argmax = arg;
   }
-  z = block_sum_f64(z, sh.dred);
-  const double lse = (double)m + log(z);
+  __syncthreads();
+  const double lse = sh_lse;
+  const float temp = p.temperature[b];
+  const bool no_penalty = p.pen_offsets[b + 1] == p.pen_offsets[b] ||
+                          (p.rep[b] == 1.0f && p.presence[b] == 0.0f && p.frequency[b] == 0.0f);
+  const bool fast = temp == 0.0f && no_penalty;  // greedy on the raw logits
+  if (!fast) {
+    for (int j = threadIdx.x; j < vocab; j += S_THREADS) lg[j] = row[j];
+  }
   if (p.n_top > 0) {
     Stream raw{row, 0, 1.0f, 0.0f};
     const int n = select_top(raw, vocab, p.n_top, sh);
@@ -82,52 +163,53 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p)
   }
   // 2. penalties (unique token ids per row), then argmax (ties to the lower id)
   __syncthreads();
-  const float r = p.rep[b];
-  for (int i = p.pen_offsets[b] + threadIdx.x; i < p.pen_offsets[b + 1]; i += S_THREADS) {
-    const int tok = p.pen_tokens[i];
-    const int cnt = p.pen_counts[i];
-    if (tok < 0 || tok >= vocab) continue;
-    float v = row[tok];
-    v = v > 0.0f ? v / r : v * r;
-    v -= p.frequency[b] * (float)cnt + (cnt > 0 ? p.presence[b] : 0.0f);
-    lg[tok] = v;
-  }
-  __syncthreads();
-  {
-    float bv = -NINFER_INF;
-    int bi = 0x7fffffff;
-    for (int j = threadIdx.x; j < vocab; j += S_THREADS) {
-      const float v = lg[j];
-      if (v > bv || bi == 0x7fffffff) { bv = v; bi = j; }
-    }
-    // block argmax: larger value, then lower id
-    const int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  if (!fast) {
+    const float r = p.rep[b];
+    for (int i = p.pen_offsets[b] + threadIdx.x; i < p.pen_offsets[b + 1]; i += S_THREADS) {
+      const int tok = p.pen_tokens[i];
+      const int cnt = p.pen_counts[i];
+      if (tok < 0 || tok >= vocab) continue;
+      float v = row[tok];
+      v = v > 0.0f ? v / r : v * r;
+      v -= p.frequency[b] * (float)cnt + (cnt > 0 ? p.presence[b] : 0.0f);
+      lg[tok] = v;
     }
     __syncthreads();
-    if (lane == 0) {
-      sh.cand_key[threadIdx.x >> 5] = __float_as_uint(bv);
-      sh.cand_id[threadIdx.x >> 5] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float best = __uint_as_float(sh.cand_key[0]);
-      int id = sh.cand_id[0];
-      for (int w = 1; w < S_THREADS / 32; ++w) {
-        const float v = __uint_as_float(sh.cand_key[w]);
-        if (v > best || (v == best && sh.cand_id[w] < id)) { best = v; id = sh.cand_id[w]; }
+    {
+      float bv = -NINFER_INF;
+      int bi = 0x7fffffff;
+      for (int j = threadIdx.x; j < vocab; j += S_THREADS) {
+        const float v = lg[j];
+        if (v > bv || bi == 0x7fffffff) { bv = v; bi = j; }
       }
-      sh.best_id = id;
-      sh.best_val = best;
-      sh.token = id;
+      // block argmax: larger value, then lower id
+      const int lane = threadIdx.x & 31;
+  #pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+      }
+      __syncthreads();
+      if (lane == 0) {
+        sh.cand_key[threadIdx.x >> 5] = __float_as_uint(bv);
+        sh.cand_id[threadIdx.x >> 5] = bi;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        float best = __uint_as_float(sh.cand_key[0]);
+        int id = sh.cand_id[0];
+        for (int w = 1; w < S_THREADS / 32; ++w) {
+          const float v = __uint_as_float(sh.cand_key[w]);
+          if (v > best || (v == best && sh.cand_id[w] < id)) { best = v; id = sh.cand_id[w]; }
+        }
+        sh.best_id = id;
+        sh.best_val = best;
+        sh.token = id;
+      }
+      __syncthreads();
     }
-    __syncthreads();
   }
-  const float temp = p.temperature[b];
   if (temp != 0.0f) {
     // 3. filters and draw
     const float top = sh.best_val / temp;
@@ -238,7 +320,7 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p)
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int tok = sh.token;
+    const int tok = fast ? sh_argmax : sh.token;
     p.tokens_out[b] = tok;
     p.logprobs_out[b] = (float)((double)row[tok] - lse);
   }

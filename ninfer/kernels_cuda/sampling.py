@@ -1,7 +1,9 @@
-"""Launcher for sampling.cu: `sample(...)` exactly per docs/ops.md, one block per row.
+"""Launcher for sampling.cu: `sample(...)` exactly per docs/ops.md.
 
-The penalised logits are written to `scratch` (f32[>= B, V]); pass a preallocated one (e.g. the
-decode graph's), or None to allocate per call (not capturable). Tokens match the CPU sampler's
+Two launches: `sample_stats_kernel` (row statistics over NB slices of each row, many blocks per
+row) then `sample_kernel` (one block per row). The slice partials and then the penalised logits
+are written to `scratch` (f32[>= B, V]); pass a preallocated one (e.g. the decode graph's), or
+None to allocate per call (not capturable). Tokens match the CPU sampler's
 for the same seeds: both compute e_j = exp(l_j / T - l_max / T) in fp32 and walk candidates in
 descending e with ties to the lower id (see sampling.cu for where the GPU uses fixed-point
 masses instead of the CPU's sequential fp64 sums: flat distributions without top_k only).
@@ -14,14 +16,21 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 MAX_TOP = 2048  # S_CAP in select.cuh
-SOURCE = KernelSource("sampling.cu", ("sample_kernel",))
+SOURCE = KernelSource("sampling.cu", ("sample_stats_kernel", "sample_kernel"))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "logits", "scratch", "temperature", "top_k", "top_p", "min_p", "rep", "presence",
     "frequency", "seeds", "counters", "pen_offsets", "pen_tokens", "pen_counts", "tokens_out",
     "logprobs_out", "top_ids_out", "top_logprobs_out")],
     ("logits_rs", "i64"), ("scratch_rs", "i64"), ("top_rs", "i64"), ("vocab", "i32"),
-    ("n_top", "i32"))
-assert _PARAMS.itemsize == 176
+    ("n_top", "i32"), ("n_slices", "i32"), ("pad", "i32"))
+assert _PARAMS.itemsize == 184
+MAX_SLICES = 64
+SLICE_MIN = 1024  # logits per slice at least (below that one block does the row)
+
+
+def n_slices(vocab: int) -> int:
+    """Slices of a row for the statistics pass (their 4 * NB partial words fit in the row)."""
+    return max(1, min(MAX_SLICES, vocab // SLICE_MIN))
 
 
 def _vec(x, name, dtype, n):
@@ -49,6 +58,7 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     C.device_array(top_ids_out, "top_ids_out", dtype=np.int32, ndim=2)
     n_top = top_ids_out.shape[1]
     C.device_array(top_logprobs_out, "top_logprobs_out", dtype=np.float32, shape=(b, n_top))
+    C.require(vocab >= 4, "logits", f"vocabulary of {vocab} < 4 entries")
     C.require(n_top <= min(MAX_TOP, vocab), "top_ids_out",
               f"at most {min(MAX_TOP, vocab)} alternatives")
     top_rs = C.row_stride(top_ids_out, "top_ids_out") if n_top else 0
@@ -66,5 +76,7 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
                     top_ids_out=C.ptr(top_ids_out), top_logprobs_out=C.ptr(top_logprobs_out),
                     logits_rs=C.row_stride(logits, "logits"),
                     scratch_rs=C.row_stride(scratch, "scratch"), top_rs=top_rs, vocab=vocab,
-                    n_top=n_top, **ptrs)
+                    n_top=n_top, n_slices=n_slices(vocab), **ptrs)
+    launch(get_function(SOURCE, "sample_stats_kernel"), (n_slices(vocab), b), (256,), (params,),
+           name="sample_stats")
     launch(get_function(SOURCE, "sample_kernel"), (b,), (1024,), (params,), name="sample")

@@ -73,3 +73,25 @@ def test_workspace_is_used(rng):
     klinear.linear(dev(x_h), w_d, out, workspace=ws)
     assert int((ws[:n * k] != 0).sum()) > 0
     assert_close(out, ref.linear(x_h, w_h), TOL_BF16_X)
+
+
+def test_mma_k_split_depends_on_k_only():
+    assert [klinear.mma_splits(k) for k in (32, 512, 1000, 2048, 4096, 12288)] == \
+        [1, 1, 2, 4, 8, 8]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 11])
+def test_tensor_core_gemv_rows_are_independent(rng, n):
+    """bf16 weights take the mma kernel: every row of an n-row call (up to two 8-row tiles)
+    equals the row computed alone, bitwise, and the float64 product within fp32 rounding."""
+    k, m = 4096 + 96, 300  # a K tail of 3 steps past the splits, M not a multiple of 16
+    x_h = (rng.standard_normal((n, k)) * 3.0).astype(np.float32)
+    w_h, w_d = weight_pair(rng, (m, k), DType.BFLOAT16, scale=k ** -0.5)
+    x_d = dev(x_h)
+    out = poisoned((n, m))
+    klinear.linear(x_d, w_d, out, batch_invariant=True)
+    assert_close(out, ref.linear(x_h, w_h))
+    for i in range(n):
+        one = poisoned((1, m))
+        klinear.linear(x_d[i:i + 1], w_d, one)
+        assert_same_bits(one, out[i:i + 1], f"row {i} of {n}")

@@ -101,3 +101,32 @@ def test_draw_frequencies_follow_the_kept_distribution(rng):
     hist = np.bincount(host(tok), minlength=vocab)[order] / draws
     assert set(np.unique(host(tok))) <= set(order.tolist())
     assert np.abs(hist - probs).max() < 0.04
+
+
+@pytest.mark.parametrize("vocab", [997, 248_320])
+def test_greedy_fast_path_ties_and_logprobs(rng, vocab):
+    """Greedy rows without penalties take the sliced statistics path: the argmax is the lowest
+    id among equal maxima, also when they fall in different slices, and the logprob is the
+    float64 log-softmax of the raw logits."""
+    b = 4
+    logits = rng.standard_normal((b, vocab)).astype(np.float32)
+    top = np.float32(9.0)
+    logits[0, [vocab - 1, 3]] = top            # tie across the first and last slice
+    logits[1, [vocab // 2 + 1, vocab // 2]] = top  # tie inside one slice
+    logits[2, vocab - 1] = top                 # the very last id
+    zeros = np.zeros(b, np.float32)
+    params = dict(temperature=zeros, top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
+                  min_p=zeros, repetition_penalty=np.ones(b, np.float32),
+                  presence_penalty=zeros, frequency_penalty=zeros,
+                  seeds=rng.integers(0, 2**63, b).astype(np.uint64),
+                  counters=np.zeros(b, np.int64), pen_offsets=np.zeros(b + 1, np.int32),
+                  pen_tokens=np.zeros(0, np.int32), pen_counts=np.zeros(0, np.int32))
+    tok, lp = poisoned(b, np.int32), poisoned(b)
+    ids, tlp = poisoned((b, 0), np.int32), poisoned((b, 0))
+    ksamp.sample(dev(logits), *[dev(params[k]) for k in ORDER], tok, lp, ids, tlp)
+    expect = np.argmax(logits, axis=1)  # numpy: first occurrence = lowest id
+    np.testing.assert_array_equal(host(tok), expect)
+    assert host(tok)[0] == 3 and host(tok)[1] == vocab // 2 and host(tok)[2] == vocab - 1
+    ref_lp = np.array([ref.log_softmax(logits[i].astype(np.float64))[expect[i]]
+                       for i in range(b)])
+    np.testing.assert_allclose(host(lp), ref_lp, rtol=1e-5, atol=1e-5)
