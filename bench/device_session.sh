@@ -10,6 +10,7 @@ MODE="${1:-tests}"
 FINAL="${OUT:-$PWD/device_out}"
 OUT=/tmp/device_logs  # everything lands here; $OUT gets one archive + the summary
 mkdir -p "$OUT" "$FINAL"
+trap 'exit 143' TERM
 trap 'tar czf "$FINAL/logs.tgz" -C "$OUT" . ; cp "$OUT/summary.txt" "$FINAL/" 2>/dev/null' EXIT
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
