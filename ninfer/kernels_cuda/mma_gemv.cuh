@@ -29,12 +29,12 @@ __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], unsigned a0, unsig
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// (hi, lo) bf16 pair words of two consecutive floats: low half = the first element.
+// (hi, lo) bf16 pair words of two consecutive floats: low half = the first element. Both
+// roundings are to nearest even (cvt.rn.bf16x2.f32 puts its first source in the high half).
 __device__ __forceinline__ void split_bf16x2(float a, float b, unsigned& hi, unsigned& lo) {
-  const bf16raw ha = f32_to_bf16(a), hb = f32_to_bf16(b);
-  const bf16raw la = f32_to_bf16(a - to_f32(ha)), lb = f32_to_bf16(b - to_f32(hb));
-  hi = (unsigned)ha | ((unsigned)hb << 16);
-  lo = (unsigned)la | ((unsigned)lb << 16);
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));
+  const float ra = a - __uint_as_float(hi << 16), rb = b - __uint_as_float(hi & 0xffff0000u);
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(rb), "f"(ra));
 }
 
 // 8 bf16 of a weight row at [k, k + 8) with elements >= k_end read as 0 (16-byte load when the

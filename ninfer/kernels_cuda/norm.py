@@ -11,8 +11,9 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 RMS, RMS_ZC, GATED, L2, ADD_RMS_ZC = range(5)
+_NV = (0, 1, 2, 4, 8, 16)
 SOURCE = KernelSource("norm.cu", tuple(
-    f"norm_kernel<{k.ctype}, {mode}>" for k in C.WKind for mode in range(5)))
+    f"norm_kernel<{k.ctype}, {mode}, {nv}>" for k in C.WKind for mode in range(5) for nv in _NV))
 _PARAMS = C.struct(("x", "ptr"), ("z", "ptr"), ("residual", "ptr"), ("w", "ptr"), ("out", "ptr"),
                    ("x_rs", "i64"), ("x_hs", "i64"), ("z_rs", "i64"), ("z_hs", "i64"),
                    ("r_rs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("heads", "i32"),
@@ -26,6 +27,15 @@ def block_threads(dim: int) -> int:
     while t < dim and t < 256:
         t *= 2
     return t if dim <= 4096 else 1024
+
+
+def elements_per_thread(dim: int) -> int:
+    """NV template argument: register-held elements per thread (0 = strided loop); 16 only with
+    <= 256 threads (the kernel's register budget)."""
+    threads = block_threads(dim)
+    need = -(-dim // threads)
+    nv = next((nv for nv in _NV[1:] if nv >= need), 0)
+    return 0 if nv == 16 and threads > 256 else nv
 
 
 def _rows(x, name: str):
@@ -62,7 +72,7 @@ def _launch(mode: int, x, out, weight=None, z=None, residual=None, eps=0.0, scal
                     residual=C.ptr(residual) if residual is not None else 0, w=w_ptr,
                     out=C.ptr(out), x_rs=x_rs, x_hs=x_hs, z_rs=z_rs, z_hs=z_hs, r_rs=r_rs,
                     out_rs=o_rs, out_hs=o_hs, heads=heads, dim=dim, eps=eps, scale=scale)
-    fn = get_function(SOURCE, f"norm_kernel<{kind.ctype}, {mode}>")
+    fn = get_function(SOURCE, f"norm_kernel<{kind.ctype}, {mode}, {elements_per_thread(dim)}>")
     launch(fn, (n * heads,), (block_threads(dim),), (params,), name=f"norm[{mode}]")
 
 

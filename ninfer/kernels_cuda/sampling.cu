@@ -8,6 +8,8 @@
 //   Spreading these two passes over many SMs is what keeps greedy sampling cheap.
 // sample_kernel: one block of 1024 threads per row; several passes over the row's V logits
 // (L2-resident), no full sort:
+//   (the top-T alternatives are skipped when the optional device count `top_count` is 0: the
+//   decode graph is captured with T = 20 columns and most steps want none)
 //   1. max m = max_i m_i and log-sum-exp: z = sum_i z_i exp(m_i - m) in slice order (fp64) ->
 //      logprob of the drawn token. Greedy rows without (effective) penalties stop here (token = the first
 //      slice argmax reaching m). Otherwise: top-T raw alternatives by
@@ -46,8 +48,9 @@ struct SampleParams {
   int vocab, n_top;
   int n_slices;
   int pad;
+  const int* top_count;  // optional device int: alternatives wanted this call (<= n_top)
 };
-static_assert(sizeof(SampleParams) == 184, "SampleParams layout is mirrored in sampling.py");
+static_assert(sizeof(SampleParams) == 192, "SampleParams layout is mirrored in sampling.py");
 
 __device__ __forceinline__ double uniform01(u64 seed, i64 n) {
   u64 z = seed + ((u64)n + 1ull) * 0x9E3779B97F4A7C15ull;
@@ -150,10 +153,15 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p)
   if (!fast) {
     for (int j = threadIdx.x; j < vocab; j += S_THREADS) lg[j] = row[j];
   }
-  if (p.n_top > 0) {
+  const int n_top = p.top_count ? max(0, min(p.n_top, *p.top_count)) : p.n_top;
+  for (int i = n_top + threadIdx.x; i < p.n_top; i += S_THREADS) {  // not wanted this call
+    p.top_ids_out[(i64)b * p.top_rs + i] = -1;
+    p.top_logprobs_out[(i64)b * p.top_rs + i] = -NINFER_INF;
+  }
+  if (n_top > 0) {
     Stream raw{row, 0, 1.0f, 0.0f};
-    const int n = select_top(raw, vocab, p.n_top, sh);
-    for (int i = threadIdx.x; i < p.n_top; i += S_THREADS) {
+    const int n = select_top(raw, vocab, n_top, sh);
+    for (int i = threadIdx.x; i < n_top; i += S_THREADS) {
       const bool ok = i < n;
       p.top_ids_out[(i64)b * p.top_rs + i] = ok ? sh.cand_id[i] : -1;
       p.top_logprobs_out[(i64)b * p.top_rs + i] =

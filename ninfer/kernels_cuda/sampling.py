@@ -22,8 +22,8 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     "frequency", "seeds", "counters", "pen_offsets", "pen_tokens", "pen_counts", "tokens_out",
     "logprobs_out", "top_ids_out", "top_logprobs_out")],
     ("logits_rs", "i64"), ("scratch_rs", "i64"), ("top_rs", "i64"), ("vocab", "i32"),
-    ("n_top", "i32"), ("n_slices", "i32"), ("pad", "i32"))
-assert _PARAMS.itemsize == 184
+    ("n_top", "i32"), ("n_slices", "i32"), ("pad", "i32"), ("top_count", "ptr"))
+assert _PARAMS.itemsize == 192
 MAX_SLICES = 64
 SLICE_MIN = 1024  # logits per slice at least (below that one block does the row)
 
@@ -40,8 +40,13 @@ def _vec(x, name, dtype, n):
 
 def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
            frequency_penalty, seeds, counters, pen_offsets, pen_tokens, pen_counts, tokens_out,
-           logprobs_out, top_ids_out, top_logprobs_out, *, scratch=None) -> None:
-    """One token per row of logits f32[B, V]; see ninfer.ops.sampling.sample for the operands."""
+           logprobs_out, top_ids_out, top_logprobs_out, *, scratch=None, top_count=None) -> None:
+    """One token per row of logits f32[B, V]; see ninfer.ops.sampling.sample for the operands.
+
+    `top_count`: optional device int32[1] read at run time: only the first min(T, top_count)
+    alternatives are computed (the rest are written as -1 / -inf), so a captured graph with T
+    columns pays for the selection only on steps that want it.
+    """
     C.device_array(logits, "logits", dtype=np.float32, ndim=2)
     b, vocab = logits.shape
     ptrs = {name: _vec(arr, name, dt, b) for name, arr, dt in (
@@ -72,7 +77,12 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     C.device_array(scratch, "scratch", dtype=np.float32, ndim=2)
     C.require(scratch.shape[0] >= b and scratch.shape[1] == vocab, "scratch",
               f"needs shape [>= {b}, {vocab}]")
-    params = C.pack(_PARAMS, logits=C.ptr(logits), scratch=C.ptr(scratch),
+    tc = 0
+    if top_count is not None:
+        C.contiguous(C.device_array(top_count, "top_count", dtype=np.int32, shape=(1,)),
+                     "top_count")
+        tc = C.ptr(top_count)
+    params = C.pack(_PARAMS, logits=C.ptr(logits), scratch=C.ptr(scratch), top_count=tc,
                     top_ids_out=C.ptr(top_ids_out), top_logprobs_out=C.ptr(top_logprobs_out),
                     logits_rs=C.row_stride(logits, "logits"),
                     scratch_rs=C.row_stride(scratch, "scratch"), top_rs=top_rs, vocab=vocab,

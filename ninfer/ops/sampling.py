@@ -8,7 +8,8 @@ from ninfer.ops._backend import backend_of
 
 def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
            frequency_penalty, seeds, counters, pen_offsets, pen_tokens, pen_counts, tokens_out,
-           logprobs_out, top_ids_out, top_logprobs_out, *, workspace=None) -> None:
+           logprobs_out, top_ids_out, top_logprobs_out, *, workspace=None,
+           top_count=None) -> None:
     """Sample one token per row of logits f32[B, V] (see docs/ops.md for the exact order).
 
     Per-row parameters are arrays of length B: temperature, top_p, min_p, repetition/presence/
@@ -17,6 +18,8 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     (i32). Writes tokens_out i32[B], logprobs_out f32[B] (raw log-softmax of the chosen token) and
     the T best raw alternatives top_ids_out i32[B, T], top_logprobs_out f32[B, T] (T may be 0;
     rows may be strided, e.g. the first T columns of a wider buffer).
+    `workspace`, `top_count` (CUDA only, ignored on the CPU): preallocated scratch, and a device
+    int32[1] limiting this call's alternatives to its value (the rest read -1 / -inf).
     """
     args = (logits, temperature, top_k, top_p, min_p, repetition_penalty, presence_penalty,
             frequency_penalty, seeds, counters, pen_offsets, pen_tokens, pen_counts, tokens_out,
@@ -44,4 +47,5 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
     check.array("sample", "top_logprobs_out", top_logprobs_out, check.F32, (b, t),
                 check.Layout.ROWS)
     check.kernels(backend, "sampling").sample(*args,
-                                             **check.scratch(backend, scratch=workspace))
+                                             **check.scratch(backend, scratch=workspace,
+                                                                            top_count=top_count))

@@ -96,6 +96,8 @@ class CudaBackend(BackendStores):
             self.logprobs_dev = cp.zeros(max_batch, np.float32)
             self.top_ids_dev = cp.zeros((max_batch, MAX_TOP_LOGPROBS), np.int32)
             self.top_lp_dev = cp.zeros((max_batch, MAX_TOP_LOGPROBS), np.float32)
+            self.top_count_dev = cp.zeros(1, np.int32)  # alternatives wanted by this step
+            self._top_count_host = np.zeros(1, np.int32)
             widest_k = max(cfg.hidden_size, cfg.linear_value_dim,
                            cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size or 0,
                            cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size)
@@ -198,6 +200,8 @@ class CudaBackend(BackendStores):
         for f in _SAMPLER_FIELDS:
             self.sampler_dev[f][:b].set(getattr(host, f)[:b], stream=stream)
         self.pen_offsets[: b + 1].set(host.pen_offsets[: b + 1], stream=stream)
+        self._top_count_host[0] = host.num_top
+        self.top_count_dev.set(self._top_count_host, stream=stream)
         m = len(host.pen_tokens)
         if m > self.pen_capacity:
             raise RuntimeError(f"{m} penalty entries exceed the device buffer ({self.pen_capacity})")
@@ -215,7 +219,8 @@ class CudaBackend(BackendStores):
                    d["frequency_penalty"][:b], d["seeds"][:b], d["counters"][:b],
                    self.pen_offsets[: b + 1], self.pen_tokens, self.pen_counts,
                    self.tokens_dev[:b], self.logprobs_dev[:b], self.top_ids_dev[:b],
-                   self.top_lp_dev[:b], workspace=self.decode_kws.sample_scratch)
+                   self.top_lp_dev[:b], workspace=self.decode_kws.sample_scratch,
+                   top_count=self.top_count_dev)
 
     def _decode(self, inp: StepInputs, start: int, b: int) -> None:
         self._load_decode_inputs(inp, start, b)
