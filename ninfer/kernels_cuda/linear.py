@@ -24,7 +24,7 @@ ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
-    + ["linear_mma_kernel", "f32_to_bf16_kernel"]))
+    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -67,11 +67,8 @@ def launch_gemv(x, x_rs: int, w, kind: C.WKind, w_rs: int, out, out_rs: int, m: 
                 n: int) -> None:
     """The GEMV kernel on already-checked operands (also used by other launchers)."""
     aligned = int(_gemv_aligned(w, kind, w_rs, x, x_rs, k))
-    if kind is C.WKind.BF16 and C.aligned(w) and w_rs % 8 == 0 and C.aligned(x) and x_rs % 4 == 0:
-        params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs,
-                        x_rs=x_rs, out_rs=out_rs, m=m, k=k, n=n, splits=mma_splits(k))
-        launch(get_function(SOURCE, "linear_mma_kernel"), ((m + 15) // 16, (n + 7) // 8),
-               (32 * mma_splits(k),), (params,), name="linear_mma")
+    if _mma_ok(w, kind, w_rs, x, x_rs):
+        _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False)
         return
     nt = rows_tile(n)
     r = ROWS_PER_BLOCK[nt]
@@ -81,6 +78,42 @@ def launch_gemv(x, x_rs: int, w, kind: C.WKind, w_rs: int, out, out_rs: int, m: 
     fn = get_function(SOURCE, f"linear_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}>")
     launch(fn, ((m + r - 1) // r, (n + nt - 1) // nt), (32 * splits,), (params,),
            name="linear_gemv")
+
+
+def _mma_ok(w, kind: C.WKind, w_rs: int, x, x_rs: int) -> bool:
+    return (kind is C.WKind.BF16 and C.aligned(w) and w_rs % 8 == 0 and C.aligned(x)
+            and x_rs % 4 == 0)
+
+
+def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool) -> None:
+    splits = mma_splits(k)
+    params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out_rs, m=m, k=k, n=n, splits=splits)
+    tile = 8 if swiglu else 16
+    launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"),
+           ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
+           name="linear_swiglu" if swiglu else "linear_mma")
+
+
+def linear_swiglu(x, gate_up, out) -> None:
+    """out f32[N, I] = silu(x @ gate^T) * (x @ up^T), gate_up bf16 [2I, K] = [gate; up].
+
+    One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
+    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x.
+    """
+    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    n, k = x.shape
+    w, kind = C.weight_array(gate_up, "gate_up")
+    C.require(w.ndim == 2 and w.shape[1] == k and w.shape[0] % 2 == 0, "gate_up",
+              f"shape {w.shape}, expected [2I, {k}]")
+    inner = w.shape[0] // 2
+    C.device_array(out, "out", dtype=np.float32, ndim=2, shape=(n, inner))
+    x_rs, w_rs, out_rs = C.row_stride(x, "x"), C.row_stride(w, "gate_up"), C.row_stride(out, "out")
+    C.require(_mma_ok(w, kind, w_rs, x, x_rs), "gate_up",
+              "needs bf16 weights and 16-byte aligned rows of gate_up and x")
+    if n == 0 or inner == 0:
+        return
+    _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
 
 def _capturing() -> bool:

@@ -1,9 +1,10 @@
-"""`linear`: out = x @ w^T with fp32 accumulation in a fixed per-element order (docs/ops.md)."""
+"""`linear`: out = x @ w^T with fp32 accumulation in a fixed per-element order (docs/ops.md),
+and the CUDA-only `linear_swiglu` (gate/up projection fused with SwiGLU for decode)."""
 from __future__ import annotations
 
 from ninfer.core.dtypes import DType
 from ninfer.ops import _checks as check
-from ninfer.ops._backend import backend_of
+from ninfer.ops._backend import Backend, backend_of
 
 
 def supports(weight_dtype: DType) -> bool:
@@ -24,3 +25,19 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
     check.kernels(backend, "linear").linear(x, weight, out,
                                             **check.scratch(backend, workspace=workspace,
                                                           batch_invariant=batch_invariant or None))
+
+
+def linear_swiglu(x, gate_up, out) -> None:
+    """CUDA-only decode fast path: out[N, I] = silu(x @ gate^T) * (x @ up^T) in one launch, with
+    gate_up a bf16 Weight [2I, K] = [gate; up]. Bitwise equal to `linear` into [N, 2I] followed
+    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows."""
+    backend = backend_of(x, gate_up, out)
+    if backend is not Backend.CUDA:
+        raise TypeError("linear_swiglu is a CUDA-only op (the CPU backend uses linear + swiglu)")
+    n, k = check.array("linear_swiglu", "x", x, check.F32, (None, None), check.Layout.ROWS)
+    m2, _ = check.weight("linear_swiglu", "gate_up", gate_up, (None, k))
+    if gate_up.dtype is not DType.BFLOAT16 or m2 % 2:
+        raise TypeError(f"linear_swiglu: gate_up must be bf16 [2I, {k}], got "
+                        f"{gate_up.dtype.value} {gate_up.shape}")
+    check.array("linear_swiglu", "out", out, check.F32, (n, m2 // 2))
+    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out)

@@ -95,3 +95,18 @@ def test_tensor_core_gemv_rows_are_independent(rng, n):
         one = poisoned((1, m))
         klinear.linear(x_d[i:i + 1], w_d, one)
         assert_same_bits(one, out[i:i + 1], f"row {i} of {n}")
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_linear_swiglu_equals_linear_then_swiglu(rng, n):
+    k, inner = 1000 + 24, 200  # a K tail, I not a multiple of 8
+    x_h = (rng.standard_normal((n, k))).astype(np.float32)
+    _, w_d = weight_pair(rng, (2 * inner, k), DType.BFLOAT16, scale=k ** -0.5)
+    x_d = dev(x_h)
+    gu = poisoned((n, 2 * inner))
+    ops.linear(x_d, w_d, gu)
+    ref_act = poisoned((n, inner))
+    ops.swiglu(gu, ref_act)
+    act = poisoned((n, inner))
+    ops.linear_swiglu(x_d, w_d, act)
+    assert_same_bits(act, ref_act, f"n={n}")

@@ -114,12 +114,13 @@ class CudaBackend(BackendStores):
                 moe=moe_ws,
                 gdn_decode_counters=decode_counters(max_batch, cfg.linear_num_key_heads),
                 sample_scratch=cp.empty((max_batch, cfg.vocab_size), np.float32),
-                fused_gdn_decode=True)
+                fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
-                chunked_gdn_prefill=True, batch_invariant=batch_invariant_prefill)
+                chunked_gdn_prefill=True, fused_attention_prep=True,
+                batch_invariant=batch_invariant_prefill)
             self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,

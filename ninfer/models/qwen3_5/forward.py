@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from ninfer import ops
+from ninfer.core.dtypes import DType
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -56,7 +57,8 @@ class KernelWorkspaces:
 
     `fused_gdn_decode`: a step whose rows are all single-token segments runs each GDN layer as
     one `gdn_decode_fused` op; `chunked_gdn_prefill`: multi-token segments use the chunkwise
-    (WY) delta rule instead of the token-by-token recurrence.
+    (WY) delta rule instead of the token-by-token recurrence; `fused_attention_prep`: q/k norms,
+    rope, the KV write and the gate copy of an attention layer run as one `attn_prep` op.
     """
 
     attention: object = None
@@ -67,6 +69,8 @@ class KernelWorkspaces:
     sample_scratch: object = None
     fused_gdn_decode: bool = False
     chunked_gdn_prefill: bool = False
+    fused_attention_prep: bool = False
+    fused_swiglu: bool = False  # bf16 gate_up projections as one linear_swiglu op (decode)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
 
     def kw(self, value) -> dict:
@@ -195,19 +199,23 @@ class Qwen35Forward:
         k = proj[:, 2 * a * d: 2 * a * d + hkv * d].reshape(n, hkv, d)
         v = proj[:, 2 * a * d + hkv * d:].reshape(n, hkv, d)
 
-        q_hat, k_hat = ws.attn_q[:n], ws.attn_k[:n]
-        ops.rms_norm(q_and_gate[:, :, :d], w.q_norm, cfg.rms_norm_eps, q_hat, zero_centered=True)
-        ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps, k_hat, zero_centered=True)
-        ops.rope(q_hat, ctx.positions, self.inv_freq, self.freq_axis)
-        ops.rope(k_hat, ctx.positions, self.inv_freq, self.freq_axis)
-
+        q_hat, k_hat, gate = ws.attn_q[:n], ws.attn_k[:n], ws.attn_gate[:n]
         k_pages, v_pages = self.kv.k[a_idx], self.kv.v[a_idx]
-        ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
+        if self.kws.fused_attention_prep:
+            ops.attn_prep(q_and_gate, k, v, w.q_norm, w.k_norm, cfg.rms_norm_eps, ctx.positions,
+                          self.inv_freq, self.freq_axis, q_hat, gate, k_pages, v_pages,
+                          ctx.block_tables, ctx.row_slot, ctx.row_pos)
+        else:
+            ops.rms_norm(q_and_gate[:, :, :d], w.q_norm, cfg.rms_norm_eps, q_hat,
+                         zero_centered=True)
+            ops.rms_norm(k, w.k_norm, cfg.rms_norm_eps, k_hat, zero_centered=True)
+            ops.rope(q_hat, ctx.positions, self.inv_freq, self.freq_axis)
+            ops.rope(k_hat, ctx.positions, self.inv_freq, self.freq_axis)
+            ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
+            self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
         attn = ws.attn_out[:n]
         ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos,
                             d ** -0.5, attn, **self.kws.kw(self.kws.attention))
-        gate = ws.attn_gate[:n]
-        self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
         flat = attn.reshape(n, a * d)
         ops.sigmoid_mul(flat, gate.reshape(n, a * d), flat)
         self._linear(flat, w.o_proj, out)
@@ -222,6 +230,11 @@ class Qwen35Forward:
     def _swiglu_mlp(self, gate_up, down, x, out) -> None:
         n = x.shape[0]
         inner = gate_up.shape[0] // 2
+        if self.kws.fused_swiglu and gate_up.dtype is DType.BFLOAT16:
+            act = self.ws.ffn_act(n, inner)
+            ops.linear_swiglu(x, gate_up, act)
+            self._linear(act, down, out)
+            return
         gu = self.ws.proj(n, 2 * inner)
         self._linear(x, gate_up, gu)
         act = self.ws.ffn_act(n, inner)
