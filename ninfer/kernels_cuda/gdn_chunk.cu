@@ -8,24 +8,35 @@
 //   [U | W] = (I + A)^-1 [beta V | beta e^G K]             (forward substitution)
 //   V' = U - W S;  O = (Q e^G) S + P V';  S <- e^{G_L} S + (K e^{G_L - G})^T V'
 //
+// Matrix products run on tensor cores in 3xTF32: x = hi + lo with hi = tf32(x), lo = tf32(x - hi),
+// a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi (lo*lo dropped), fp32 accumulation
+// (mma.sync.m16n8k8 tf32; about fp32 accuracy). The forward substitution is fp32 FMAs.
+//
 // gdn_chunk_offsets_kernel   one thread: chunk_offsets[g] = first global chunk of segment g.
 // gdn_chunk_local_kernel     grid (max_chunks, Hv), 256 threads: everything that depends on one
-//                            chunk only (G, A, P, U, W), for all chunks in parallel. A and P:
-//                            each thread a 4x4 tile of rows ti+16a, cols tj+16b (conflict-free
-//                            float4 reads of the padded K/Q tiles); U, W: thread c solves column
-//                            c of [beta V | beta e^G K] (64 registers, fully unrolled).
+//                            chunk only (G, A, P, U, W), for all chunks in parallel. A and P
+//                            (QK^T, KK^T): warp w owns rows 16(w/2).. and columns 32(w%2).. of
+//                            both; U, W: thread c solves column c of [beta V | beta e^G K]
+//                            (64 registers, fully unrolled).
 // gdn_chunk_state_kernel     grid (G, Hv, ceil(dv / 32)), 256 threads: walks a segment's chunks
-//                            in order carrying a 128 x 32 column tile of S in shared memory
-//                            (state columns are independent). Thread (warp w, lane j) computes
-//                            rows w + 8a of column j for V' and O, rows w + 8e of S.
+//                            in order carrying a 128 x 32 column tile of S (state columns are
+//                            independent) in registers (warp w: rows 16w..16w+15, as mma
+//                            accumulators) and a copy in shared memory (B operand). Per chunk:
+//                            phase A  V' = U - W S and O = (Q e^G) S (warp w: rows 16(w/2)..,
+//                                     columns 16(w%2)..), V' to shared memory;
+//                            phase B  O += P V' (same tile; O stored), S = e^{G_L} S + K'^T V'.
+//                            Operands are prefetched with cp.async into single buffers: P and K
+//                            load during phase A, the next chunk's W, Q, U and G during phase B.
 // dk, dv <= 128 (shorter head dims are zero-padded to 128 in shared memory).
 #include "common.cuh"
 
 #define CH 64
 #define DMAX 128
-#define QK_LD 132  // row stride of the [64][128] tiles: 16-byte rows, conflict-free columns
-#define A_LD 68    // row stride of the [64][64] tiles
-#define KT_LD 68   // row stride of the transposed [128][64] K tile
+#define SB 32      // state columns per state-kernel block
+#define QK_LD 132  // [64][128] tiles read as row-major A or B^T fragments (stride = 4 mod 32)
+#define KS_LD 136  // [64][128] K tile read as transposed A fragments (stride = 8 mod 32)
+#define S_LD 40    // [*][32] S, V', U tiles read as B fragments (stride = 8 mod 32)
+#define A_LD 68    // [64][64] tiles (A, P) read as row-major A fragments
 
 struct ChunkParams {
   const float* q;
@@ -46,8 +57,10 @@ struct ChunkParams {
   i64 state_ss;
   int key_heads, value_heads, dk, dv;
   int num_segs, max_chunks;
+  int vec_qk;  // q, k base and strides 16-byte aligned: 16-byte cp.async (else 4-byte)
+  int pad_;
 };
-static_assert(sizeof(ChunkParams) == 224, "ChunkParams layout is mirrored in gdn_chunk.py");
+static_assert(sizeof(ChunkParams) == 232, "ChunkParams layout is mirrored in gdn_chunk.py");
 
 __global__ void gdn_chunk_offsets_kernel(const ChunkParams p) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -60,11 +73,100 @@ __global__ void gdn_chunk_offsets_kernel(const ChunkParams p) {
   }
 }
 
-__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
+// ---- cp.async (global -> shared, zero-filled past src_bytes) --------------------------------
+__device__ __forceinline__ void cp_async16(float* dst, const float* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Rows [0, 64) x columns [0, 128) of a global matrix (row i at src + i * rs; element valid when
+// i < L and column < lim) into shared dst (row stride ld), zeros elsewhere. 256 threads.
+// vec: src and rs are 16-byte aligned (16-byte copies), else 4-byte copies.
+__device__ __forceinline__ void async_tile128(float* dst, int ld, const float* src, i64 rs,
+                                              int L, int lim, bool vec, int tid) {
+  if (vec) {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const int idx = tid + 256 * r, i = idx >> 5, c = (idx & 31) * 4;
+      const int bytes = i < L ? min(16, max(0, (lim - c) * 4)) : 0;
+      cp_async16(dst + i * ld + c, bytes > 0 ? src + i * rs + c : src, bytes);
+    }
+  } else {
+#pragma unroll 8
+    for (int r = 0; r < 32; ++r) {
+      const int idx = tid + 256 * r, i = idx >> 7, c = idx & 127;
+      const bool ok = i < L && c < lim;
+      cp_async4(dst + i * ld + c, ok ? src + i * rs + c : src, ok ? 4 : 0);
+    }
+  }
+}
+
+// ---- 3xTF32 mma.sync.m16n8k8 -----------------------------------------------------------------
+// Fragments (PTX ISA, m16n8k8 .tf32), g = lane / 4, t = lane % 4:
+//   A 16x8:  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
+//   B 8x8:   b0 (k=t, n=g)  b1 (k=t+4, n=g)
+//   C 16x8:  c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
+struct FragA { unsigned hi[4], lo[4]; };
+struct FragB { unsigned hi[2], lo[2]; };
+
+__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+  const float r = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(r));
+}
+
+__device__ __forceinline__ void mma_tf32(float d[4], const unsigned a[4], const unsigned b[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// d += a b (small cross terms first)
+__device__ __forceinline__ void mma3(float d[4], const FragA& a, const FragB& b) {
+  mma_tf32(d, a.lo, b.hi);
+  mma_tf32(d, a.hi, b.lo);
+  mma_tf32(d, a.hi, b.hi);
+}
+
+// A tile at X (row-major, stride ld): A[m][k] = X[m][k] * (m < 8 ? s0 : s1)
+__device__ __forceinline__ void load_a(FragA& f, const float* X, int ld, int g, int t, float s0,
+                                       float s1) {
+  split_tf32(X[g * ld + t] * s0, f.hi[0], f.lo[0]);
+  split_tf32(X[(g + 8) * ld + t] * s1, f.hi[1], f.lo[1]);
+  split_tf32(X[g * ld + t + 4] * s0, f.hi[2], f.lo[2]);
+  split_tf32(X[(g + 8) * ld + t + 4] * s1, f.hi[3], f.lo[3]);
+}
+// A tile from a transposed operand: A[m][k] = X[k][m] * (k < 4 ? s0 : s4)
+__device__ __forceinline__ void load_at(FragA& f, const float* X, int ld, int g, int t,
+                                        float s0, float s4) {
+  split_tf32(X[t * ld + g] * s0, f.hi[0], f.lo[0]);
+  split_tf32(X[t * ld + g + 8] * s0, f.hi[1], f.lo[1]);
+  split_tf32(X[(t + 4) * ld + g] * s4, f.hi[2], f.lo[2]);
+  split_tf32(X[(t + 4) * ld + g + 8] * s4, f.hi[3], f.lo[3]);
+}
+// B tile at Y (row-major [k][n]): B[k][n] = Y[k][n]
+__device__ __forceinline__ void load_b(FragB& f, const float* Y, int ld, int g, int t) {
+  split_tf32(Y[t * ld + g], f.hi[0], f.lo[0]);
+  split_tf32(Y[(t + 4) * ld + g], f.hi[1], f.lo[1]);
+}
+// B tile from a transposed operand: B[k][n] = Y[n][k]
+__device__ __forceinline__ void load_bt(FragB& f, const float* Y, int ld, int g, int t) {
+  split_tf32(Y[g * ld + t], f.hi[0], f.lo[0]);
+  split_tf32(Y[g * ld + t + 4], f.hi[1], f.lo[1]);
 }
 
 __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams p) {
@@ -75,7 +177,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   float* As = Qs + CH * QK_LD;         // [64][A_LD]
   float* gam = As + CH * A_LD;         // [64]
   float* bet = gam + CH;               // [64]
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x, h = blockIdx.y;
   if (b >= p.chunk_offsets[p.num_segs]) return;
   int lo = 0, hi = p.num_segs - 1;  // segment: last g with chunk_offsets[g] <= b
@@ -88,13 +190,11 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   const int L = min(CH, p.seg_starts[seg + 1] - t_start);
   const int kh = h / (p.value_heads / p.key_heads);
 
-  for (int idx = tid; idx < CH * DMAX; idx += 256) {
-    const int i = idx / DMAX, d = idx % DMAX;
-    const bool ok = i < L && d < p.dk;
-    const i64 row = t_start + i;
-    Ks[i * QK_LD + d] = ok ? p.k[row * p.k_rs + (i64)kh * p.k_hs + d] : 0.0f;
-    Qs[i * QK_LD + d] = ok ? p.q[row * p.q_rs + (i64)kh * p.q_hs + d] : 0.0f;
-  }
+  async_tile128(Ks, QK_LD, p.k + (i64)t_start * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L, p.dk,
+                p.vec_qk != 0, tid);
+  async_tile128(Qs, QK_LD, p.q + (i64)t_start * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
+                p.vec_qk != 0, tid);
+  cp_async_commit();
   if (tid < CH) {
     const i64 row = t_start + tid;
     gam[tid] = tid < L ? p.g[row * p.g_rs + h] : 0.0f;
@@ -104,40 +204,40 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   if (tid == 0) {
     for (int i = 1; i < CH; ++i) gam[i] += gam[i - 1];
   }
+  cp_async_wait<0>();
   __syncthreads();
 
-  {  // A (strict lower) into shared memory, P (lower incl. diagonal) to the workspace
-    const int ti = tid >> 4, tj = tid & 15;
+  {  // A (strict lower) into shared memory, P (lower incl. diagonal) to the workspace.
+     // Warp w: rows 16 mt.., column tiles 8 (nt0 + n).. of K K^T and Q K^T (3xTF32).
+    const int g = lane >> 2, t = lane & 3;
+    const int mt = warp >> 1, nt0 = 4 * (warp & 1);
     float ak[4][4], aq[4][4];
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
+    for (int n = 0; n < 4; ++n)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) ak[a][c] = aq[a][c] = 0.0f;
-    for (int d = 0; d < DMAX; d += 4) {
-      float4 ki[4], qi[4], kj[4];
+      for (int r = 0; r < 4; ++r) ak[n][r] = aq[n][r] = 0.0f;
+#pragma unroll 2
+    for (int ks = 0; ks < DMAX / 8; ++ks) {
+      FragA fk, fq;
+      load_a(fk, Ks + 16 * mt * QK_LD + 8 * ks, QK_LD, g, t, 1.0f, 1.0f);
+      load_a(fq, Qs + 16 * mt * QK_LD + 8 * ks, QK_LD, g, t, 1.0f, 1.0f);
 #pragma unroll
-      for (int a = 0; a < 4; ++a) {
-        ki[a] = *reinterpret_cast<const float4*>(Ks + (ti + 16 * a) * QK_LD + d);
-        qi[a] = *reinterpret_cast<const float4*>(Qs + (ti + 16 * a) * QK_LD + d);
-        kj[a] = *reinterpret_cast<const float4*>(Ks + (tj + 16 * a) * QK_LD + d);
+      for (int n = 0; n < 4; ++n) {
+        FragB fb;  // B[k = d][n = j] = K[j][d]
+        load_bt(fb, Ks + 8 * (nt0 + n) * QK_LD + 8 * ks, QK_LD, g, t);
+        mma3(ak[n], fk, fb);
+        mma3(aq[n], fq, fb);
       }
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          ak[a][c] = dot4(ki[a], kj[c], ak[a][c]);
-          aq[a][c] = dot4(qi[a], kj[c], aq[a][c]);
-        }
     }
     float* pw = p.p_ws + ((i64)b * p.value_heads + h) * CH * CH;
 #pragma unroll
-    for (int a = 0; a < 4; ++a)
+    for (int n = 0; n < 4; ++n)
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int i = ti + 16 * a, j = tj + 16 * c;
+      for (int r = 0; r < 4; ++r) {
+        const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t + (r & 1);
         const float decay = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
-        As[i * A_LD + j] = j < i ? bet[i] * decay * ak[a][c] : 0.0f;
-        pw[i * CH + j] = decay * aq[a][c];
+        As[i * A_LD + j] = j < i ? bet[i] * decay * ak[n][r] : 0.0f;
+        pw[i * CH + j] = j <= i ? decay * aq[n][r] : 0.0f;
       }
   }
   __syncthreads();
@@ -157,19 +257,20 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
     }
 #pragma unroll
     for (int i = 1; i < CH; ++i) {
-      float acc = x[i];
+      float acc0 = x[i], acc1 = 0.0f;  // two partial sums: half the dependency chain
       const float* arow = As + i * A_LD;
 #pragma unroll
       for (int j4 = 0; j4 < CH; j4 += 4) {
         if (j4 < i) {
           const float4 a4 = *reinterpret_cast<const float4*>(arow + j4);
+          float& acc = (j4 & 4) ? acc1 : acc0;
           acc = fmaf(-a4.x, x[j4], acc);
           if (j4 + 1 < i) acc = fmaf(-a4.y, x[j4 + 1], acc);
           if (j4 + 2 < i) acc = fmaf(-a4.z, x[j4 + 2], acc);
           if (j4 + 3 < i) acc = fmaf(-a4.w, x[j4 + 3], acc);
         }
       }
-      x[i] = acc;
+      x[i] = acc0 + acc1;
     }
     float* dst = c < DMAX ? p.u_ws : p.w_ws;
     const int col = c < DMAX ? c : c - DMAX;
@@ -183,135 +284,176 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   }
 }
 
-__global__ void __launch_bounds__(256) gdn_chunk_state_kernel(const ChunkParams p) {
+// Phase-A operands of the chunk at token cs (L tokens): W, Q (raw; scaled by e^G on use), the
+// 32-column U tile and G. One cp.async group (committed by the caller).
+__device__ __forceinline__ void load_phase_a(const ChunkParams& p, float* Ws, float* Qs,
+                                             float* Us, float* gam, int cs, int L, int h,
+                                             int kh, int jbase, int tid) {
+  const i64 hv = p.value_heads;
+  async_tile128(Ws, QK_LD, p.w_ws + ((i64)cs * hv + h) * DMAX, hv * DMAX, L, p.dk, true, tid);
+  async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
+                p.vec_qk != 0, tid);
+  const float* u0 = p.u_ws + ((i64)cs * hv + h) * DMAX;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int idx = tid + 256 * r, i = idx >> 3, c = (idx & 7) * 4;
+    const int bytes = i < L ? min(16, max(0, (p.dv - jbase - c) * 4)) : 0;
+    cp_async16(Us + i * S_LD + c, bytes > 0 ? u0 + i * hv * DMAX + jbase + c : u0, bytes);
+  }
+  if (tid < CH) {
+    const float* g0 = p.gam_ws + (i64)cs * hv + h;
+    cp_async4(gam + tid, tid < L ? g0 + tid * hv : g0, tid < L ? 4 : 0);
+  }
+}
+
+// Phase-B operands: P (64 x 64, all written by the local kernel) and K (raw; scaled on use).
+__device__ __forceinline__ void load_phase_b(const ChunkParams& p, float* Ps, float* Ks,
+                                             int chunk, int cs, int L, int h, int kh, int tid) {
+  const float* pw = p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int idx = tid + 256 * r, i = idx >> 4, c = (idx & 15) * 4;
+    cp_async16(Ps + i * A_LD + c, pw + i * CH + c, 16);
+  }
+  async_tile128(Ks, KS_LD, p.k + (i64)cs * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L, p.dk,
+                p.vec_qk != 0, tid);
+}
+
+__global__ void __launch_bounds__(256, 1) gdn_chunk_state_kernel(const ChunkParams p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  float* Ss = smem;                          // [128][32]  state tile S[d][j]
-  float* Vs = Ss + DMAX * 32;                // [64][32]   V'
-  float* Ps = Vs + CH * 32;                  // [64][A_LD] P
-  float* buf = Ps + CH * A_LD;               // [64][QK_LD] W or Q e^G, or [128][KT_LD] K^T
-  float* gam = buf + DMAX * KT_LD;           // [64] G_i
-  float* eg = gam + CH;                      // [64] e^{G_i}
-  float* ek = eg + CH;                       // [64] e^{G_L - G_i}
+  float* Ws = smem;                  // [64][QK_LD]  W                      (phase A)
+  float* Qs = Ws + CH * QK_LD;       // [64][QK_LD]  Q                      (phase A)
+  float* Us = Qs + CH * QK_LD;       // [64][S_LD]   U column tile          (phase A)
+  float* gam = Us + CH * S_LD;       // [64]         G_i                    (phase A)
+  float* Ps = gam + CH;              // [64][A_LD]   P                      (phase B)
+  float* Ks = Ps + CH * A_LD;        // [64][KS_LD]  K                      (phase B)
+  float* Ss = Ks + CH * KS_LD;       // [128][S_LD]  S column tile
+  float* Vs = Ss + DMAX * S_LD;      // [64][S_LD]   V'
+  float* ek = Vs + CH * S_LD;        // [64]         e^{G_L - G_i} (0 past L)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int seg = blockIdx.x, h = blockIdx.y;
-  const int jcol = blockIdx.z * 32 + lane;
-  const bool col_ok = jcol < p.dv;
+  const int g = lane >> 2, t = lane & 3;
+  const int seg = blockIdx.x, h = blockIdx.y, jbase = blockIdx.z * SB;
   const int kh = h / (p.value_heads / p.key_heads);
   const int t0 = p.seg_starts[seg], t1 = p.seg_starts[seg + 1];
+  if (t1 <= t0) return;
   float* S = p.state + (i64)p.seg_slots[seg] * p.state_ss + (i64)h * p.dk * p.dv;
 
-  for (int d = warp; d < DMAX; d += 8)
-    Ss[d * 32 + lane] = (d < p.dk && col_ok) ? S[(i64)d * p.dv + jcol] : 0.0f;
+  load_phase_a(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase, tid);
+  cp_async_commit();
+  for (int idx = tid; idx < DMAX * SB; idx += 256) {
+    const int d = idx >> 5, j = idx & 31;
+    Ss[d * S_LD + j] = (d < p.dk && jbase + j < p.dv) ? S[(i64)d * p.dv + jbase + j] : 0.0f;
+  }
+  __syncthreads();
+  // S rows 16 warp + g (+8), columns 8n + 2t (+1): accumulator fragments of 4 column tiles
+  float sacc[4][4];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    const float2 s0 = *reinterpret_cast<const float2*>(Ss + (16 * warp + g) * S_LD + 8 * n + 2 * t);
+    const float2 s1 =
+        *reinterpret_cast<const float2*>(Ss + (16 * warp + g + 8) * S_LD + 8 * n + 2 * t);
+    sacc[n][0] = s0.x; sacc[n][1] = s0.y; sacc[n][2] = s1.x; sacc[n][3] = s1.y;
+  }
+  const int ma = warp >> 1, na = 2 * (warp & 1);  // V' / O tile: rows 16 ma.., col tiles na, na+1
 
   for (int cs = t0; cs < t1; cs += CH) {
     const int L = min(CH, t1 - cs);
     const int chunk = p.chunk_offsets[seg] + (cs - t0) / CH;
-    // (a) W rows and G
-    for (int idx = tid; idx < CH * DMAX; idx += 256) {
-      const int i = idx / DMAX, d = idx % DMAX;
-      buf[i * QK_LD + d] = (i < L && d < p.dk)
-          ? p.w_ws[((i64)(cs + i) * p.value_heads + h) * DMAX + d] : 0.0f;
-    }
-    if (tid < CH) gam[tid] = tid < L ? p.gam_ws[(i64)(cs + tid) * p.value_heads + h] : 0.0f;
+    load_phase_b(p, Ps, Ks, chunk, cs, L, h, kh, tid);
+    cp_async_commit();
+    cp_async_wait<1>();  // this chunk's phase-A operands (the group before)
     __syncthreads();
+
+    // ---- phase A: V' = U - W S, O = (Q e^G) S ----
     const float g_last = gam[L - 1];
-    if (tid < CH) {  // read in (c) and (e), after the barriers that follow (b)
-      eg[tid] = expf(gam[tid]);
-      ek[tid] = expf(g_last - gam[tid]);
+    if (tid < CH) ek[tid] = tid < L ? expf(g_last - gam[tid]) : 0.0f;
+    const int r0 = 16 * ma + g;
+    const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
+    const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
+    float vacc[2][4], oacc[2][4];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int c = 8 * (na + n) + 2 * t;
+      const float2 u0 = *reinterpret_cast<const float2*>(Us + r0 * S_LD + c);
+      const float2 u1 = *reinterpret_cast<const float2*>(Us + (r0 + 8) * S_LD + c);
+      vacc[n][0] = u0.x; vacc[n][1] = u0.y; vacc[n][2] = u1.x; vacc[n][3] = u1.y;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
     }
-    // (b) V' = U - W S   (rows warp + 8a)
-    {
-      float acc[8];
+#pragma unroll 4
+    for (int ks = 0; ks < DMAX / 8; ++ks) {
+      FragA fw, fq;
+      load_a(fw, Ws + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, -1.0f, -1.0f);
+      load_a(fq, Qs + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, eg0, eg1);
 #pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const int i = warp + 8 * a;
-        acc[a] = (i < L && col_ok) ? p.u_ws[((i64)(cs + i) * p.value_heads + h) * DMAX + jcol]
-                                   : 0.0f;
-      }
-      for (int d = 0; d < DMAX; d += 4) {
-        const float4 s4 = make_float4(Ss[d * 32 + lane], Ss[(d + 1) * 32 + lane],
-                                      Ss[(d + 2) * 32 + lane], Ss[(d + 3) * 32 + lane]);
-#pragma unroll
-        for (int a = 0; a < 8; ++a) {
-          const float4 w4 = *reinterpret_cast<const float4*>(buf + (warp + 8 * a) * QK_LD + d);
-          acc[a] -= dot4(w4, s4, 0.0f);
-        }
-      }
-#pragma unroll
-      for (int a = 0; a < 8; ++a) Vs[(warp + 8 * a) * 32 + lane] = acc[a];
-    }
-    __syncthreads();
-    // (c) Q e^G rows and P
-    for (int idx = tid; idx < CH * DMAX; idx += 256) {
-      const int i = idx / DMAX, d = idx % DMAX;
-      buf[i * QK_LD + d] = (i < L && d < p.dk)
-          ? p.q[(i64)(cs + i) * p.q_rs + (i64)kh * p.q_hs + d] * eg[i] : 0.0f;
-    }
-    const float* pw = p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH;
-    for (int idx = tid; idx < CH * CH; idx += 256) {
-      const int i = idx / CH, m = idx % CH;
-      Ps[i * A_LD + m] = pw[idx];
-    }
-    __syncthreads();
-    // (d) O = (Q e^G) S + P V'
-    {
-      float acc[8];
-#pragma unroll
-      for (int a = 0; a < 8; ++a) acc[a] = 0.0f;
-      for (int d = 0; d < DMAX; d += 4) {
-        const float4 s4 = make_float4(Ss[d * 32 + lane], Ss[(d + 1) * 32 + lane],
-                                      Ss[(d + 2) * 32 + lane], Ss[(d + 3) * 32 + lane]);
-#pragma unroll
-        for (int a = 0; a < 8; ++a) {
-          const float4 q4 = *reinterpret_cast<const float4*>(buf + (warp + 8 * a) * QK_LD + d);
-          acc[a] = dot4(q4, s4, acc[a]);
-        }
-      }
-      for (int m = 0; m < CH; m += 4) {
-        const float4 v4 = make_float4(Vs[m * 32 + lane], Vs[(m + 1) * 32 + lane],
-                                      Vs[(m + 2) * 32 + lane], Vs[(m + 3) * 32 + lane]);
-#pragma unroll
-        for (int a = 0; a < 8; ++a) {
-          const float4 p4 = *reinterpret_cast<const float4*>(Ps + (warp + 8 * a) * A_LD + m);
-          acc[a] = dot4(p4, v4, acc[a]);
-        }
-      }
-#pragma unroll
-      for (int a = 0; a < 8; ++a) {
-        const int i = warp + 8 * a;
-        if (i < L && col_ok) p.out[(i64)(cs + i) * p.out_rs + (i64)h * p.out_hs + jcol] = acc[a];
+      for (int n = 0; n < 2; ++n) {
+        FragB fs;
+        load_b(fs, Ss + 8 * ks * S_LD + 8 * (na + n), S_LD, g, t);
+        mma3(vacc[n], fw, fs);
+        mma3(oacc[n], fq, fs);
       }
     }
-    __syncthreads();
-    // (e) K^T scaled by e^{G_L - G_i}
-    for (int idx = tid; idx < CH * DMAX; idx += 256) {
-      const int i = idx / DMAX, d = idx % DMAX;
-      buf[d * KT_LD + i] = (i < L && d < p.dk)
-          ? p.k[(i64)(cs + i) * p.k_rs + (i64)kh * p.k_hs + d] * ek[i] : 0.0f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int c = 8 * (na + n) + 2 * t;
+      *reinterpret_cast<float2*>(Vs + r0 * S_LD + c) = make_float2(vacc[n][0], vacc[n][1]);
+      *reinterpret_cast<float2*>(Vs + (r0 + 8) * S_LD + c) = make_float2(vacc[n][2], vacc[n][3]);
     }
-    __syncthreads();
-    // (f) S = e^{G_L} S + K'^T V'   (rows warp + 8e)
-    {
-      const float decay = expf(g_last);
-      float acc[16];
+    cp_async_wait<0>();  // P, K
+    __syncthreads();     // V', ek, P, K visible; W, Q, U, G, S reads done
+    if (cs + CH < t1) {  // prefetch the next chunk's phase-A operands during phase B
+      load_phase_a(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h, kh, jbase, tid);
+      cp_async_commit();
+    }
+
+    // ---- phase B: O += P V' (store O); S = e^{G_L} S + (K e^{G_L - G})^T V' ----
+#pragma unroll 4
+    for (int ks = 0; ks < CH / 8; ++ks) {
+      FragA fp;
+      load_a(fp, Ps + 16 * ma * A_LD + 8 * ks, A_LD, g, t, 1.0f, 1.0f);
 #pragma unroll
-      for (int e = 0; e < 16; ++e) acc[e] = Ss[(warp + 8 * e) * 32 + lane] * decay;
-      for (int i = 0; i < CH; i += 4) {
-        const float4 v4 = make_float4(Vs[i * 32 + lane], Vs[(i + 1) * 32 + lane],
-                                      Vs[(i + 2) * 32 + lane], Vs[(i + 3) * 32 + lane]);
-#pragma unroll
-        for (int e = 0; e < 16; ++e) {
-          const float4 k4 = *reinterpret_cast<const float4*>(buf + (warp + 8 * e) * KT_LD + i);
-          acc[e] = dot4(k4, v4, acc[e]);
-        }
+      for (int n = 0; n < 2; ++n) {
+        FragB fv;
+        load_b(fv, Vs + 8 * ks * S_LD + 8 * (na + n), S_LD, g, t);
+        mma3(oacc[n], fp, fv);
       }
-      __syncthreads();  // everyone has read Ss before it is overwritten
-#pragma unroll
-      for (int e = 0; e < 16; ++e) Ss[(warp + 8 * e) * 32 + lane] = acc[e];
     }
-    __syncthreads();
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int i = r0 + 8 * (r >> 1), col = jbase + 8 * (na + n) + 2 * t + (r & 1);
+        if (i < L && col < p.dv)
+          p.out[(i64)(cs + i) * p.out_rs + (i64)h * p.out_hs + col] = oacc[n][r];
+      }
+    const float decay = expf(g_last);
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sacc[n][r] *= decay;
+#pragma unroll 2
+    for (int ks = 0; ks < CH / 8; ++ks) {
+      FragA fk;  // A[m = d][k = i] = K[i][d] e^{G_L - G_i}
+      load_at(fk, Ks + 8 * ks * KS_LD + 16 * warp, KS_LD, g, t, ek[8 * ks + t],
+              ek[8 * ks + t + 4]);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        FragB fv;
+        load_b(fv, Vs + 8 * ks * S_LD + 8 * n, S_LD, g, t);
+        mma3(sacc[n], fk, fv);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      float* s0 = Ss + (16 * warp + g) * S_LD + 8 * n + 2 * t;
+      *reinterpret_cast<float2*>(s0) = make_float2(sacc[n][0], sacc[n][1]);
+      *reinterpret_cast<float2*>(s0 + 8 * S_LD) = make_float2(sacc[n][2], sacc[n][3]);
+    }
+    __syncthreads();  // S, and the P/K/V' buffers free for the next chunk
   }
-  for (int d = warp; d < DMAX; d += 8)
-    if (d < p.dk && col_ok) S[(i64)d * p.dv + jcol] = Ss[d * 32 + lane];
+  for (int idx = tid; idx < DMAX * SB; idx += 256) {
+    const int d = idx >> 5, j = idx & 31;
+    if (d < p.dk && jbase + j < p.dv) S[(i64)d * p.dv + jbase + j] = Ss[d * S_LD + j];
+  }
 }

@@ -3,9 +3,11 @@
 Same operands and state update as `gdn.gdn_recurrence`; equal to it within fp32 rounding.
 Three launches: chunk offsets, per-chunk local terms (parallel over all chunks), then the
 state pass (sequential over each segment's chunks, parallel over heads and 32-column tiles of
-the state). Intermediates live in a `ChunkWorkspace`: pass one sized for the largest prefill
-(allocated per call when None). Chunks start at each segment's first token, so splitting a
-prompt at multiples of 64 tokens reproduces the unsplit result exactly.
+the state). Matrix products use tensor cores in 3xTF32 (split hi/lo operands, fp32
+accumulation: about fp32 accuracy); the state stays fp32. Intermediates live in a
+`ChunkWorkspace`: pass one sized for the largest prefill (allocated per call when None). Chunks
+start at each segment's first token, so splitting a prompt at multiples of 64 tokens reproduces
+the unsplit result exactly.
 """
 from __future__ import annotations
 
@@ -27,10 +29,12 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     *[(f, "i64") for f in ("q_rs", "q_hs", "k_rs", "k_hs", "v_rs", "v_hs", "g_rs", "beta_rs",
                            "out_rs", "out_hs", "state_ss")],
     ("key_heads", "i32"), ("value_heads", "i32"), ("dk", "i32"), ("dv", "i32"),
-    ("num_segs", "i32"), ("max_chunks", "i32"))
-assert _PARAMS.itemsize == 224
+    ("num_segs", "i32"), ("max_chunks", "i32"), ("vec_qk", "i32"), ("pad_", "i32"))
+assert _PARAMS.itemsize == 232
 LOCAL_SMEM = (2 * CHUNK * 132 + CHUNK * 68 + 2 * CHUNK) * 4
-STATE_SMEM = (DMAX * 32 + CHUNK * 32 + CHUNK * 68 + DMAX * 68 + 3 * CHUNK) * 4
+# W, Q [64][132]; U [64][40]; G [64]; P [64][68]; K [64][136]; S [128][40]; V' [64][40]; [64]
+STATE_SMEM = (2 * CHUNK * 132 + CHUNK * 40 + CHUNK + CHUNK * 68 + CHUNK * 136 + DMAX * 40
+              + CHUNK * 40 + CHUNK) * 4
 
 
 def max_chunks(n_tokens: int, n_segments: int) -> int:
@@ -83,9 +87,13 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     C.require(workspace.fits(n, segs, heads), "workspace",
               f"too small for {n} tokens, {segs} segments, {heads} heads")
     nb = max_chunks(n, segs)
+    # 16-byte cp.async of q / k rows needs 16-byte aligned bases and strides (else 4-byte copies)
+    vec_qk = all(f[a] % 16 == 0 for a in ("q", "k")) and all(
+        f[st] % 4 == 0 for st in ("q_rs", "q_hs", "k_rs", "k_hs"))
     params = C.pack(_PARAMS, **f, chunk_offsets=C.ptr(workspace.offsets),
                     w_ws=C.ptr(workspace.w), u_ws=C.ptr(workspace.u),
-                    gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p), max_chunks=nb)
+                    gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p), max_chunks=nb,
+                    vec_qk=int(vec_qk), pad_=0)
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
     local = get_function(SOURCE, "gdn_chunk_local_kernel")

@@ -1,0 +1,94 @@
+"""Chunkwise GDN prefill (tensor-core 3xTF32 state pass) against the float64 recurrence oracle:
+odd segment lengths (T not a multiple of 64, a 1-token and an empty segment), nonzero initial
+state, Hv = 2 Hk, padded head dims, unaligned (4-byte copy) q / k views, untouched slots, and
+bitwise split invariance at multiples of 64 tokens."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer.kernels_cuda import gdn as kgdn
+from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
+from ninfer.ops import reference as ref
+
+from cuda_testutil import (TOL_F32, assert_close, assert_same_bits, cp, dev, host, poisoned,
+                           randn, segments, slot_strided)
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(rng, n, hk, hv, dk, dv, g_scale):
+    q = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, dk ** -0.5).astype(np.float32)
+    k = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, 1.0).astype(np.float32)
+    v = randn(rng, (n, hv, dv))
+    g = (-np.abs(randn(rng, (n, hv))) * g_scale).astype(np.float32)
+    beta = rng.uniform(0.05, 0.95, (n, hv)).astype(np.float32)
+    return q, k, v, g, beta
+
+
+def _unaligned(a: np.ndarray):
+    """A device view of `a` [N, H, d] whose head and row strides are odd (d + 5 elements)."""
+    n, hh, d = a.shape
+    parent = np.full((n, hh, d + 5), np.nan, np.float32)
+    parent[:, :, 3:3 + d] = a
+    return dev(parent)[:, :, 3:3 + d]
+
+
+@pytest.mark.parametrize("hk,hv,dk,dv,g_scale,aligned", [
+    (2, 4, 128, 128, 0.05, True),
+    (2, 4, 128, 128, 0.3, True),
+    (1, 2, 40, 72, 0.1, True),
+    (2, 4, 128, 100, 0.1, False),
+    (1, 2, 37, 33, 0.1, False),
+])
+def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned):
+    lengths, slots = (130, 1, 0, 77, 64, 200), (3, 0, 6, 1, 4, 2)
+    starts, seg_slots = segments(lengths, slots)
+    n = int(starts[-1])
+    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, g_scale)
+    st_h, st_d, _ = slot_strided(rng, 7, (hv, dk, dv), scale=0.1)
+    untouched = host(st_d)[5].copy()  # slot 5 is in no segment
+    exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
+    qd, kd = (dev(q), dev(k)) if aligned else (_unaligned(q), _unaligned(k))
+    out = poisoned((n, hv, dv))
+    kgdn.gdn_chunk_prefill(qd, kd, dev(v), dev(g), dev(beta), st_d, dev(starts),
+                           dev(seg_slots), out)
+    assert_close(out, exp_out, TOL_F32, "chunk output")
+    assert_close(st_d, exp_state, TOL_F32, "chunk state")
+    assert_same_bits(host(st_d)[5], untouched, "slot outside every segment")
+
+
+def test_chunk_prefill_matches_recurrence_kernel_long(rng):
+    """Many chunks (state carried over 16 chunks) against the token-by-token kernel."""
+    hk, hv, dk, dv, n = 2, 4, 128, 128, 1000
+    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, 0.1)
+    starts, seg_slots = segments((n,), (1,))
+    _, st_rec, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+    st_chunk = cp().ascontiguousarray(st_rec)
+    args = [dev(a) for a in (q, k, v, g, beta)]
+    out_rec, out_chunk = poisoned((n, hv, dv)), poisoned((n, hv, dv))
+    kgdn.gdn_recurrence(*args, st_rec, dev(starts), dev(seg_slots), out_rec)
+    kgdn.gdn_chunk_prefill(*args, st_chunk, dev(starts), dev(seg_slots), out_chunk)
+    assert_close(out_chunk, host(out_rec), TOL_F32, "chunk vs recurrence output")
+    assert_close(st_chunk, host(st_rec), TOL_F32, "chunk vs recurrence state")
+
+
+@pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
+def test_chunk_prefill_split_bitwise(rng, cuts):
+    hk, hv, dk, dv, n = 2, 4, 128, 128, 301
+    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, 0.1)
+    _, st_whole, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+    st_split = cp().ascontiguousarray(st_whole)
+    ws = ChunkWorkspace.allocate(n, 1, hv)
+    slot = dev(np.ones(1, np.int32))
+    whole = poisoned((n, hv, dv))
+    kgdn.gdn_chunk_prefill(*[dev(a) for a in (q, k, v, g, beta)], st_whole,
+                           dev(np.array([0, n], np.int32)), slot, whole, workspace=ws)
+    split = poisoned((n, hv, dv))
+    bounds = (0,) + tuple(cuts) + (n,)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        kgdn.gdn_chunk_prefill(*[dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
+                               dev(np.array([0, hi - lo], np.int32)), slot, split[lo:hi],
+                               workspace=ws)
+    assert_same_bits(split, whole, "output")
+    assert_same_bits(st_split, st_whole, "state")
