@@ -6,27 +6,60 @@
 // kv_write_kernel<KT>: one block per row; stores k/v (cast to KT) at (row_seq, row_pos).
 //   A page id outside [0, num_pages) is skipped (never written).
 //
-// paged_attention_kernel<KT, GW, DPL, SPLIT>: a row's context [0, row_pos[n]] is cut into
-//   chunks of CHUNK consecutive keys (boundaries depend only on the row's own length). For one
-//   chunk, a block computes the partial softmax state (m, l, unnormalised o) of all G = A/Hkv
-//   query heads of one KV head g, so each K/V vector is read once: warps are (HG head groups of
-//   GW heads) x (KW key lanes); a warp walks its tiles of TK keys (tile t goes to key lane
-//   t % KW), lane l holding dims [l*DPL, (l+1)*DPL) (D = 32*DPL); online softmax per warp, then
-//   the KW partials are merged in key-lane order. Partials of several chunks are merged in chunk
-//   order by attn_merge (running max rescale, explicit fmaf):
-//   SPLIT=1 (flash-decoding, few rows): grid (max_chunks, Hkv, N), one chunk per block; a row
-//     with one chunk writes its output, others write partials that
-//     paged_attention_combine_kernel merges (blocks past the row's chunks exit);
-//   SPLIT=0 (many rows, e.g. prefill): grid (1, Hkv, N), the block loops over the row's chunks
-//     and merges them itself. Both modes run the same per-chunk code and the same merge in the
-//     same order, so they give bitwise identical rows (batch invariance across the switch).
-//   An invalid sequence row or page id makes the row's output NaN.
+// paged_attention_kernel<KT, GW, DPL, SPLIT>: causal attention of row n over keys
+//   [0, len = row_pos[n] + 1) of its sequence. Decode moves a few MB per layer, so it is
+//   latency-bound: the work is cut finely and every warp keeps its next tile's loads in flight.
 //
-// paged_attention_combine_kernel: grid (A, N), D threads; merges a row's chunk partials.
+//   Chunks. The context is cut into chunks of CS = max(64, roundup64(ceil(len / 64))) keys:
+//   n_chunks = ceil(len / CS) <= ATTN_MAX_CHUNKS = 64 (CS = 64 up to len 4096, then it grows).
+//   CS depends only on the row's own length, so a row's chunk partials never depend on N.
+//
+//   One chunk (a block: KV head g and its G = A / Hkv query heads; HG head groups of GW heads x
+//   KW key warps, at most 4 warps). The chunk's keys form tiles of KPW consecutive keys (KPW =
+//   8 for bf16 D=256: a lane stages 128 bytes of K and 128 of V per tile); tile t goes to key
+//   warp t % KW. Lane l owns dims [l*DPL, (l+1)*DPL) (D = 32*DPL) of every key.
+//   Per warp, software-pipelined over its tiles (double buffer, 16 KiB of shared memory):
+//     - lane j < KPW looks up key j's page two tiles ahead; the tile's K and V rows go global ->
+//       shared with cp.async (a lane copies its own bytes; keys that are not valid read as zero)
+//       while the previous tile is computed, so every warp has one tile in flight at all times;
+//     - scores (base 2: scale_log2 = scale * log2 e): K converted to f32 once, per head KPW
+//       partial dots (fmaf over the lane's dims) reduced over the 32 lanes by one multi-value
+//       butterfly (log2(KPW) halving-exchange steps, then xor steps), which leaves key
+//       j = lane / (32 / KPW) in each lane; online softmax over the tile (xor max / sum over the
+//       key bits; acc *= corr, skipped when the max did not move since x * 1 is exact);
+//     - p_j to shared memory, then for j ascending: acc[h][d] = fmaf(p[h][j], v[j][d], acc).
+//   At the chunk end the KW warp states are merged in warp order (factor
+//   f_w = exp2(m_w - max_w m_w)) into the chunk partial (m_c, l_c, o_c).
+//
+//   Merge of chunks, in two levels (groups of ATTN_GROUP = 8 consecutive chunks; at most 8
+//   groups) with identical arithmetic in both modes: a level folds its items (chunks of a group,
+//   then the groups of the row) in order from the empty state: with M_i the running max
+//   (M_-1 = -inf, M_i = fmaxf(M_i-1, m_i)), a_i = exp2f(M_i-1 - M_i), b_i = exp2f(m_i - M_i),
+//   l = fmaf(l_i, b_i, l * a_i), o = fmaf(o_i, b_i, o * a_i) from l = o = 0; a group's result
+//   (M, l, o) is an item of the row level; out = o / l. The running max is exact in any order,
+//   so the split mode computes it with a max-scan.
+//   SPLIT=1 (decode, few rows): grid (max chunks, Hkv, N), one chunk per block; blocks past the
+//     row's chunks exit. A one-chunk row writes its output directly; otherwise the block stores
+//     its partial in the workspace; the last block of its group to finish (atomic counter,
+//     threadfence pattern) folds the group's <= 8 partials (a warp per head computes the
+//     coefficients, a thread per 4 dims folds with all loads in flight) into a group partial,
+//     and the last group to finish folds the <= 8 groups into the output (a row with one group
+//     goes straight to the output). So no block reads more than 8 partials (32 KiB for G=4,
+//     D=256). Each level's last block resets its counter: counters start at 0 and are 0 again
+//     after every launch, so graph replays need no reset.
+//   SPLIT=0 (many rows, e.g. prefill): grid (1, Hkv, N); the block loops over the row's chunks
+//     and folds each partial into a group state and each finished group into the row state
+//     (shared memory).
+//   Both modes run the same per-chunk code and the same fold in the same order, so they give
+//   bitwise identical rows (batch invariance across the switch). All per-chunk arithmetic uses
+//   explicit fmaf / __fmul_rn / __fadd_rn so that no contraction choice differs between
+//   instances. An invalid sequence row or page id makes the row's output NaN.
 #include "common.cuh"
 
-#define ATTN_CHUNK 256
-#define ATTN_TK 4
+#define ATTN_MAX_CHUNKS 64   // chunks per row at most (the workspace's chunk dimension)
+#define ATTN_CHUNK_GRAIN 64  // chunk sizes are multiples of this (and at least this)
+#define ATTN_GROUP 8         // chunks per merge group (ATTN_MAX_CHUNKS / ATTN_GROUP groups)
+#define ATTN_FULL 0xffffffffu
 
 struct KvWriteParams {
   const float* k;
@@ -71,220 +104,582 @@ struct AttnParams {
   const int* block_tables;
   const int* row_seq;
   const int* row_pos;
-  float* part_o;   // [N, A, max_chunks, D]
-  float* part_ml;  // [N, A, max_chunks, 2]
+  float* part_o;   // [N, A, max_chunks, D] chunk partials (SPLIT=1 only)
+  float* part_ml;  // [N, A, max_chunks, 2] (chunk max, chunk sum)
+  float* grp_o;    // [N, A, ATTN_GROUP, D] group partials
+  float* grp_ml;   // [N, A, ATTN_GROUP, 2]
+  int* counters;   // [N, A, 1 + ATTN_GROUP]: [n, g, 0] groups done, [n, g, 1 + q] chunks done
+                   // in group q of row n, KV head g; 0 between launches
   i64 q_rs, q_hs, out_rs, out_hs;
   i64 bt_rs;
   int num_pages, page_size, kv_heads, q_heads;
   int num_seqs, bt_cols, max_chunks, head_groups;  // head_groups = HG
-  float scale;
+  float scale_log2;  // scale * log2(e): scores are kept in base 2
+  int hg_recip;      // ceil(65536 / head_groups): warp / HG = (warp * hg_recip) >> 16, warp < 32
+  int page_shift;    // log2(page_size) when it is a power of two, else -1
   int pad;
 };
-static_assert(sizeof(AttnParams) == 152, "AttnParams layout is mirrored in attention.py");
+static_assert(sizeof(AttnParams) == 184, "AttnParams layout is mirrored in attention.py");
 
+struct AttnRow {
+  bool ok;
+  int seq, len, chunk_keys, n_chunks;
+};
+
+// Row n's context and chunking (an invalid row has one chunk of one key, flagged bad).
+__device__ __forceinline__ AttnRow attn_row(const AttnParams& p, i64 n) {
+  AttnRow r;
+  r.seq = p.row_seq[n];
+  const int pos = p.row_pos[n];
+  r.ok = r.seq >= 0 && r.seq < p.num_seqs && pos >= 0 && pos / p.page_size < p.bt_cols;
+  r.len = r.ok ? pos + 1 : 1;
+  const int per = (r.len - 1) / ATTN_MAX_CHUNKS + 1;  // ceil(len / 64), no overflow
+  r.chunk_keys = max(ATTN_CHUNK_GRAIN, ((per - 1) / ATTN_CHUNK_GRAIN + 1) * ATTN_CHUNK_GRAIN);
+  r.n_chunks = (r.len - 1) / r.chunk_keys + 1;
+  return r;
+}
+
+// Keys per warp tile: a lane stages KPW * DPL * sizeof(KT) <= 128 bytes of K (and of V) per
+// tile, KPW <= 8 (8 for bf16 D <= 256; 4 for f32 D = 256).
 template <typename KT, int DPL>
-__device__ __forceinline__ void load_lane(const KT* p, float (&out)[DPL]) {
-  if constexpr (DPL == 8) {
-    load8_cached(p, out);
+__host__ __device__ constexpr int attn_kpw() {
+  return 128 / (DPL * (int)sizeof(KT)) < 8 ? 128 / (DPL * (int)sizeof(KT)) : 8;
+}
+
+// The DPL raw elements of one key that a lane holds (bf16 stays packed until used).
+template <typename KT, int DPL>
+struct KvLane {
+  static constexpr int BYTES = DPL * (int)sizeof(KT);
+  static constexpr int W = BYTES < 4 ? 1 : BYTES / 4;  // 32-bit words
+  unsigned int w[W];
+
+  // from shared memory; ptr is aligned to BYTES
+  __device__ __forceinline__ void load_shared(const unsigned char* ptr) {
+    if constexpr (BYTES == 32) {
+      const uint4 a = reinterpret_cast<const uint4*>(ptr)[0];
+      const uint4 b = reinterpret_cast<const uint4*>(ptr)[1];
+      w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+      w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+    } else if constexpr (BYTES == 16) {
+      const uint4 a = *reinterpret_cast<const uint4*>(ptr);
+      w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    } else if constexpr (BYTES == 8) {
+      const uint2 a = *reinterpret_cast<const uint2*>(ptr);
+      w[0] = a.x; w[1] = a.y;
+    } else if constexpr (BYTES == 4) {
+      w[0] = *reinterpret_cast<const unsigned int*>(ptr);
+    } else {
+      w[0] = *reinterpret_cast<const unsigned short*>(ptr);
+    }
+  }
+  __device__ __forceinline__ float get(int d) const {  // d is a compile-time index after unroll
+    if constexpr (sizeof(KT) == 4) {
+      return __uint_as_float(w[d]);
+    } else if constexpr (BYTES == 2) {
+      return __uint_as_float(w[0] << 16);
+    } else {
+      return __uint_as_float((d & 1) ? (w[d >> 1] & 0xffff0000u) : (w[d >> 1] << 16));
+    }
+  }
+};
+
+// 32-bit shared-window address of a generic pointer into shared memory.
+__device__ __forceinline__ unsigned attn_smem_u32(const void* ptr) {
+  return (unsigned)__cvta_generic_to_shared(ptr);
+}
+// Asynchronous global -> shared copy of BYTES (4, 8, 16 or 32); valid = false writes zeros
+// without reading src.
+template <int BYTES>
+__device__ __forceinline__ void attn_cp_async(unsigned dst, const void* src, bool valid) {
+  if constexpr (BYTES == 32) {
+    attn_cp_async<16>(dst, src, valid);
+    attn_cp_async<16>(dst + 16, static_cast<const char*>(src) + 16, valid);
+  } else if constexpr (BYTES == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0) : "memory");
   } else {
+    static_assert(BYTES == 8 || BYTES == 4, "cp.async copies 4, 8 or 16 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                 "n"(BYTES), "r"(valid ? BYTES : 0) : "memory");
+  }
+}
+__device__ __forceinline__ void attn_cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of this thread's most recent copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void attn_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Multi-value butterfly: v[j] holds this lane's partial of key j (j < K). Returns the sum over
+// the 32 lanes of key j = lane / (32 / K), identical in every lane holding that key. Halving
+// steps (offsets 16, 8, ...): a lane keeps the half of its values selected by its lane bit and
+// adds the partner's copy of that half; then xor steps finish the remaining lane bits.
+template <int K, int N, int O>
+__device__ __forceinline__ void attn_halve(float (&v)[K], int lane) {
+  if constexpr (N > 1) {
+    const bool upper = (lane & O) != 0;
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) out[d] = to_f32(p[d]);
+    for (int i = 0; i < N / 2; ++i) {
+      const float send = upper ? v[i] : v[i + N / 2];
+      const float keep = upper ? v[i + N / 2] : v[i];
+      v[i] = __fadd_rn(keep, __shfl_xor_sync(ATTN_FULL, send, O));
+    }
+    attn_halve<K, N / 2, O / 2>(v, lane);
+  }
+}
+template <int K>
+__device__ __forceinline__ float attn_key_sum(float (&v)[K], int lane) {
+  static_assert(K >= 2 && K <= 32 && (K & (K - 1)) == 0, "K must be a power of two <= 32");
+  attn_halve<K, K, 16>(v, lane);
+  float s = v[0];
+#pragma unroll
+  for (int o = 16 / K; o > 0; o >>= 1) s = __fadd_rn(s, __shfl_xor_sync(ATTN_FULL, s, o));
+  return s;
+}
+
+// Merge coefficients of a chunk with max m_c into a running state with max m_prev (base 2).
+__device__ __forceinline__ float attn_coef(float m_prev, float m_c, float& a, float& b) {
+  const float m_new = fmaxf(m_prev, m_c);
+  a = exp2f(m_prev - m_new);  // 0 for the initial m_prev = -inf
+  b = exp2f(m_c - m_new);
+  return m_new;
+}
+__device__ __forceinline__ float attn_fold(float run, float a, float b, float x) {
+  return fmaf(x, b, __fmul_rn(run, a));
+}
+
+// Element row (page * Hkv + g) * page_size + slot of `key`; -2: not a key of this tile
+// (inactive lane or past key_end), -1: invalid row or page (the row becomes NaN).
+__device__ __forceinline__ int attn_key_row(const AttnParams& p, const int* bt, bool row_ok, int g,
+                                            int key, int key_end, bool active) {
+  if (!active || key >= key_end) return -2;
+  if (!row_ok) return -1;
+  int idx, slot;
+  if (p.page_shift >= 0) {
+    idx = key >> p.page_shift;
+    slot = key & (p.page_size - 1);
+  } else {
+    idx = key / p.page_size;
+    slot = key - idx * p.page_size;
+  }
+  const int page = __ldg(bt + idx);
+  if (page < 0 || page >= p.num_pages) return -1;
+  return (page * p.kv_heads + g) * p.page_size + slot;
+}
+
+// Split-mode merge, run by every thread of the last block of a group (level 1) or of a row's
+// groups (level 2): folds `count` (1..8) partials of KV head g's G heads of row n, slots
+// [first, first + count) of (o [N, A, stride, D], ml [N, A, stride, 2]), in slot order from the
+// empty state (as SPLIT=0 folds them). Pass 1 (a warp per head, lane i = slot i): the running
+// max by a max-scan (exact, so equal to the sequential fmaxf chain) and the coefficients;
+// pass 2 (a thread per 4 dims, all loads in flight): the fold. mode 0: the result (M, L, O) goes
+// to group slot `dst`; mode 1: out = the result folded into an empty row state (a row with one
+// group); mode 2: out = O / L. mg: shared a, b, l [G][ATTN_GROUP], M [G].
+template <int D>
+__device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, int G,
+                                           const float* src_o, const float* src_ml, int stride,
+                                           int first, int count, float* mg, int mode,
+                                           int dst = 0) {
+  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const int nwarps = nthreads >> 5;
+  float* ma = mg;
+  float* mb = ma + G * ATTN_GROUP;
+  float* ml = mb + G * ATTN_GROUP;
+  float* mm = ml + G * ATTN_GROUP;
+  for (int hl = warp; hl < G; hl += nwarps) {
+    const i64 slot0 = (n * p.q_heads + g * G + hl) * (i64)stride + first;
+    const float2 v = lane < count ? __ldcg(reinterpret_cast<const float2*>(src_ml) + slot0 + lane)
+                                  : make_float2(-NINFER_INF, 0.0f);
+    float s = v.x;  // inclusive prefix max over slots 0..lane
+#pragma unroll
+    for (int o = 1; o < ATTN_GROUP; o <<= 1) {
+      const float u = __shfl_up_sync(ATTN_FULL, s, o);
+      if (lane >= o) s = fmaxf(s, u);
+    }
+    const float up = __shfl_up_sync(ATTN_FULL, s, 1);
+    const float m_all = __shfl_sync(ATTN_FULL, s, count - 1);
+    if (lane < count) {
+      float a, b;
+      attn_coef(lane == 0 ? -NINFER_INF : up, v.x, a, b);
+      ma[hl * ATTN_GROUP + lane] = a;
+      mb[hl * ATTN_GROUP + lane] = b;
+      ml[hl * ATTN_GROUP + lane] = v.y;
+    }
+    if (lane == 0) mm[hl] = m_all;
+  }
+  __syncthreads();
+  constexpr int D4 = D / 4;
+  for (int e = tid; e < G * D4; e += nthreads) {
+    const int hl = e / D4, d4 = e % D4;
+    const int head = g * G + hl;
+    const float4* po = reinterpret_cast<const float4*>(src_o) +
+                       ((n * p.q_heads + head) * (i64)stride + first) * D4 + d4;
+    float4 buf[ATTN_GROUP];
+#pragma unroll
+    for (int i = 0; i < ATTN_GROUP; ++i)
+      buf[i] = i < count ? __ldcg(po + (i64)i * D4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f, l = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ATTN_GROUP; ++i) {
+      if (i < count) {
+        const float a = ma[hl * ATTN_GROUP + i], b = mb[hl * ATTN_GROUP + i];
+        o0 = attn_fold(o0, a, b, buf[i].x);
+        o1 = attn_fold(o1, a, b, buf[i].y);
+        o2 = attn_fold(o2, a, b, buf[i].z);
+        o3 = attn_fold(o3, a, b, buf[i].w);
+        l = attn_fold(l, a, b, ml[hl * ATTN_GROUP + i]);
+      }
+    }
+    if (mode == 0) {
+      const i64 slot = (n * p.q_heads + head) * (i64)ATTN_GROUP + dst;
+      reinterpret_cast<float4*>(p.grp_o)[slot * D4 + d4] = make_float4(o0, o1, o2, o3);
+      if (d4 == 0) reinterpret_cast<float2*>(p.grp_ml)[slot] = make_float2(mm[hl], l);
+    } else {
+      if (mode == 1) {
+        float a, b;
+        attn_coef(-NINFER_INF, mm[hl], a, b);
+        o0 = attn_fold(0.0f, a, b, o0);
+        o1 = attn_fold(0.0f, a, b, o1);
+        o2 = attn_fold(0.0f, a, b, o2);
+        o3 = attn_fold(0.0f, a, b, o3);
+        l = attn_fold(0.0f, a, b, l);
+      }
+      float* out = p.out + n * p.out_rs + (i64)head * p.out_hs + d4 * 4;
+      out[0] = o0 / l;
+      out[1] = o1 / l;
+      out[2] = o2 / l;
+      out[3] = o3 / l;
+    }
   }
 }
 
-// Returns the number of chunks of a context of `len` keys.
-__device__ __forceinline__ int attn_chunks(int len) { return (len + ATTN_CHUNK - 1) / ATTN_CHUNK; }
+#define ATTN_STAGE_FLOATS 4096  // per warp (16 KiB): 2 buffers x {K, V} x KPW keys x 32 lanes
 
-// Running merge of chunk partials, identical in the loop and the combine kernels.
-__device__ __forceinline__ void attn_merge(float& m_run, float& l_run, float& o_run, float m_c,
-                                           float l_c, float o_c) {
-  const float m_new = fmaxf(m_run, m_c);
-  const float a = expf(m_run - m_new);  // 0 for the initial m_run = -inf
-  const float b = expf(m_c - m_new);
-  l_run = fmaf(l_c, b, l_run * a);
-  o_run = fmaf(o_c, b, o_run * a);
-  m_run = m_new;
-}
-
+// Dynamic shared memory (floats; mirrored by attention.py `_smem_bytes`):
+//   stage [nwarps][4096] (16 KiB per warp: the K/V double buffer of its tiles; at the chunk end
+//   the warp's acc [GW][D] over its start) | p [nwarps][64] ([KPW][4] used) | m, l, f [KW][G] |
+//   chunk max [G] | then SPLIT=0: run_o, grp_o [G][D], run_m, run_l, grp_m, grp_l, a, b, ra,
+//   rb [G];  SPLIT=1: merge a, b, l [G][ATTN_GROUP], M [G].
+// Blocks of <= 4 warps (3 per SM: <= 168 registers), except GW=1 (G = 1, 5, 7: up to 7 warps).
 template <typename KT, int GW, int DPL, int SPLIT>
-__global__ void __launch_bounds__(256) paged_attention_kernel(const AttnParams p) {
-  // [KW][G] m, [KW][G] l, [KW][G][D] acc; SPLIT=0 adds running m, l, o: [G][D] each
-  extern __shared__ float smem[];
-  __shared__ int sm_bad;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = blockDim.x >> 5;
+__global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
+    paged_attention_kernel(const AttnParams p) {
+  constexpr int D = 32 * DPL;
+  constexpr int KPW = attn_kpw<KT, DPL>();
+  constexpr int LPK = 32 / KPW;  // lanes holding each key's score after the reduction
+  using Lane = KvLane<KT, DPL>;
+  constexpr int BYTES = Lane::BYTES;
+  // a lane copies its own bytes of each key; bf16 D=32 (2 bytes) copies in lane pairs
+  constexpr int CP = BYTES < 4 ? 4 : BYTES;
+  constexpr int KEY_B = 32 * BYTES;         // one key row of one KV head
+  constexpr int BUF_B = 2 * KPW * KEY_B;    // one buffer: K rows then V rows
+  static_assert(2 * BUF_B <= ATTN_STAGE_FLOATS * 4, "stage is 16 KiB per warp");
+  static_assert(GW * D * 4 <= ATTN_STAGE_FLOATS * 4, "acc fits the stage");
+  extern __shared__ float4 attn_smem4[];
+  float* smem = reinterpret_cast<float*>(attn_smem4);
+  __shared__ int sm_bad, sm_last, sm_chunks;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int nwarps = nthreads >> 5;
   const int HG = p.head_groups;
-  const int KW = nwarps / HG;
+  const int KW = (nwarps * p.hg_recip) >> 16;  // nwarps / HG
   const int G = HG * GW;
-  const int D = 32 * DPL;
-  const int hg = warp % HG, kw = warp / HG;
+  const int kw = (warp * p.hg_recip) >> 16;  // warp / HG without a division
+  const int hg = warp - kw * HG;
   const int g = blockIdx.y;
   const i64 n = blockIdx.z;
 
-  const int seq = p.row_seq[n];
-  const int pos = p.row_pos[n];
-  const bool row_ok = seq >= 0 && seq < p.num_seqs && pos >= 0 && pos / p.page_size < p.bt_cols;
-  const int len = row_ok ? pos + 1 : 1;
-  const int n_chunks = attn_chunks(len);
+  const AttnRow row = attn_row(p, n);
   const int c_begin = SPLIT ? (int)blockIdx.x : 0;
-  const int c_end = SPLIT ? c_begin + 1 : n_chunks;
-  if (c_begin >= n_chunks) return;
+  const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
+  if (c_begin >= row.n_chunks) return;
 
-  float* sm_m = smem;
-  float* sm_l = smem + KW * G;
-  float* sm_acc = smem + 2 * KW * G;
-  float* run_m = sm_acc + KW * G * D;  // SPLIT=0 only
-  float* run_l = run_m + G * D;
-  float* run_o = run_l + G * D;
-  if (threadIdx.x == 0) sm_bad = !row_ok;
+  float* sm_stage = smem;
+  float* sm_p = sm_stage + nwarps * ATTN_STAGE_FLOATS;
+  float* sm_m = sm_p + nwarps * 64;
+  float* sm_l = sm_m + KW * G;
+  float* sm_f = sm_l + KW * G;
+  float* sm_cm = sm_f + KW * G;
+  float* sm_x = sm_cm + G;
+  float* run_o = sm_x;  // SPLIT=0: row and group states, fold coefficients
+  float* grp_o = run_o + G * D;
+  float* run_m = grp_o + G * D;
+  float* run_l = run_m + G;
+  float* grp_m = run_l + G;
+  float* grp_l = grp_m + G;
+  float* co_a = grp_l + G;
+  float* co_b = co_a + G;
+  float* co_ra = co_b + G;
+  float* co_rb = co_ra + G;
+  float* mg = sm_x;  // SPLIT=1 merge
+
+  if (tid == 0) {
+    sm_bad = !row.ok;
+    sm_chunks = row.n_chunks;  // re-read per chunk (SPLIT=0): one register less across the loop
+  }
   if (!SPLIT) {
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-      run_m[idx] = -NINFER_INF;
-      run_l[idx] = 0.0f;
-      run_o[idx] = 0.0f;
+    for (int idx = tid; idx < G * D; idx += nthreads) run_o[idx] = grp_o[idx] = 0.0f;
+    if (tid < G) {
+      run_m[tid] = grp_m[tid] = -NINFER_INF;
+      run_l[tid] = grp_l[tid] = 0.0f;
     }
   }
-  __syncthreads();  // sm_bad is initialised before any warp can flag a bad page
+  __syncthreads();  // sm_bad and the running state are ready
 
-  const int head0 = g * G + hg * GW;  // first query head of this warp
   float q[GW][DPL];
 #pragma unroll
-  for (int i = 0; i < GW; ++i) {
-    const float* qp = p.q + n * p.q_rs + (i64)(head0 + i) * p.q_hs + lane * DPL;
+  for (int h = 0; h < GW; ++h) {
+    const float* qp = p.q + n * p.q_rs + (i64)(g * G + hg * GW + h) * p.q_hs + lane * DPL;
 #pragma unroll
-    for (int d = 0; d < DPL; ++d) q[i][d] = qp[d];
+    for (int d = 0; d < DPL; ++d) q[h][d] = qp[d];
   }
   const KT* kbase = static_cast<const KT*>(p.k_pages);
   const KT* vbase = static_cast<const KT*>(p.v_pages);
-  const int* bt = p.block_tables + (i64)(row_ok ? seq : 0) * p.bt_rs;
+  const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+  float* sm_pw = sm_p + warp * 64;  // this warp's p [KPW][4]
+  float* wst = sm_stage + warp * ATTN_STAGE_FLOATS;
+  const unsigned char* st = reinterpret_cast<const unsigned char*>(wst) + lane * BYTES;
+  const unsigned st_u32 = attn_smem_u32(st);
+  const bool copier = BYTES >= 4 || (lane & 1) == 0;
+  const int jl = lane / LPK;  // the key whose score this lane holds
+  const int stride = KW * KPW;
 
-  for (int c = c_begin; c < c_end; ++c) {
-    const int key_begin = c * ATTN_CHUNK;
-    const int key_end = min(len, key_begin + ATTN_CHUNK);
-    float m[GW], l[GW], acc[GW][DPL];
+  // Issues the copies of the tile at t0 (lane j's rid is key t0 + j's element row) into
+  // buffer b: the K rows, then the V rows; keys that are not valid read as zeros.
+  auto issue = [&](int rid, int b) -> bool {
+    bool bad_tile = false;
 #pragma unroll
-    for (int i = 0; i < GW; ++i) {
-      m[i] = -NINFER_INF;
-      l[i] = 0.0f;
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) acc[i][d] = 0.0f;
+    for (int j = 0; j < KPW; ++j) {
+      const int r = __shfl_sync(ATTN_FULL, rid, j);
+      const i64 off = (i64)max(r, 0) * D + lane * DPL;
+      if (copier) {
+        attn_cp_async<CP>(st_u32 + b * BUF_B + j * KEY_B, kbase + off, r >= 0);
+        attn_cp_async<CP>(st_u32 + b * BUF_B + (KPW + j) * KEY_B, vbase + off, r >= 0);
+      }
+      bad_tile |= r == -1;
     }
-    bool bad = false;
-    for (int t0 = key_begin + kw * ATTN_TK; t0 < key_end; t0 += KW * ATTN_TK) {
-      float kv[ATTN_TK][DPL], vv[ATTN_TK][DPL];
+    return bad_tile;
+  };
+
+  for (int c = c_begin; c < (SPLIT ? c_end : sm_chunks); ++c) {
+    const int key_begin = c * row.chunk_keys;
+    const int key_end = min(row.len, key_begin + row.chunk_keys);
+    // the warp's running max and sum per head live in its sm_m / sm_l slots (warp-uniform
+    // values; registers are kept for q and acc)
+    float* wm = sm_m + kw * G + hg * GW;
+    float* wl = sm_l + kw * G + hg * GW;
+    float acc[GW][DPL];
 #pragma unroll
-      for (int j = 0; j < ATTN_TK; ++j) {
-        const int key = t0 + j;
-        int page = -1;
-        if (key < key_end && row_ok) page = bt[key / p.page_size];
-        if (page >= 0 && page < p.num_pages) {
-          const i64 off = (((i64)page * p.kv_heads + g) * p.page_size + key % p.page_size) * D +
-                          lane * DPL;
-          load_lane<KT, DPL>(kbase + off, kv[j]);
-          load_lane<KT, DPL>(vbase + off, vv[j]);
-        } else {
-          if (key < key_end) bad = true;
-#pragma unroll
-          for (int d = 0; d < DPL; ++d) kv[j][d] = vv[j][d] = 0.0f;
-        }
+    for (int h = 0; h < GW; ++h) {
+      if (lane == 0) {
+        wm[h] = -NINFER_INF;
+        wl[h] = 0.0f;
       }
 #pragma unroll
-      for (int i = 0; i < GW; ++i) {
-        float s[ATTN_TK];
-        float tile_max = -NINFER_INF;
+      for (int d = 0; d < DPL; ++d) acc[h][d] = 0.0f;
+    }
+    __syncwarp();
+    bool bad = false;
+    // software pipeline: tile i's copies land while tile i-1 is computed; page ids are looked
+    // up two tiles ahead
+    int t0 = key_begin + kw * KPW;
+    int rid_next = attn_key_row(p, bt, row.ok, g, t0 + stride + lane, key_end, lane < KPW);
+    if (t0 < key_end)
+      bad |= issue(attn_key_row(p, bt, row.ok, g, t0 + lane, key_end, lane < KPW), 0);
+    attn_cp_async_commit();
+    for (int b = 0; t0 < key_end; t0 += stride, b ^= 1) {
+      if (t0 + stride < key_end) bad |= issue(rid_next, b ^ 1);
+      attn_cp_async_commit();
+      rid_next = attn_key_row(p, bt, row.ok, g, t0 + 2 * stride + lane, key_end, lane < KPW);
+      attn_cp_async_wait<1>();  // this lane's copies of buffer b have landed
+      __syncwarp();             // ... and every lane's (bf16 D=32 copies in lane pairs)
+      const unsigned char* kb = st + b * BUF_B;
+      const unsigned char* vb = kb + KPW * KEY_B;
+      // K of the tile to f32 once, then per head: KPW partial dots, reduced over the lanes,
+      // online softmax over the tile, acc *= corr
+      float kf[KPW][DPL];
 #pragma unroll
-        for (int j = 0; j < ATTN_TK; ++j) {
-          float part = 0.0f;
+      for (int j = 0; j < KPW; ++j) {
+        Lane kj;
+        kj.load_shared(kb + j * KEY_B);
 #pragma unroll
-          for (int d = 0; d < DPL; ++d) part = fmaf(q[i][d], kv[j][d], part);
-          s[j] = t0 + j < key_end ? warp_sum(part) * p.scale : -NINFER_INF;
-          tile_max = fmaxf(tile_max, s[j]);
+        for (int d = 0; d < DPL; ++d) kf[j][d] = kj.get(d);
+      }
+#pragma unroll
+      for (int h = 0; h < GW; ++h) {
+        float part[KPW];
+#pragma unroll
+        for (int j = 0; j < KPW; ++j) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int d = 0; d < DPL; ++d) dot = fmaf(q[h][d], kf[j][d], dot);
+          part[j] = dot;
         }
-        const float m_new = fmaxf(m[i], tile_max);
-        const float corr = expf(m[i] - m_new);
-        float psum = 0.0f;
-        float pj[ATTN_TK];
+        float s = attn_key_sum<KPW>(part, lane);
+        s = t0 + jl < key_end ? __fmul_rn(s, p.scale_log2) : -NINFER_INF;
+        float tmax = s;
 #pragma unroll
-        for (int j = 0; j < ATTN_TK; ++j) {
-          pj[j] = expf(s[j] - m_new);
-          psum += pj[j];
+        for (int o = LPK; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(ATTN_FULL, tmax, o));
+        const float m_old = wm[h], l_old = wl[h];
+        const float m_new = fmaxf(m_old, tmax);
+        // warp-uniform; corr = 1 (exp2f(0)) when the max is unchanged, and x * 1 is exact
+        const bool moved = m_new != m_old;
+        const float corr = moved ? exp2f(m_old - m_new) : 1.0f;  // 0 on the first tile
+        const float pj = exp2f(s - m_new);
+        float psum = pj;
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1)
+          psum = __fadd_rn(psum, __shfl_xor_sync(ATTN_FULL, psum, o));
+        const float l_new = fmaf(l_old, corr, psum);
+        __syncwarp();  // every lane has read wm[h], wl[h]
+        if (lane == 0) {
+          wm[h] = m_new;
+          wl[h] = l_new;
         }
-        l[i] = l[i] * corr + psum;
-        m[i] = m_new;
+        if ((lane & (LPK - 1)) == 0) sm_pw[jl * 4 + h] = pj;
+        if (moved) {
+#pragma unroll
+          for (int d = 0; d < DPL; ++d) acc[h][d] = __fmul_rn(acc[h][d], corr);
+        }
+      }
+      __syncwarp();  // p of every key is in sm_pw
+      // acc += p_j v_j, j ascending
+#pragma unroll
+      for (int j = 0; j < KPW; ++j) {
+        const float4 pp = *reinterpret_cast<const float4*>(sm_pw + j * 4);
+        const float pjh[4] = {pp.x, pp.y, pp.z, pp.w};
+        Lane vj;
+        vj.load_shared(vb + j * KEY_B);
 #pragma unroll
         for (int d = 0; d < DPL; ++d) {
-          float a = acc[i][d] * corr;
+          const float vd = vj.get(d);
 #pragma unroll
-          for (int j = 0; j < ATTN_TK; ++j) a = fmaf(pj[j], vv[j][d], a);
-          acc[i][d] = a;
+          for (int h = 0; h < GW; ++h) acc[h][d] = fmaf(pjh[h], vd, acc[h][d]);
+        }
+      }
+      __syncwarp();  // sm_pw and buffer b are rewritten by the next tiles
+    }
+    attn_cp_async_wait<0>();  // (only empty groups remain) the stage is free for acc
+
+    // merge the KW key warps (warp order) into the chunk partial (m_c, l_c, o_c)
+    if (bad) sm_bad = 1;
+#pragma unroll
+    for (int h = 0; h < GW; ++h) {
+      float* dst = wst + h * D + lane * DPL;
+#pragma unroll
+      for (int d = 0; d < DPL; ++d) dst[d] = acc[h][d];
+    }
+    __syncthreads();
+    // SPLIT=0 folds the chunk into the group state, and at a group's last chunk the group into
+    // the row state (the same two-level fold as the split mode's merge)
+    const bool group_end = (c + 1) % ATTN_GROUP == 0 || c + 1 == sm_chunks;
+    for (int t = tid; t < KW * G; t += nthreads) {
+      const int hl = t % G;
+      float mx = -NINFER_INF;
+      for (int w = 0; w < KW; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
+      sm_f[t] = sm_m[t] == -NINFER_INF ? 0.0f : exp2f(sm_m[t] - mx);  // a warp without keys: 0
+      if (t < G) {
+        sm_cm[hl] = mx;
+        if (!SPLIT) {
+          float a, b;
+          grp_m[hl] = attn_coef(grp_m[hl], mx, a, b);
+          co_a[hl] = a;
+          co_b[hl] = b;
+          if (group_end) {
+            run_m[hl] = attn_coef(run_m[hl], grp_m[hl], a, b);
+            co_ra[hl] = a;
+            co_rb[hl] = b;
+            grp_m[hl] = -NINFER_INF;
+          }
         }
       }
     }
-    // merge the KW key lanes of each head (key-lane order) into this chunk's partial
-    if (bad) sm_bad = 1;
-#pragma unroll
-    for (int i = 0; i < GW; ++i) {
-      const int hl = hg * GW + i;  // head index within the group
-      if (lane == 0) {
-        sm_m[kw * G + hl] = m[i];
-        sm_l[kw * G + hl] = l[i];
-      }
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) sm_acc[((i64)kw * G + hl) * D + lane * DPL + d] = acc[i][d];
-    }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    for (int idx = tid; idx < G * D; idx += nthreads) {
       const int hl = idx / D, d = idx % D;
-      float mx = -NINFER_INF;
-      for (int w = 0; w < KW; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
+      // warp (w, hl / GW) holds head hl's acc at row hl % GW of its stage
+      const float* src = sm_stage + (hl / GW) * ATTN_STAGE_FLOATS + (hl % GW) * D + d;
       float lsum = 0.0f, o = 0.0f;
       for (int w = 0; w < KW; ++w) {
-        const float f = sm_l[w * G + hl] > 0.0f ? expf(sm_m[w * G + hl] - mx) : 0.0f;
-        lsum += sm_l[w * G + hl] * f;
-        o += sm_acc[((i64)w * G + hl) * D + d] * f;
+        const float f = sm_f[w * G + hl];
+        lsum = fmaf(sm_l[w * G + hl], f, lsum);
+        o = fmaf(src[w * HG * ATTN_STAGE_FLOATS], f, o);
       }
       const int head = g * G + hl;
       if (!SPLIT) {
-        attn_merge(run_m[idx], run_l[idx], run_o[idx], mx, lsum, o);
-      } else if (n_chunks == 1) {
-        p.out[n * p.out_rs + (i64)head * p.out_hs + d] = sm_bad ? NINFER_NAN : o / lsum;
+        const float go = attn_fold(grp_o[idx], co_a[hl], co_b[hl], o);
+        float gl = 0.0f;
+        if (d == 0) gl = attn_fold(grp_l[hl], co_a[hl], co_b[hl], lsum);
+        if (group_end) {
+          run_o[idx] = attn_fold(run_o[idx], co_ra[hl], co_rb[hl], go);
+          grp_o[idx] = 0.0f;
+          if (d == 0) {
+            run_l[hl] = attn_fold(run_l[hl], co_ra[hl], co_rb[hl], gl);
+            grp_l[hl] = 0.0f;
+          }
+        } else {
+          grp_o[idx] = go;
+          if (d == 0) grp_l[hl] = gl;
+        }
+      } else if (row.n_chunks == 1) {
+        // the folds of SPLIT=0: chunk into an empty group, group into an empty row state
+        float a, b, ra, rb;
+        const float gm = attn_coef(-NINFER_INF, sm_cm[hl], a, b);
+        attn_coef(-NINFER_INF, gm, ra, rb);
+        const float go = attn_fold(0.0f, a, b, o), gl = attn_fold(0.0f, a, b, lsum);
+        const float ov = attn_fold(0.0f, ra, rb, go), lv = attn_fold(0.0f, ra, rb, gl);
+        p.out[n * p.out_rs + (i64)head * p.out_hs + d] = sm_bad ? NINFER_NAN : ov / lv;
       } else {
         const i64 part = (n * p.q_heads + head) * (i64)p.max_chunks + c;
         p.part_o[part * D + d] = sm_bad ? NINFER_NAN : o;
         if (d == 0) {
-          p.part_ml[part * 2] = mx;
+          p.part_ml[part * 2] = sm_cm[hl];
           p.part_ml[part * 2 + 1] = sm_bad ? NINFER_NAN : lsum;
         }
       }
     }
-    __syncthreads();  // the chunk's shared partials are rewritten by the next chunk
+    __syncthreads();  // the chunk's shared state is rewritten by the next chunk
   }
+
   if (!SPLIT) {
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    for (int idx = tid; idx < G * D; idx += nthreads) {
       const int hl = idx / D, d = idx % D;
       p.out[n * p.out_rs + (i64)(g * G + hl) * p.out_hs + d] =
-          sm_bad ? NINFER_NAN : run_o[idx] / run_l[idx];
+          sm_bad ? NINFER_NAN : run_o[idx] / run_l[hl];
     }
+    return;
   }
-}
+  if (row.n_chunks == 1) return;
 
-// grid (A, N), D threads: merges a row's chunk partials in chunk order (rows with one chunk
-// were written by paged_attention_kernel).
-__global__ void __launch_bounds__(256) paged_attention_combine_kernel(const AttnParams p,
-                                                                      int head_dim) {
-  const int head = blockIdx.x;
-  const i64 n = blockIdx.y;
-  const int seq = p.row_seq[n];
-  const int pos = p.row_pos[n];
-  const bool row_ok = seq >= 0 && seq < p.num_seqs && pos >= 0 && pos / p.page_size < p.bt_cols;
-  const int n_chunks = attn_chunks(row_ok ? pos + 1 : 1);
-  if (n_chunks <= 1) return;
-  const float* ml = p.part_ml + (n * p.q_heads + head) * (i64)p.max_chunks * 2;
-  const float* po = p.part_o + (n * p.q_heads + head) * (i64)p.max_chunks * head_dim;
-  for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    float m_run = -NINFER_INF, l_run = 0.0f, o_run = 0.0f;
-    for (int c = 0; c < n_chunks; ++c)
-      attn_merge(m_run, l_run, o_run, ml[2 * c], ml[2 * c + 1], po[(i64)c * head_dim + d]);
-    p.out[n * p.out_rs + (i64)head * p.out_hs + d] = o_run / l_run;
+  // SPLIT=1, several chunks. Level 1: the last block of the chunk's group (<= 8 chunks) to
+  // finish folds the group's partials; level 2: the last group to finish folds the groups.
+  // (threadfence pattern: a block's partial is visible before it is counted.)
+  const int nc = row.n_chunks;
+  const int n_groups = (nc - 1) / ATTN_GROUP + 1;
+  const int grp = c_begin / ATTN_GROUP;
+  const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
+  int* counters = p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sm_last = atomicAdd(counters + 1 + grp, 1) == grp_size - 1;
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+  if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
+  if (n_groups == 1) {
+    attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
+    return;
   }
+  attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
+                0, grp);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sm_last = atomicAdd(counters, 1) == n_groups - 1;
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+  if (tid == 0) counters[0] = 0;
+  attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
 }

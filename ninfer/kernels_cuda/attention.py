@@ -1,30 +1,37 @@
 """Launchers for attention.cu: `kv_write` and `paged_attention` (docs/ops.md).
 
-`paged_attention` cuts each row's context into chunks of `CHUNK` keys. With at most
-`SPLIT_MAX_ROWS` rows (decode), chunks run in separate blocks (flash-decoding) and a second
-launch merges their partials, which live in an `AttentionWorkspace` (pass one sized for the
-largest decode batch and context; allocated per call when None, which is not capturable).
-With more rows (prefill), each block loops over its row's chunks: no workspace. Both modes give
-bitwise identical rows.
+`paged_attention` cuts each row's context into chunks whose size depends only on the row's
+own length (`chunk_keys`): 64 keys up to a context of 4096, then ceil(len / 64) rounded up to a
+multiple of 64, so a row never has more than `MAX_CHUNKS` = 64 chunks. A block computes one
+chunk of one KV head (all its query heads) with <= 4 warps that keep their next tile of keys in
+flight (cp.async double buffer). With at most `SPLIT_MAX_ROWS` rows (decode), every chunk runs
+in its own block (flash-decoding): the chunk partials go to an `AttentionWorkspace` and are
+merged inside the same launch, by the last block of each group of 8 chunks and then the last
+group (atomic counters; no second kernel). Pass a workspace sized for the largest decode batch
+and context (allocated per call when None, which is not capturable). With more rows (prefill),
+each block loops over its row's chunks: no workspace. Both modes give bitwise identical rows.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
-CHUNK = 256  # keys per split (ATTN_CHUNK in attention.cu)
+MAX_CHUNKS = 64   # chunks per row at most (ATTN_MAX_CHUNKS in attention.cu)
+CHUNK_GRAIN = 64  # chunk sizes are multiples of this (ATTN_CHUNK_GRAIN)
+GROUP = 8         # chunks per merge group (ATTN_GROUP)
 SPLIT_MAX_ROWS = 64
+_STAGE_FLOATS = 4096  # per warp (ATTN_STAGE_FLOATS)
 _DPL = (1, 2, 4, 8)  # head_dim = 32 * DPL
 _GW = (1, 2, 3, 4)
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}>"
-       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
-    + ["paged_attention_combine_kernel"]))
+       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -34,27 +41,64 @@ _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr
 assert _KVW.itemsize == 120
 _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                  ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"),
-                 ("part_o", "ptr"), ("part_ml", "ptr"), ("q_rs", "i64"), ("q_hs", "i64"),
-                 ("out_rs", "i64"), ("out_hs", "i64"), ("bt_rs", "i64"), ("num_pages", "i32"),
-                 ("page_size", "i32"), ("kv_heads", "i32"), ("q_heads", "i32"),
-                 ("num_seqs", "i32"), ("bt_cols", "i32"), ("max_chunks", "i32"),
-                 ("head_groups", "i32"), ("scale", "f32"), ("pad", "i32"))
-assert _ATTN.itemsize == 152
+                 ("part_o", "ptr"), ("part_ml", "ptr"), ("grp_o", "ptr"), ("grp_ml", "ptr"),
+                 ("counters", "ptr"), ("q_rs", "i64"),
+                 ("q_hs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("bt_rs", "i64"),
+                 ("num_pages", "i32"), ("page_size", "i32"), ("kv_heads", "i32"),
+                 ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
+                 ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
+                 ("hg_recip", "i32"), ("page_shift", "i32"), ("pad", "i32"))
+assert _ATTN.itemsize == 184
+
+
+def chunk_keys(length: int) -> int:
+    """Keys per chunk of a row attending `length` keys (attn_row in attention.cu)."""
+    per = -(-max(1, length) // MAX_CHUNKS)
+    return max(CHUNK_GRAIN, -(-per // CHUNK_GRAIN) * CHUNK_GRAIN)
+
+
+def num_chunks(length: int) -> int:
+    """Chunks of a row attending `length` keys (<= MAX_CHUNKS)."""
+    return -(-max(1, length) // chunk_keys(length))
+
+
+def launch_chunks(max_context: int) -> int:
+    """Chunk blocks per (row, KV head) of a split launch: the most chunks any length
+    <= max_context can have (the chunk count is not monotonic in the length)."""
+    return max(1, min(MAX_CHUNKS, -(-max_context // CHUNK_GRAIN)))
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionWorkspace:
-    """Chunk partials for `paged_attention`: o f32[N, A, chunks, D], ml f32[N, A, chunks, 2]."""
+    """Scratch of the split (decode) mode of `paged_attention`, for up to R rows and A heads.
+
+    part_o f32[R, A, C, D], part_ml f32[R, A, C, 2]: chunk partials (o, then max and sum);
+    group_o f32[R, A, GROUP, D], group_ml f32[R, A, GROUP, 2]: merge-group partials;
+    counters i32[R, A, 1 + GROUP]: finished blocks per (row, KV head) and group. The counters
+    must be 0 before a launch: they are allocated zeroed and every launch leaves them 0, so one
+    workspace serves any number of sequential launches and graph replays (never two launches
+    at once). C = launch_chunks(max_context) <= MAX_CHUNKS whatever the context, so the size is
+    at most R * A * (64 + 8) * (D + 2) * 4 bytes (+ counters): 9B (A 16, D 256), R = 8: 9.5 MB;
+    R = 64: 76 MB.
+    """
 
     part_o: object
     part_ml: object
+    group_o: object
+    group_ml: object
+    counters: object
 
     @classmethod
     def allocate(cls, max_rows: int, q_heads: int, head_dim: int, max_context: int):
+        """For calls with <= max_rows rows, q_heads heads of head_dim, and block tables covering
+        <= max_context keys (block_tables.shape[1] * page_size)."""
         cp = C.cupy()
-        chunks = max(1, -(-max_context // CHUNK))
+        chunks = launch_chunks(max_context)
         return cls(cp.empty((max_rows, q_heads, chunks, head_dim), dtype=np.float32),
-                   cp.empty((max_rows, q_heads, chunks, 2), dtype=np.float32))
+                   cp.empty((max_rows, q_heads, chunks, 2), dtype=np.float32),
+                   cp.empty((max_rows, q_heads, GROUP, head_dim), dtype=np.float32),
+                   cp.empty((max_rows, q_heads, GROUP, 2), dtype=np.float32),
+                   cp.zeros((max_rows, q_heads, 1 + GROUP), dtype=np.int32))
 
     @property
     def max_chunks(self) -> int:
@@ -106,20 +150,43 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
 
 
 def head_layout(group: int) -> tuple[int, int, int]:
-    """(GW heads per warp, HG head groups, KW key lanes) for `group` query heads per KV head."""
-    for gw in (4, 3, 2, 1):
-        if group % gw == 0 and group // gw <= 8:
+    """(GW heads per warp, HG head groups, KW key warps) for `group` query heads per KV head.
+
+    Blocks have HG * KW <= 4 warps (the GW >= 2 kernels are built for 128 threads, 3 blocks per
+    SM), except GW = 1 for groups 5 and 7 (one warp per head). Groups 1..8, and 9..16 when a
+    multiple of 2, 3 or 4 up to 4 warps, are supported."""
+    for gw in (4, 3, 2):
+        if group % gw == 0 and group // gw <= 4:
             hg = group // gw
-            return gw, hg, max(1, 4 // hg)
+            return gw, hg, 4 // hg
+    if group <= 8:
+        return 1, group, max(1, 4 // group)
     raise ValueError(f"unsupported GQA group size {group} (query heads per KV head)")
+
+
+def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool) -> int:
+    """Dynamic shared memory of paged_attention_kernel (layout comment in attention.cu)."""
+    floats = nwarps * (_STAGE_FLOATS + 64) + 3 * kw * group + group
+    floats += 3 * group * GROUP + group if split else 2 * group * dim + 8 * group
+    return 4 * floats
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
                     workspace: AttentionWorkspace | None = None) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
-    q f32[N,A,D] (rows/heads strided), out f32[N,A,D]; pages [P,Hkv,page_size,D] f32 or bf16.
-    Query head h uses KV head h // (A // Hkv). D must be 32, 64, 128 or 256.
+    q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided); pages
+    [P,Hkv,page_size,D] f32 or bf16, 16-byte aligned. Query head h uses KV head h // (A // Hkv).
+    D must be 32, 64, 128 or 256; A // Hkv in 1..8 (`head_layout`). An invalid row_seq /
+    row_pos or page id makes that row's output NaN (other rows are unaffected).
+
+    Rows are batch invariant: a row's output depends only on q[n], its position and its
+    sequence's KV (bitwise), whatever N and the other rows, in both launch modes. With
+    N <= SPLIT_MAX_ROWS each chunk is its own block and the chunk partials go through a
+    workspace (>= N rows, A heads, D, >= launch_chunks(block_tables.shape[1] * page_size)
+    chunks; InvalidInput when smaller); the launch then allocates nothing and never
+    synchronises (capturable). workspace=None allocates one per call. With more rows a block
+    loops over its row's chunks and no workspace is used.
     """
     kp, vp, kind = _pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
@@ -130,41 +197,57 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     bt_rs = _rows_meta(block_tables, row_seq, row_pos, n)
     C.require(dim % 32 == 0 and dim // 32 in _DPL, "q", f"head dim {dim} not in 32/64/128/256")
     C.require(q_heads % kv_heads == 0, "q", f"{q_heads} query heads not a multiple of {kv_heads}")
-    if dim // 32 == 8:
-        C.require(C.aligned(kp) and C.aligned(vp), "k_pages", "pages must be 16-byte aligned")
+    C.require(C.aligned(kp) and C.aligned(vp), "k_pages", "pages must be 16-byte aligned")
+    C.require(num_pages * kv_heads * page_size < 2 ** 31, "k_pages",
+              "more than 2^31 - 1 key rows (num_pages * Hkv * page_size)")
     if n == 0:
         return
     C.require(n <= 65535, "q", f"{n} rows > 65535 per call")
-    gw, hg, kw = head_layout(q_heads // kv_heads)
     group = q_heads // kv_heads
-    max_context = block_tables.shape[1] * page_size
-    chunks = max(1, -(-max_context // CHUNK))
+    gw, hg, kw = head_layout(group)
+    chunks = launch_chunks(block_tables.shape[1] * page_size)
     split = n <= SPLIT_MAX_ROWS
-    part_o = part_ml = 0
+    part_o = part_ml = grp_o = grp_ml = counters = 0
     max_chunks = 1
     if split:
         if workspace is None:
-            workspace = AttentionWorkspace.allocate(n, q_heads, dim, max_context)
-        C.require(workspace.part_o.shape[0] >= n and workspace.part_o.shape[1] == q_heads
-                  and workspace.part_o.shape[3] == dim and workspace.max_chunks >= chunks,
+            workspace = AttentionWorkspace.allocate(n, q_heads, dim,
+                                                    block_tables.shape[1] * page_size)
+        ws = workspace
+        rows_heads = ws.part_o.shape[:2]
+        C.require(rows_heads[0] >= n and rows_heads[1] == q_heads
+                  and ws.part_o.shape[3] == dim and ws.max_chunks >= chunks
+                  and ws.part_ml.shape == ws.part_o.shape[:3] + (2,)
+                  and ws.group_o.shape == rows_heads + (GROUP, dim)
+                  and ws.group_ml.shape == rows_heads + (GROUP, 2)
+                  and ws.counters.shape == rows_heads + (1 + GROUP,),
                   "workspace",
-                  f"too small for {n} rows x {q_heads} heads x {chunks} chunks x {dim}")
-        part_o, part_ml = C.ptr(workspace.part_o), C.ptr(workspace.part_ml)
-        max_chunks = workspace.max_chunks
+                  f"too small for {n} rows x {q_heads} heads x {chunks} chunks x {dim} "
+                  f"(has {tuple(ws.part_o.shape)})")
+        part_o, part_ml, counters = C.ptr(ws.part_o), C.ptr(ws.part_ml), C.ptr(ws.counters)
+        grp_o, grp_ml = C.ptr(ws.group_o), C.ptr(ws.group_ml)
+        max_chunks = ws.max_chunks
     params = C.pack(_ATTN, q=C.ptr(q), out=C.ptr(out), k_pages=C.ptr(kp), v_pages=C.ptr(vp),
                     block_tables=C.ptr(block_tables), row_seq=C.ptr(row_seq),
-                    row_pos=C.ptr(row_pos), part_o=part_o, part_ml=part_ml, q_rs=q_rs,
-                    q_hs=q_hs, out_rs=o_rs, out_hs=o_hs, bt_rs=bt_rs, num_pages=num_pages,
-                    page_size=page_size, kv_heads=kv_heads, q_heads=q_heads,
-                    num_seqs=block_tables.shape[0], bt_cols=block_tables.shape[1],
-                    max_chunks=max_chunks, head_groups=hg, scale=scale)
-    smem = (2 * kw * group + kw * group * dim + (0 if split else 3 * group * dim)) * 4
+                    row_pos=C.ptr(row_pos), part_o=part_o, part_ml=part_ml, grp_o=grp_o,
+                    grp_ml=grp_ml, counters=counters,
+                    q_rs=q_rs, q_hs=q_hs, out_rs=o_rs, out_hs=o_hs, bt_rs=bt_rs,
+                    num_pages=num_pages, page_size=page_size, kv_heads=kv_heads,
+                    q_heads=q_heads, num_seqs=block_tables.shape[0],
+                    bt_cols=block_tables.shape[1], max_chunks=max_chunks, head_groups=hg,
+                    scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
+                    page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
+                    else -1)
+    smem = _smem_bytes(group, kw, hg * kw, dim, split)
     fn = get_function(SOURCE, f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, "
                               f"{int(split)}>")
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
+        # ~70 KiB per 4-warp block: prefer the largest shared-memory carveout so that 3 blocks
+        # fit on an SM (K/V go through cp.async, L1 matters little); only a hint
+        try:
+            fn.preferred_shared_memory_carveout = 100
+        except (AttributeError, TypeError):
+            pass
     launch(fn, (chunks if split else 1, kv_heads, n), (32 * hg * kw,), (params,),
            shared_mem=smem, name="paged_attention")
-    if split and chunks > 1:
-        launch(get_function(SOURCE, "paged_attention_combine_kernel"), (q_heads, n),
-               (min(256, dim),), (params, np.int32(dim)), name="paged_attention_combine")

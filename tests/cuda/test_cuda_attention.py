@@ -1,6 +1,12 @@
-"""kv_write and paged_attention on the GPU: float64 oracle over several sequences (lengths that
-need one and several 256-key chunks), GQA group sizes, head dims, f32/bf16 pages, strided q;
-and batch invariance (a row alone == the same row in a batch, bitwise)."""
+"""kv_write and paged_attention on the GPU.
+
+paged_attention: float64 oracle (on the pages as stored: bf16 pages are compared with the oracle
+on the bf16 values) over contexts in every chunk-size regime (64-key chunks up to 4096 keys, then
+ceil(len / 64) rounded up to 64; one and several 8-chunk merge groups), GQA groups 1..8, head
+dims 32..256, f32/bf16 pages, power-of-two and other page sizes, strided q and out; bitwise
+batch invariance (a row alone == the same row in any batch, split (decode) mode == loop (prefill)
+mode); invalid rows/pages -> NaN rows only; workspace counters back at 0 after every launch;
+workspace too small -> InvalidInput."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +14,17 @@ import pytest
 
 from ninfer import ops
 from ninfer.core.dtypes import f32_to_bf16_bits
+from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
 from cuda_testutil import assert_close, assert_same_bits, dev, host, poisoned, randn
 
 pytestmark = pytest.mark.gpu
+
+TOL = 1e-5  # vs float64 on the stored K/V (bf16 pages: the oracle sees the same bf16 values)
+# lengths across the chunk regimes: 1 chunk, 64-key chunks (1..8 groups), chunks of 128 / 192
+REGIME_LENGTHS = [1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000]
 
 
 def _pages(rng, num_pages, hkv, page_size, d, bf16):
@@ -31,6 +42,48 @@ def _tables(rng, lengths, page_size, num_pages, max_pages):
         bt[s, :need] = perm[used:used + need]
         used += need
     return bt
+
+
+class _Kv:
+    """Random paged K/V for sequences of `lengths` (host copies, device copies, f64 oracle)."""
+
+    def __init__(self, rng, lengths, hkv, d, bf16, page_size=16, spare_cols=2):
+        self.page_size = page_size
+        pages = sum(-(-n // page_size) for n in lengths) + 3
+        self.kp = _pages(rng, pages, hkv, page_size, d, bf16)
+        self.vp = _pages(rng, pages, hkv, page_size, d, bf16)
+        cols = -(-max(lengths) // page_size) + spare_cols
+        self.bt = _tables(rng, lengths, page_size, pages, cols)
+        self.kp_d, self.vp_d, self.bt_d = dev(self.kp), dev(self.vp), dev(self.bt)
+        self._k64 = self._v64 = None
+
+    def oracle(self, q, row_seq, row_pos, scale):
+        if self._k64 is None:  # widen once (ref.paged_attention takes float64 pages as is)
+            self._k64, self._v64 = ref.pages_f64(self.kp), ref.pages_f64(self.vp)
+        return ref.paged_attention(q, self._k64, self._v64, self.bt, row_seq, row_pos, scale)
+
+    def run(self, q_d, row_seq, row_pos, scale, out=None, workspace=None):
+        n, heads, d = q_d.shape
+        out = poisoned((n, heads, d)) if out is None else out
+        katt.paged_attention(q_d, self.kp_d, self.vp_d, self.bt_d, dev(np.asarray(row_seq,
+                             np.int32)), dev(np.asarray(row_pos, np.int32)), scale, out,
+                             workspace=workspace)
+        return out
+
+
+def test_chunking_bounds():
+    """Chunk sizes are multiples of 64 and at most 64 chunks per row; a split launch (sized by
+    launch_chunks of the table width) has a block for every chunk of every shorter row."""
+    assert [katt.num_chunks(n) for n in (1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000)] == \
+        [1, 1, 1, 2, 16, 64, 33, 40, 47]
+    worst = 0
+    for length in range(1, 70000, 7):
+        cs, nc = katt.chunk_keys(length), katt.num_chunks(length)
+        assert cs % katt.CHUNK_GRAIN == 0 and nc <= katt.MAX_CHUNKS
+        assert (nc - 1) * cs < length <= nc * cs
+        worst = max(worst, nc)
+        assert katt.launch_chunks(length) >= worst
+    assert katt.launch_chunks(10 ** 7) == katt.MAX_CHUNKS
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -53,62 +106,128 @@ def test_kv_write(rng, bf16):
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-@pytest.mark.parametrize("heads,hkv,d", [(4, 4, 64), (8, 4, 128), (6, 2, 256), (16, 2, 256),
-                                         (24, 4, 256)])
-def test_paged_attention_vs_float64(rng, bf16, heads, hkv, d):
-    page_size, num_pages = 16, 120
-    lengths = [1, 37, 300, 700]
-    kp = _pages(rng, num_pages, hkv, page_size, d, bf16)
-    vp = _pages(rng, num_pages, hkv, page_size, d, bf16)
-    bt = _tables(rng, lengths, page_size, num_pages, 48)
-    # rows: the last position of each sequence plus some earlier ones (prefill-like rows)
-    row_seq = np.array([0, 1, 2, 3, 3, 2, 1], np.int32)
-    row_pos = np.array([0, 36, 299, 699, 255, 256, 5], np.int32)
+@pytest.mark.parametrize("heads,hkv", [(16, 4), (16, 2)])  # 9B (G=4), 35B-A3B (G=8)
+def test_paged_attention_regimes_vs_float64(rng, bf16, heads, hkv):
+    d = 256
+    kv = _Kv(rng, REGIME_LENGTHS, hkv, d, bf16)
+    seqs = list(range(len(REGIME_LENGTHS)))
+    # the last position of every sequence, plus chunk / group boundaries of the longest ones
+    row_seq = seqs + [8, 8, 8, 5, 5, 6]
+    row_pos = [n - 1 for n in REGIME_LENGTHS] + [511, 512, 4095, 2047, 2048, 4096]
     n = len(row_seq)
-    q_full = randn(rng, (n, heads, 2 * d))  # q half of an interleaved [q | gate] projection
-    q_h = q_full[:, :, :d]
+    q_full = randn(rng, (n, heads, 2 * d), 2.0)  # q half of an interleaved [q | gate] buffer
+    scale = d ** -0.5
+    out = kv.run(dev(q_full)[:, :, :d], row_seq, row_pos, scale)
+    expect = kv.oracle(q_full[:, :, :d], np.array(row_seq), np.array(row_pos), scale)
+    o = host(out)
+    for i in range(n):
+        assert_close(o[i], expect[i], TOL, f"row {i} (len {row_pos[i] + 1})")
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+@pytest.mark.parametrize("heads,hkv,d", [(4, 4, 64), (8, 4, 128), (6, 2, 256), (24, 4, 256),
+                                         (10, 2, 32), (7, 1, 64), (16, 2, 128)])
+@pytest.mark.parametrize("page_size", [16, 12])
+def test_paged_attention_vs_float64(rng, bf16, heads, hkv, d, page_size):
+    lengths = [1, 37, 300, 700, 1500]
+    kv = _Kv(rng, lengths, hkv, d, bf16, page_size)
+    # rows: the last position of each sequence plus some earlier ones (prefill-like rows)
+    row_seq = np.array([0, 1, 2, 3, 3, 2, 1, 4, 4], np.int32)
+    row_pos = np.array([0, 36, 299, 699, 255, 256, 5, 1499, 511], np.int32)
+    n = len(row_seq)
+    q_full = randn(rng, (n, heads, 2 * d))
+    q_d = dev(q_full)[:, :, :d]
     scale = d ** -0.5
     out = poisoned((n, heads, d))
-    ops.paged_attention(dev(q_full)[:, :, :d], dev(kp), dev(vp), dev(bt), dev(row_seq),
-                        dev(row_pos), scale, out)
-    assert_close(out, ref.paged_attention(q_h, kp, vp, bt, row_seq, row_pos, scale))
+    ops.paged_attention(q_d, kv.kp_d, kv.vp_d, kv.bt_d, dev(row_seq), dev(row_pos), scale, out)
+    assert_close(out, kv.oracle(q_full[:, :, :d], row_seq, row_pos, scale), TOL)
+    out_full = poisoned((n, heads, d + 8))  # the launcher also takes strided out rows/heads
+    kv.run(q_d, row_seq, row_pos, scale, out=out_full[:, :, 4:4 + d])
+    assert_same_bits(out_full[:, :, 4:4 + d], out, "strided out")
+    assert np.isnan(host(out_full)[:, :, :4]).all() and np.isnan(host(out_full)[:, :, -4:]).all()
 
 
-def test_paged_attention_batch_invariance_and_workspace(rng):
-    heads, hkv, d, page_size, num_pages = 8, 2, 256, 32, 64
-    lengths = [900, 33, 512]
-    kp, vp = (dev(_pages(rng, num_pages, hkv, page_size, d, True)) for _ in range(2))
-    bt = dev(_tables(rng, lengths, page_size, num_pages, 32))
-    row_seq = np.array([0, 1, 2, 0], np.int32)
-    row_pos = np.array([899, 32, 511, 400], np.int32)
-    q = dev(randn(rng, (4, heads, d)))
-    ws = katt.AttentionWorkspace.allocate(8, heads, d, 32 * page_size)
-    batch = poisoned((4, heads, d))
-    katt.paged_attention(q, kp, vp, bt, dev(row_seq), dev(row_pos), d ** -0.5, batch,
-                         workspace=ws)
-    for rows in ([0], [2, 3], [1]):
-        part = poisoned((len(rows), heads, d))
-        katt.paged_attention(q[rows], kp, vp, bt, dev(row_seq[rows]), dev(row_pos[rows]),
-                             d ** -0.5, part, workspace=ws)
+@pytest.mark.parametrize("heads,hkv,d,bf16", [(16, 4, 256, True), (24, 4, 256, True),
+                                              (8, 2, 128, False)])
+def test_paged_attention_bitwise_batch_invariance(rng, monkeypatch, heads, hkv, d, bf16):
+    """A row's bits do not depend on the batch: alone, in any subset, in split (decode) and in
+    loop (prefill) mode, and across repeated launches sharing one workspace."""
+    lengths = [9000, 33, 512, 4097, 65, 1]
+    kv = _Kv(rng, lengths, hkv, d, bf16)
+    row_seq = np.array([0, 1, 2, 0, 3, 4, 5, 0, 3], np.int32)
+    row_pos = np.array([8999, 32, 511, 400, 4096, 64, 0, 4095, 63], np.int32)
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    scale = d ** -0.5
+    ws = katt.AttentionWorkspace.allocate(16, heads, d, kv.bt.shape[1] * kv.page_size)
+    batch = kv.run(q, row_seq, row_pos, scale, workspace=ws)
+    assert np.isfinite(host(batch)).all()
+    for rows in ([0], [6], [2, 3], [8, 1, 4], list(range(n))[::-1]):
+        part = kv.run(q[rows], row_seq[rows], row_pos[rows], scale, workspace=ws)
         assert_same_bits(part, batch[rows], f"rows {rows}")
-    # a prefill-sized call (> SPLIT_MAX_ROWS rows: chunks merged inside each block) gives the
-    # same bits as the split decode path
+    again = kv.run(q, row_seq, row_pos, scale, workspace=ws)  # counters were reset
+    assert_same_bits(again, batch, "repeated launch")
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    # without a workspace (allocated per call)
+    assert_same_bits(kv.run(q[[4]], row_seq[[4]], row_pos[[4]], scale), batch[[4]], "no ws")
+    # loop mode: a prefill-sized call, and a small call forced into loop mode
     many = katt.SPLIT_MAX_ROWS + 7
-    pick = rng.integers(0, 4, many)
-    pick[:4] = np.arange(4)
-    big = poisoned((many, heads, d))
-    katt.paged_attention(q[pick], kp, vp, bt, dev(row_seq[pick]), dev(row_pos[pick]),
-                         d ** -0.5, big)
-    assert_same_bits(big[:4], batch, "loop mode vs split mode")
+    pick = rng.integers(0, n, many)
+    pick[:n] = np.arange(n)
+    big = kv.run(q[pick], row_seq[pick], row_pos[pick], scale)
+    assert_same_bits(big[:n], batch, "loop mode (N > SPLIT_MAX_ROWS) vs split mode")
+    monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
+    loop = kv.run(q, row_seq, row_pos, scale)
+    assert_same_bits(loop, batch, "loop mode vs split mode")
 
 
-def test_invalid_page_gives_nan(rng):
-    heads, hkv, d, page_size = 4, 2, 64, 16
-    kp, vp = (dev(_pages(rng, 4, hkv, page_size, d, False)) for _ in range(2))
-    bt = dev(np.array([[0, 1, 99]], np.int32))
-    q = dev(randn(rng, (2, heads, d)))
-    out = poisoned((2, heads, d))
-    katt.paged_attention(q, kp, vp, bt, dev(np.zeros(2, np.int32)),
-                         dev(np.array([40, 10], np.int32)), 0.125, out)
+@pytest.mark.parametrize("split", [True, False])
+def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split):
+    heads, hkv, d, page_size = 8, 2, 128, 16
+    lengths = [3000, 100]
+    kv = _Kv(rng, lengths, hkv, d, True, page_size)
+    bad_bt = kv.bt.copy()
+    bad_bt[0, 70] = kv.kp.shape[0] + 5  # a page id out of range in the middle of sequence 0
+    bad_bt[1, 3] = -1
+    bt_d = dev(bad_bt)
+    if not split:
+        monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
+    cols = bad_bt.shape[1]
+    # rows: page 70 in context (NaN), before it (fine), seq 1 reaching page 3 (NaN) / not (fine),
+    # row_seq out of range, row_pos < 0, row_pos past the table (all NaN)
+    row_seq = np.array([0, 0, 1, 1, 2, 0, 1], np.int32)
+    row_pos = np.array([2999, 70 * page_size - 1, 99, 47, 5, -1, cols * page_size], np.int32)
+    nan_rows = [0, 2, 4, 5, 6]
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d)))
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, cols * page_size)
+    out = poisoned((n, heads, d))
+    katt.paged_attention(q, kv.kp_d, kv.vp_d, bt_d, dev(row_seq), dev(row_pos), d ** -0.5, out,
+                         workspace=ws)
     o = host(out)
-    assert np.isnan(o[0]).all() and np.isfinite(o[1]).all()
+    for i in range(n):
+        if i in nan_rows:
+            assert np.isnan(o[i]).all(), f"row {i} should be NaN"
+        else:
+            assert np.isfinite(o[i]).all(), f"row {i} should be finite"
+            one = poisoned((1, heads, d))
+            katt.paged_attention(q[i:i + 1], kv.kp_d, kv.vp_d, bt_d, dev(row_seq[i:i + 1]),
+                                 dev(row_pos[i:i + 1]), d ** -0.5, one, workspace=ws)
+            assert_same_bits(one[0], out[i], f"row {i}")
+    assert not host(ws.counters).any()
+
+
+def test_workspace_too_small_raises(rng):
+    heads, hkv, d = 8, 2, 64
+    kv = _Kv(rng, [5000], hkv, d, False)
+    max_context = kv.bt.shape[1] * kv.page_size
+    q = dev(randn(rng, (4, heads, d)))
+    rows = np.zeros(4, np.int32), np.full(4, 4999, np.int32)
+    for ws in (katt.AttentionWorkspace.allocate(4, heads, d, 1024),  # too few chunks
+               katt.AttentionWorkspace.allocate(3, heads, d, max_context),  # too few rows
+               katt.AttentionWorkspace.allocate(4, heads // 2, d, max_context),  # wrong heads
+               katt.AttentionWorkspace.allocate(4, heads, 2 * d, max_context)):  # wrong dim
+        with pytest.raises(InvalidInput, match="workspace"):
+            kv.run(q, *rows, d ** -0.5, workspace=ws)
+    ok = katt.AttentionWorkspace.allocate(4, heads, d, max_context)
+    assert np.isfinite(host(kv.run(q, *rows, d ** -0.5, workspace=ok))).all()
