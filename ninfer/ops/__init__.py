@@ -10,7 +10,7 @@ reach those modules' other names with `from ninfer.ops.linear import supports`.
 Float64 references of every op (tests only): `ninfer.ops.reference`.
 """
 from ninfer.ops.attention import kv_write, paged_attention
-from ninfer.ops.attn_fused import attn_prep
+from ninfer.ops.attn_fused import attn_prep, paged_prefill_attention
 from ninfer.ops.elementwise import add_inplace, sigmoid_mul, sigmoid_scale_add, swiglu
 from ninfer.ops.embedding import embedding
 from ninfer.ops.gdn import gdn_conv, gdn_gates, gdn_recurrence
@@ -24,6 +24,6 @@ from ninfer.ops.sampling import sample
 __all__ = [
     "add_inplace", "add_rms_norm", "attn_prep", "embedding", "gated_rms_norm", "gdn_chunk_prefill", "gdn_conv",
     "gdn_decode_fused", "gdn_gates",
-    "gdn_recurrence", "kv_write", "l2norm_heads", "linear", "linear_swiglu", "moe_experts", "moe_route",
+    "gdn_recurrence", "kv_write", "paged_prefill_attention", "l2norm_heads", "linear", "linear_swiglu", "moe_experts", "moe_route",
     "paged_attention", "rms_norm", "rope", "sample", "sigmoid_mul", "sigmoid_scale_add", "swiglu",
 ]

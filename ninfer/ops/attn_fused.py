@@ -1,11 +1,13 @@
-"""CUDA-only gated-attention op (a fast path of the CUDA backend).
+"""CUDA-only gated-attention ops (fast paths of the CUDA backend).
 
 - `attn_prep`: the layer's inputs in one launch: the zero-centred RMSNorm of each query and key
   head, partial MRoPE of both, the key and value written into their KV page slot, and the gate
   halves copied out of the fused projection. Bit for bit the same as rms_norm -> rope (q and k)
   -> kv_write plus the gate copy (tests/cuda/test_cuda_attn_prep.py).
+- `paged_prefill_attention`: a prompt chunk's causal attention over the bf16 pages on tensor
+  cores (query tiles of one sequence; kernels_cuda/attention_prefill.cu).
 
-The CPU backend has no such kernel (`supports` says so); its Program uses the unfused ops.
+The CPU backend has no such kernels (`supports` says so); its Program uses the unfused ops.
 """
 from __future__ import annotations
 
@@ -38,3 +40,26 @@ def attn_prep(q_and_gate, k, v, q_norm, k_norm, eps: float, positions, inv_freq,
     check.kernels(backend, "attn_prep").attn_prep(
         q_and_gate, k, v, q_norm, k_norm, eps, positions, inv_freq, freq_axis, q_out, gate_out,
         k_pages, v_pages, block_tables, row_seq, row_pos)
+
+
+def prefill_attention_supported(k_pages, head_dim: int, page_size: int) -> bool:
+    """Whether `paged_prefill_attention` takes these pages (bf16 storage, D in 64/128/256,
+    page_size a multiple of 16); otherwise use `paged_attention`."""
+    return (str(k_pages.dtype) in ("uint16", "bfloat16") and head_dim in (64, 128, 256)
+            and page_size % 16 == 0)
+
+
+def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: int,
+                            scale: float, out) -> None:
+    """Causal attention of one prompt chunk on tensor cores: row i of q f32[L, A, D] is the
+    query at position pos0 + i of block-table row `seq` and attends keys 0..pos0+i (already in
+    the bf16 pages). Within ~1e-5 of `paged_attention` (q and p enter the bf16 mma as hi + lo
+    terms); each row's result depends only on its position and the keys (chunking invariant)."""
+    backend = backend_of(q, k_pages, v_pages, block_tables, out)
+    if backend is not Backend.CUDA:
+        raise TypeError("paged_prefill_attention is a CUDA-only op (use paged_attention)")
+    n, a, d = check.array("paged_prefill_attention", "q", q, check.F32, (None, None, None),
+                          _ROWS)
+    check.array("paged_prefill_attention", "out", out, check.F32, (n, a, d), _ROWS)
+    check.kernels(backend, "attention_prefill").paged_prefill_attention(
+        q, k_pages, v_pages, block_tables, seq, pos0, scale, out)

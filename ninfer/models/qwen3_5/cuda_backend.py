@@ -50,12 +50,13 @@ class _DeviceRows:
     def positions(self, n: int):
         return self.positions_flat[: 3 * n].reshape(3, n)
 
-    def context(self, n: int, segments: int, block_tables, logit_rows: slice) -> StepContext:
+    def context(self, n: int, segments: int, block_tables, logit_rows: slice,
+                prefill_segment: tuple[int, int] | None = None) -> StepContext:
         return StepContext(ids=self.ids[:n], positions=self.positions(n),
                            row_slot=self.row_slot[:n], row_pos=self.row_pos[:n],
                            seg_starts=self.seg_starts[: segments + 1],
                            seg_slots=self.seg_slots[:segments], block_tables=block_tables,
-                           logit_rows=logit_rows)
+                           logit_rows=logit_rows, prefill_segment=prefill_segment)
 
 
 class CudaBackend(BackendStores):
@@ -120,7 +121,7 @@ class CudaBackend(BackendStores):
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
                 chunked_gdn_prefill=True, fused_attention_prep=True,
-                batch_invariant=batch_invariant_prefill)
+                flash_prefill=True, batch_invariant=batch_invariant_prefill)
             self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,
@@ -187,7 +188,8 @@ class CudaBackend(BackendStores):
         rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
         rows.seg_starts[:2].set(np.array([0, n], np.int32), stream=stream)
         rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
-        self.prefill_forward(rows.context(n, 1, self.block_tables, slice(n, n)))
+        segment = (int(inp.row_slot[0]), int(inp.row_pos[0]))  # one prompt chunk
+        self.prefill_forward(rows.context(n, 1, self.block_tables, slice(n, n), segment))
 
     def _load_decode_inputs(self, inp: StepInputs, start: int, b: int) -> None:
         rows, stream = self.decode_rows, self.device.stream
@@ -284,6 +286,6 @@ class CudaBackend(BackendStores):
                 rows.row_pos[:n].set(pos)
                 rows.seg_starts[:2].set(np.array([0, n], np.int32))
                 rows.seg_slots[:1].fill(slot)
-                logits = fwd(rows.context(n, 1, self.block_tables, slice(0, n)))
+                logits = fwd(rows.context(n, 1, self.block_tables, slice(0, n), (slot, start)))
                 out[start:stop] = cp.asnumpy(logits)
         return out

@@ -18,6 +18,7 @@ import numpy as np
 
 from ninfer import ops
 from ninfer.core.dtypes import DType
+from ninfer.ops.attn_fused import prefill_attention_supported
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -71,6 +72,7 @@ class KernelWorkspaces:
     chunked_gdn_prefill: bool = False
     fused_attention_prep: bool = False
     fused_swiglu: bool = False  # bf16 gate_up projections as one linear_swiglu op (decode)
+    flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
 
     def kw(self, value) -> dict:
@@ -78,10 +80,14 @@ class KernelWorkspaces:
 
 
 class StepContext:
-    """Views of one step's index arrays on the executing backend (leading `n` rows)."""
+    """Views of one step's index arrays on the executing backend (leading `n` rows).
+
+    `prefill_segment`: (block-table row, first position) on the host when the rows are one
+    sequence's consecutive positions (a prompt chunk), else None.
+    """
 
     def __init__(self, ids, positions, row_slot, row_pos, seg_starts, seg_slots, block_tables,
-                 logit_rows: slice):
+                 logit_rows: slice, prefill_segment: tuple[int, int] | None = None):
         self.ids = ids
         self.positions = positions
         self.row_slot = row_slot
@@ -90,6 +96,7 @@ class StepContext:
         self.seg_slots = seg_slots
         self.block_tables = block_tables
         self.logit_rows = logit_rows
+        self.prefill_segment = prefill_segment
         self.n = int(ids.shape[0])
         self.decode_only = self.n == int(seg_slots.shape[0])  # every segment is one token
 
@@ -214,8 +221,14 @@ class Qwen35Forward:
             ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
             self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
         attn = ws.attn_out[:n]
-        ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos,
-                            d ** -0.5, attn, **self.kws.kw(self.kws.attention))
+        if (self.kws.flash_prefill and ctx.prefill_segment is not None
+                and prefill_attention_supported(k_pages, d, self.kv.page_size)):
+            seq, pos0 = ctx.prefill_segment
+            ops.paged_prefill_attention(q_hat, k_pages, v_pages, ctx.block_tables, seq, pos0,
+                                        d ** -0.5, attn)
+        else:
+            ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
+                                ctx.row_pos, d ** -0.5, attn, **self.kws.kw(self.kws.attention))
         flat = attn.reshape(n, a * d)
         ops.sigmoid_mul(flat, gate.reshape(n, a * d), flat)
         self._linear(flat, w.o_proj, out)
