@@ -32,16 +32,30 @@ run() {  # run NAME TIMEOUT CMD...: log to $OUT/NAME.log, one summary line
 }
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$OUT/gpu.txt" 2>&1
 if [ "$MODE" = dev ]; then
-  # dev: the kernel test files named in $TESTS (default: all), the exact model oracle, then the
-  # decode benchmarks of $SHAPES (default 9b 35b-a3b) and an ncu breakdown of the 9B B=1 step.
-  for f in ${TESTS:-test_cuda_loader test_cuda_basic test_cuda_linear test_cuda_attention test_cuda_gdn test_cuda_moe test_cuda_sampling test_cuda_graph}; do
+  # dev: pick the steps with variables (all optional):
+  #   TESTS="test_cuda_linear ..."  kernel test files;  MODEL=1  the exact model oracle;
+  #   DECODE="9b 35b-a3b"  decode benchmarks;  PREFILL=1  9B prefill 8192 with transformers;
+  #   KERNELS="linear paged_attention ..."  kernel microbenchmarks (9B shape);
+  #   SERVE="9b"  serve-sim at C=1,4,8;  PROFILE=1  ncu breakdown of the 9B decode step.
+  for f in ${TESTS:-}; do
     run "$f" 200 env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
       --maxfail=5 -q -p no:cacheprovider
   done
-  run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
-    -p no:cacheprovider --maxfail=6
-  for s in ${SHAPES:-9b 35b-a3b}; do
-    run "decode_$s" 200 python3 -m bench.cli decode --shape "$s" --batch 1,8 --json "$OUT/decode_$s.json"
+  if [ -n "${MODEL:-}" ]; then
+    run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
+      -p no:cacheprovider --maxfail=6
+  fi
+  for s in ${DECODE:-}; do
+    run "decode_$s" 200 python3 -m bench.cli decode --shape "$s" --batch 1,8 ${HF:+--hf} --json "$OUT/decode_$s.json"
+  done
+  if [ -n "${PREFILL:-}" ]; then
+    run prefill_9b 200 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 ${HF:+--hf} --json "$OUT/prefill_9b.json"
+  fi
+  if [ -n "${KERNELS:-}" ]; then
+    run kernels_9b 200 python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS} --json "$OUT/kernels_9b.json"
+  fi
+  for s in ${SERVE:-}; do
+    run "serve_$s" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 --json "$OUT/serve_$s.json"
   done
   if [ -n "${PROFILE:-}" ]; then
     run profile 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \

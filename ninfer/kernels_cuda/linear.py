@@ -89,7 +89,7 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool) -> None
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=splits)
-    tile = 8 if swiglu else 16
+    tile = 4 if swiglu else 8
     launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"),
            ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
            name="linear_swiglu" if swiglu else "linear_mma")

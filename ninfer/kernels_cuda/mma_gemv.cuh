@@ -1,18 +1,22 @@
 // mma_gemv.cuh: tensor-core core of the skinny GEMM y[n, m] = sum_k x[n, k] w[m, k] for bf16
 // weights and f32 activations, N <= 8 per tile (decode).
 //
-// One warp multiplies a 16-row weight tile by an 8-row activation tile over its K range with
-// `mma.sync.m16n8k16` (bf16 inputs, f32 accumulation). The activations are split into two bf16
-// terms, x = hi + lo (hi = bf16(x), lo = bf16(x - hi)), and both are multiplied: the product is
-// exact for the bf16 weights and x is represented to about 2^-17 relative, so the result is
-// within fp32-GEMV rounding of the f32 product (the f32 CPU kernels and the oracle tests).
+// One warp multiplies an 8-row weight tile by an 8-row activation tile over its K range with
+// `mma.sync.m16n8k16` (bf16 inputs, f32 accumulation): the activations are the A operand (rows
+// 0..7 of the 16; rows 8..15 are zero) and the weight rows are the B operand's 8 columns, so a
+// block's unit of work is 8 weight rows (fine enough to fill every SM for 4096-row matrices).
+// The activations are split into two bf16 terms, x = hi + lo (hi = bf16(x), lo = bf16(x - hi),
+// both rounded to nearest), and both are multiplied: the product is exact for the bf16 weights
+// and x is represented to about 2^-17 relative, so the result is within fp32-GEMV rounding of
+// the f32 product (the f32 CPU kernels and the oracle tests).
 //
 // The mma's k order is free as long as A and B use the same one, so each lane reads 16
 // contiguous bytes per row instead of the ISA's scattered pairs: for a step of 32 k values
-// starting at k0, lane (g = lane / 4, t = lane % 4) loads w[m0 + g][k0 + 8t .. +7] and
-// w[m0 + g + 8][k0 + 8t .. +7] (one uint4 each) and x[n0 + g][k0 + 8t .. +7]; mma j (j = 0, 1)
-// takes words 2j, 2j+1 of those as its logical k pairs {2t, 2t+1} and {2t+8, 2t+9}.
-// Accumulator lane layout (ISA): c0, c1 = (row g, n 2t, 2t+1); c2, c3 = (row g+8, n 2t, 2t+1).
+// starting at k0, lane (g = lane / 4, t = lane % 4) loads w[m0 + g][k0 + 8t .. +7] (one uint4)
+// and x[n0 + g][k0 + 8t .. +7]; mma j (j = 0, 1) takes words 2j, 2j+1 of those as its logical
+// k pairs {2t, 2t+1} and {2t+8, 2t+9}.
+// Accumulator lane layout (ISA): c0, c1 = (activation row g, weight rows 2t, 2t+1); c2, c3
+// belong to the zero activation rows 8..15.
 //
 // An output element's arithmetic depends on K's split only (never on N, other rows or the
 // tile's other columns): batch invariant like gemv.cuh.
@@ -49,20 +53,18 @@ __device__ __forceinline__ uint4 mma_load_w(const bf16raw* row, int k, int k_end
 }
 
 // Accumulates the warp's K range [k_begin, k_end) (k_begin a multiple of 32) into c.
-// wrow0 / wrow1: weight rows m0 + g and m0 + g + 8 (nullptr past M: zeros); xrow: activation
-// row n0 + g (nullptr past N: zeros). Steps of 32 k, U of them in flight per iteration.
+// wrow: weight row m0 + g (nullptr past M: zeros); xrow: activation row n0 + g (nullptr past
+// N: zeros). Steps of 32 k, U of them in flight per iteration.
 template <int U>
-__device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow0, const bf16raw* wrow1,
-                                                    const float* xrow, int k_begin, int k_end,
-                                                    int t, float (&c)[4]) {
+__device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow, const float* xrow,
+                                                    int k_begin, int k_end, int t,
+                                                    float (&c)[4]) {
   for (int k0 = k_begin; k0 < k_end; k0 += 32 * U) {
-    uint4 w0[U], w1[U];
+    uint4 w[U];
 #pragma unroll
     for (int i = 0; i < U; ++i) {
       const int k = k0 + 32 * i + 8 * t;
-      const bool in = k < k_end;
-      w0[i] = in && wrow0 ? mma_load_w(wrow0, k, k_end) : make_uint4(0u, 0u, 0u, 0u);
-      w1[i] = in && wrow1 ? mma_load_w(wrow1, k, k_end) : make_uint4(0u, 0u, 0u, 0u);
+      w[i] = k < k_end && wrow ? mma_load_w(wrow, k, k_end) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
     for (int i = 0; i < U; ++i) {
@@ -80,10 +82,10 @@ __device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow0, const 
       unsigned hi[4], lo[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) split_bf16x2(xv[2 * q], xv[2 * q + 1], hi[q], lo[q]);
-      mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, hi[0], hi[1]);
-      mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, lo[0], lo[1]);
-      mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, hi[2], hi[3]);
-      mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, lo[2], lo[3]);
+      mma_bf16_16816(c, hi[0], 0u, hi[1], 0u, w[i].x, w[i].y);
+      mma_bf16_16816(c, lo[0], 0u, lo[1], 0u, w[i].x, w[i].y);
+      mma_bf16_16816(c, hi[2], 0u, hi[3], 0u, w[i].z, w[i].w);
+      mma_bf16_16816(c, lo[2], 0u, lo[3], 0u, w[i].z, w[i].w);
     }
   }
 }

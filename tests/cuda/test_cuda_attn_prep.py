@@ -36,9 +36,13 @@ def test_attn_prep_equals_unfused_ops(rng, dtype, n, a, hkv, d, rot):
     bt_h = rng.permutation(pages)[:seqs * cols].reshape(seqs, cols).astype(np.int32)
     bt_h[2, 1] = pages + 3  # an invalid page: rows mapping there write nothing
     bt = dev(bt_h)
-    row_seq_h = rng.integers(0, seqs, n).astype(np.int32)
-    row_pos_h = rng.integers(0, cols * page_size, n).astype(np.int32)
+    # distinct (sequence, position) slots: two rows writing one slot would race in both paths
+    flat = rng.choice(seqs * cols * page_size, n, replace=False)
+    row_seq_h = (flat // (cols * page_size)).astype(np.int32)
+    row_pos_h = (flat % (cols * page_size)).astype(np.int32)
     if n > 1:
+        clash = (row_seq_h == 2) & (row_pos_h == page_size + 3)
+        row_seq_h[clash], row_pos_h[clash] = row_seq_h[0], row_pos_h[0]
         row_seq_h[0], row_pos_h[0] = 2, page_size + 3
     row_seq, row_pos = dev(row_seq_h), dev(row_pos_h)
     pos = _positions(rng, n, row_pos_h)
