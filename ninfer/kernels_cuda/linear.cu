@@ -27,8 +27,10 @@ struct GemvParams {
   float* out;
   i64 w_rs, x_rs, out_rs;
   int m, k, n, splits;
+  const bf16raw* x_hi;  // linear_mma_kernel: pre-split x ([N, K] each, K % 8 == 0) or nullptr
+  const bf16raw* x_lo;
 };
-static_assert(sizeof(GemvParams) == 64, "GemvParams layout is mirrored in linear.py");
+static_assert(sizeof(GemvParams) == 80, "GemvParams layout is mirrored in linear.py");
 
 template <typename WT, int NT, int R, int ALIGNED>
 __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
@@ -61,12 +63,12 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
   }
 }
 
-#define MMA_U 8
+#define MMA_U 6
 // SWIGLU=1: w = [gate; up] ([2M, K], up rows start at M); out[n, m] = silu(gate_m . x_n) *
 // (up_m . x_n). A warp's 8 weight rows are gate rows m0..m0+3 then up rows m0..m0+3 (4 outputs
 // per block), so each value is computed exactly as by the SWIGLU=0 kernel.
 template <int SWIGLU>
-__global__ void __launch_bounds__(256) linear_mma_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(256, 4) linear_mma_kernel(const GemvParams p) {
   __shared__ float red[8][8][8];  // [split][n in tile][weight row in tile]
   constexpr int TILE = SWIGLU ? 4 : 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -79,11 +81,19 @@ __global__ void __launch_bounds__(256) linear_mma_kernel(const GemvParams p) {
   const int r = SWIGLU ? m0 + (g & 3) : m0 + g;       // output row of weight row g
   const int wr = SWIGLU && g >= 4 ? p.m + r : r;      // its row in w
   const bf16raw* wrow = r < p.m ? static_cast<const bf16raw*>(p.w) + (i64)wr * p.w_rs : nullptr;
-  const float* xrow = n0 + g < p.n ? p.x + (i64)(n0 + g) * p.x_rs : nullptr;
+  MmaX xs{nullptr, nullptr, nullptr};
+  if (n0 + g < p.n) {
+    if (p.x_hi != nullptr) {
+      xs.hi = p.x_hi + (i64)(n0 + g) * p.k;
+      xs.lo = p.x_lo + (i64)(n0 + g) * p.k;
+    } else {
+      xs.x = p.x + (i64)(n0 + g) * p.x_rs;
+    }
+  }
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_gemv_accumulate<MMA_U>(wrow, xrow, k_begin, k_end, t, c);
-  red[warp][g][2 * t] = c[0];
-  red[warp][g][2 * t + 1] = c[1];
+  mma_gemv_accumulate<MMA_U>(wrow, xs, k_begin, k_end, t, c);
+  red[warp][g][2 * t] = c[0] + c[2];
+  red[warp][g][2 * t + 1] = c[1] + c[3];
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
     const int j = idx % TILE, n = idx / TILE;
@@ -98,6 +108,21 @@ __global__ void __launch_bounds__(256) linear_mma_kernel(const GemvParams p) {
       p.out[(i64)(n0 + n) * p.out_rs + m0 + j] = s;
     }
   }
+}
+
+// x f32 [N, K] (rows strided, K even) -> hi, lo bf16 [N, K] contiguous (mma_gemv.cuh's split).
+// Grid (ceil(K / 512), N), 256 threads, two elements each.
+__global__ void __launch_bounds__(256) split_bf16_kernel(const float* __restrict__ x, i64 x_rs,
+                                                         int k, unsigned* __restrict__ hi,
+                                                         unsigned* __restrict__ lo) {
+  const i64 row = blockIdx.y;
+  const int i = blockIdx.x * 512 + 2 * threadIdx.x;
+  if (i >= k) return;
+  const float* xr = x + row * x_rs;
+  unsigned h, l;
+  split_bf16x2(xr[i], xr[i + 1], h, l);
+  hi[(row * k + i) >> 1] = h;
+  lo[(row * k + i) >> 1] = l;
 }
 
 __global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, i64 x_rs,

@@ -2,8 +2,8 @@
 // weights and f32 activations, N <= 8 per tile (decode).
 //
 // One warp multiplies an 8-row weight tile by an 8-row activation tile over its K range with
-// `mma.sync.m16n8k16` (bf16 inputs, f32 accumulation): the activations are the A operand (rows
-// 0..7 of the 16; rows 8..15 are zero) and the weight rows are the B operand's 8 columns, so a
+// `mma.sync.m16n8k16` (bf16 inputs, f32 accumulation): the activations' hi and lo terms are the
+// A operand's rows 0..7 and 8..15 and the weight rows are the B operand's 8 columns, so a
 // block's unit of work is 8 weight rows (fine enough to fill every SM for 4096-row matrices).
 // The activations are split into two bf16 terms, x = hi + lo (hi = bf16(x), lo = bf16(x - hi),
 // both rounded to nearest), and both are multiplied: the product is exact for the bf16 weights
@@ -15,8 +15,8 @@
 // starting at k0, lane (g = lane / 4, t = lane % 4) loads w[m0 + g][k0 + 8t .. +7] (one uint4)
 // and x[n0 + g][k0 + 8t .. +7]; mma j (j = 0, 1) takes words 2j, 2j+1 of those as its logical
 // k pairs {2t, 2t+1} and {2t+8, 2t+9}.
-// Accumulator lane layout (ISA): c0, c1 = (activation row g, weight rows 2t, 2t+1); c2, c3
-// belong to the zero activation rows 8..15.
+// Accumulator lane layout (ISA): c0, c1 = (A row g, weight rows 2t, 2t+1), c2, c3 = (A row
+// g + 8, same weight rows); A rows 0..7 hold the hi terms, rows 8..15 the lo terms.
 //
 // An output element's arithmetic depends on K's split only (never on N, other rows or the
 // tile's other columns): batch invariant like gemv.cuh.
@@ -52,11 +52,45 @@ __device__ __forceinline__ uint4 mma_load_w(const bf16raw* row, int k, int k_end
                     h[6] | (h[7] << 16));
 }
 
+// The activation row of one lane: f32 (split here) or pre-split hi / lo bf16 rows (written by
+// split_bf16_kernel, the same bits). nullptrs read as zeros.
+struct MmaX {
+  const float* x;
+  const bf16raw* hi;
+  const bf16raw* lo;
+  // hi / lo words of elements [k, k + 8) (elements >= k_end are 0)
+  __device__ __forceinline__ void load(int k, int k_end, uint4& h, uint4& l) const {
+    if (hi != nullptr && k + 8 <= k_end) {
+      h = __ldg(reinterpret_cast<const uint4*>(hi + k));
+      l = __ldg(reinterpret_cast<const uint4*>(lo + k));
+      return;
+    }
+    float xv[8];
+    if (hi != nullptr) {  // tail of a pre-split row: its values are hi + lo exactly
+#pragma unroll
+      for (int e = 0; e < 8; ++e) xv[e] = k + e < k_end ? to_f32(hi[k + e]) + to_f32(lo[k + e]) : 0.0f;
+    } else if (x == nullptr || k >= k_end) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) xv[e] = 0.0f;
+    } else if (k + 8 <= k_end) {
+      load8_cached(x + k, xv);
+    } else {
+      load8_guard(x + k, k_end - k, xv);
+    }
+    split_bf16x2(xv[0], xv[1], h.x, l.x);
+    split_bf16x2(xv[2], xv[3], h.y, l.y);
+    split_bf16x2(xv[4], xv[5], h.z, l.z);
+    split_bf16x2(xv[6], xv[7], h.w, l.w);
+  }
+};
+
 // Accumulates the warp's K range [k_begin, k_end) (k_begin a multiple of 32) into c.
-// wrow: weight row m0 + g (nullptr past M: zeros); xrow: activation row n0 + g (nullptr past
-// N: zeros). Steps of 32 k, U of them in flight per iteration.
+// wrow: weight row m0 + g (nullptr past M: zeros); xs: activation row n0 + g. The A operand's
+// rows 0..7 are the hi terms and rows 8..15 the lo terms of the same activation rows, so one
+// mma does both: c0, c1 accumulate hi . w and c2, c3 lo . w; the caller adds c0 + c2, c1 + c3.
+// Steps of 32 k, U of them in flight per iteration.
 template <int U>
-__device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow, const float* xrow,
+__device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow, const MmaX& xs,
                                                     int k_begin, int k_end, int t,
                                                     float (&c)[4]) {
   for (int k0 = k_begin; k0 < k_end; k0 += 32 * U) {
@@ -69,23 +103,10 @@ __device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow, const f
 #pragma unroll
     for (int i = 0; i < U; ++i) {
       if (k0 + 32 * i >= k_end) break;
-      const int k = k0 + 32 * i + 8 * t;
-      float xv[8];
-      if (xrow == nullptr || k >= k_end) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) xv[e] = 0.0f;
-      } else if (k + 8 <= k_end) {
-        load8_cached(xrow + k, xv);
-      } else {
-        load8_guard(xrow + k, k_end - k, xv);
-      }
-      unsigned hi[4], lo[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) split_bf16x2(xv[2 * q], xv[2 * q + 1], hi[q], lo[q]);
-      mma_bf16_16816(c, hi[0], 0u, hi[1], 0u, w[i].x, w[i].y);
-      mma_bf16_16816(c, lo[0], 0u, lo[1], 0u, w[i].x, w[i].y);
-      mma_bf16_16816(c, hi[2], 0u, hi[3], 0u, w[i].z, w[i].w);
-      mma_bf16_16816(c, lo[2], 0u, lo[3], 0u, w[i].z, w[i].w);
+      uint4 h, l;
+      xs.load(k0 + 32 * i + 8 * t, k_end, h, l);
+      mma_bf16_16816(c, h.x, l.x, h.y, l.y, w[i].x, w[i].y);
+      mma_bf16_16816(c, h.z, l.z, h.w, l.w, w[i].z, w[i].w);
     }
   }
 }

@@ -211,12 +211,12 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
   const int wr = SWIGLU && g >= 4 ? p.up_offset + r : r;
   const bf16raw* wrow = (r < p.m && !bad) ? wexp + (i64)wr * p.w_rs : nullptr;
   const int pr = p.group_pairs[grp * MOE_GROUP + g];
-  const float* xrow =
-      pr >= 0 ? p.x + (i64)(p.x_by_pair ? pr : pr / p.top_k) * p.x_rs : nullptr;
+  const MmaX xs{pr >= 0 ? p.x + (i64)(p.x_by_pair ? pr : pr / p.top_k) * p.x_rs : nullptr,
+                nullptr, nullptr};
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_gemv_accumulate<MMA_U>(wrow, xrow, k_begin, k_end, t, c);
-  red[warp][g][2 * t] = c[0];
-  red[warp][g][2 * t + 1] = c[1];
+  mma_gemv_accumulate<MMA_U>(wrow, xs, k_begin, k_end, t, c);
+  red[warp][g][2 * t] = c[0] + c[2];
+  red[warp][g][2 * t + 1] = c[1] + c[3];
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
     const int j = idx % TILE, n = idx / TILE;
