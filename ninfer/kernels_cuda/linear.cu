@@ -13,7 +13,8 @@
 // the same contract (mma_gemv.cuh: x split into bf16 hi + lo terms, f32 accumulation). Grid
 // (ceil(M / 8), ceil(N / 8)) (SWIGLU: ceil(M / 4)); block = `splits` warps, warp s reducing the s-th of `splits`
 // ranges of K (whole 32-element steps, the split chosen from K alone); partials summed in split
-// order. Each output element's arithmetic is independent of N (batch invariance). Streams the
+// order. Each output element's arithmetic is independent of N (batch invariance). The weights
+// stream through a per-warp cp.async ring in dynamic shared memory. Streams the
 // weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
 //
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
@@ -63,13 +64,15 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
   }
 }
 
-#define MMA_U 6
+#define MMA_STEPS 3   // steps (32 k) per cp.async stage
+#define MMA_STAGES 4  // ring stages per warp: 3 in flight, 6 KiB of shared memory per warp
 // SWIGLU=1: w = [gate; up] ([2M, K], up rows start at M); out[n, m] = silu(gate_m . x_n) *
 // (up_m . x_n). A warp's 8 weight rows are gate rows m0..m0+3 then up rows m0..m0+3 (4 outputs
 // per block), so each value is computed exactly as by the SWIGLU=0 kernel.
 template <int SWIGLU>
 __global__ void __launch_bounds__(256, 4) linear_mma_kernel(const GemvParams p) {
   __shared__ float red[8][8][8];  // [split][n in tile][weight row in tile]
+  extern __shared__ uint4 mma_ring[];  // [split][MMA_STAGES][MMA_STEPS][32]
   constexpr int TILE = SWIGLU ? 4 : 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -91,7 +94,8 @@ __global__ void __launch_bounds__(256, 4) linear_mma_kernel(const GemvParams p) 
     }
   }
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_gemv_accumulate<MMA_U>(wrow, xs, k_begin, k_end, t, c);
+  mma_gemv_accumulate_async<MMA_STEPS, MMA_STAGES>(
+      wrow, xs, k_begin, k_end, t, lane, mma_ring + warp * (MMA_STAGES * MMA_STEPS * 32), c);
   red[warp][g][2 * t] = c[0] + c[2];
   red[warp][g][2 * t + 1] = c[1] + c[3];
   __syncthreads();

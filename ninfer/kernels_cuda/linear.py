@@ -19,6 +19,7 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 GEMV_MAX_ROWS = 8
 MAX_SPLITS = 8
+MMA_RING_BYTES = 4 * 3 * 32 * 16  # per warp: MMA_STAGES x MMA_STEPS x 32 lanes x 16 B (linear.cu)
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 
 SOURCE = KernelSource("linear.cu", tuple(
@@ -101,9 +102,16 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool, workspa
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=splits, x_hi=x_hi, x_lo=x_lo)
     tile = 4 if swiglu else 8
-    launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"),
-           ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
-           name="linear_swiglu" if swiglu else "linear_mma")
+    fn = get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>")
+    smem = splits * MMA_RING_BYTES
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = 8 * MMA_RING_BYTES
+        try:  # 4 blocks of 50 KiB per SM need the largest shared-memory carveout; a hint
+            fn.preferred_shared_memory_carveout = 100
+        except (AttributeError, TypeError):
+            pass
+    launch(fn, ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
+           shared_mem=smem, name="linear_swiglu" if swiglu else "linear_mma")
 
 
 def linear_swiglu(x, gate_up, out, *, workspace=None) -> None:

@@ -110,3 +110,54 @@ __device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow, const M
     }
   }
 }
+
+__device__ __forceinline__ void mma_cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(
+                   (unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+
+// mma_gemv_accumulate with the weight tiles streamed through this warp's shared-memory ring
+// `ring` (STAGES x STEPS x 32 lanes x 16 B) by cp.async: each lane copies, and later reads, its
+// own 16 bytes, so STAGES - 1 stages of STEPS steps are in flight without holding registers.
+// Same operands, same mma sequence, same bits as mma_gemv_accumulate.
+template <int STEPS, int STAGES>
+__device__ __forceinline__ void mma_gemv_accumulate_async(const bf16raw* wrow, const MmaX& xs,
+                                                          int k_begin, int k_end, int t,
+                                                          int lane, uint4* ring,
+                                                          float (&c)[4]) {
+  const int nsteps = k_end > k_begin ? (k_end - k_begin + 31) >> 5 : 0;
+  const int nst = (nsteps + STEPS - 1) / STEPS;
+  auto issue = [&](int s) {
+    if (s < nst) {
+#pragma unroll
+      for (int i = 0; i < STEPS; ++i) {
+        const int k = k_begin + 32 * (s * STEPS + i) + 8 * t;
+        uint4* dst = ring + ((s % STAGES) * STEPS + i) * 32 + lane;
+        if (wrow != nullptr && k + 8 <= k_end) {
+          mma_cp_async16(dst, wrow + k);
+        } else if (wrow != nullptr && k < k_end) {
+          *dst = mma_load_w(wrow, k, k_end);
+        } else {
+          *dst = make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) issue(s);
+  for (int s = 0; s < nst; ++s) {
+    issue(s + STAGES - 1);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(STAGES - 1) : "memory");
+#pragma unroll
+    for (int i = 0; i < STEPS; ++i) {
+      const int step = s * STEPS + i;
+      if (step >= nsteps) break;
+      const uint4 w = ring[((s % STAGES) * STEPS + i) * 32 + lane];
+      uint4 h, l;
+      xs.load(k_begin + 32 * step + 8 * t, k_end, h, l);
+      mma_bf16_16816(c, h.x, l.x, h.y, l.y, w.x, w.y);
+      mma_bf16_16816(c, h.z, l.z, h.w, l.w, w.z, w.w);
+    }
+  }
+}
