@@ -35,7 +35,7 @@ if [ "$MODE" = dev ]; then
   # dev: pick the steps with variables (all optional):
   #   TESTS="test_cuda_linear ..."  kernel test files;  MODEL=1  the exact model oracle;
   #   DECODE="9b 35b-a3b"  decode benchmarks;  PREFILL=1  9B prefill 8192 with transformers;
-  #   KERNELS="linear paged_attention ..."  kernel microbenchmarks (9B shape);
+  #   PREFILL_HF=1 adds transformers to the prefill run;  KERNELS="linear paged_attention ..."  kernel microbenchmarks (9B shape);
   #   SERVE="9b"  serve-sim at C=1,4,8;  PROFILE=1  ncu breakdown of the 9B decode step.
   for f in ${TESTS:-}; do
     run "$f" 200 env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
@@ -49,7 +49,7 @@ if [ "$MODE" = dev ]; then
     run "decode_$s" 200 python3 -m bench.cli decode --shape "$s" --batch 1,8 ${HF:+--hf} --json "$OUT/decode_$s.json"
   done
   if [ -n "${PREFILL:-}" ]; then
-    run prefill_9b 200 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 ${HF:+--hf} --json "$OUT/prefill_9b.json"
+    run prefill_9b 200 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 ${PREFILL_HF:+--hf} --json "$OUT/prefill_9b.json"
   fi
   if [ -n "${KERNELS:-}" ]; then
     run kernels_9b 200 python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS} --json "$OUT/kernels_9b.json"

@@ -11,10 +11,9 @@
 //
 // linear_mma_kernel<SWIGLU> (bf16 weights, 16-byte aligned rows of w and x): the tensor-core variant of
 // the same contract (mma_gemv.cuh: x split into bf16 hi + lo terms, f32 accumulation). Grid
-// (ceil(M / 8), ceil(N / 8)) (SWIGLU: ceil(M / 4)); block = `splits` warps, warp s reducing the s-th of `splits`
+// (ceil(M / 16), ceil(N / 8)); block = `splits` warps, warp s reducing the s-th of `splits`
 // ranges of K (whole 32-element steps, the split chosen from K alone); partials summed in split
-// order. Each output element's arithmetic is independent of N (batch invariance). The weights
-// stream through a per-warp cp.async ring in dynamic shared memory. Streams the
+// order. Each output element's arithmetic is independent of N (batch invariance). Streams the
 // weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
 //
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
@@ -28,10 +27,8 @@ struct GemvParams {
   float* out;
   i64 w_rs, x_rs, out_rs;
   int m, k, n, splits;
-  const bf16raw* x_hi;  // linear_mma_kernel: pre-split x ([N, K] each, K % 8 == 0) or nullptr
-  const bf16raw* x_lo;
 };
-static_assert(sizeof(GemvParams) == 80, "GemvParams layout is mirrored in linear.py");
+static_assert(sizeof(GemvParams) == 64, "GemvParams layout is mirrored in linear.py");
 
 template <typename WT, int NT, int R, int ALIGNED>
 __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
@@ -64,16 +61,14 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
   }
 }
 
-#define MMA_STEPS 3   // steps (32 k) per cp.async stage
-#define MMA_STAGES 4  // ring stages per warp: 3 in flight, 6 KiB of shared memory per warp
+#define MMA_U 4
 // SWIGLU=1: w = [gate; up] ([2M, K], up rows start at M); out[n, m] = silu(gate_m . x_n) *
-// (up_m . x_n). A warp's 8 weight rows are gate rows m0..m0+3 then up rows m0..m0+3 (4 outputs
-// per block), so each value is computed exactly as by the SWIGLU=0 kernel.
+// (up_m . x_n). A warp's A tile is gate rows m0..m0+7 over up rows m0..m0+7 (8 outputs per
+// block), so each value is computed exactly as by the SWIGLU=0 kernel.
 template <int SWIGLU>
-__global__ void __launch_bounds__(256, 4) linear_mma_kernel(const GemvParams p) {
-  __shared__ float red[8][8][8];  // [split][n in tile][weight row in tile]
-  extern __shared__ uint4 mma_ring[];  // [split][MMA_STAGES][MMA_STEPS][32]
-  constexpr int TILE = SWIGLU ? 4 : 8;
+__global__ void __launch_bounds__(256) linear_mma_kernel(const GemvParams p) {
+  __shared__ float red[8][16][8];  // [split][A row][n in tile]
+  constexpr int TILE = SWIGLU ? 8 : 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * TILE, n0 = blockIdx.y * 8;
@@ -81,52 +76,31 @@ __global__ void __launch_bounds__(256, 4) linear_mma_kernel(const GemvParams p) 
   const int per = (steps + p.splits - 1) / p.splits;
   const int k_begin = min(p.k, warp * per * 32);
   const int k_end = min(p.k, k_begin + per * 32);
-  const int r = SWIGLU ? m0 + (g & 3) : m0 + g;       // output row of weight row g
-  const int wr = SWIGLU && g >= 4 ? p.m + r : r;      // its row in w
-  const bf16raw* wrow = r < p.m ? static_cast<const bf16raw*>(p.w) + (i64)wr * p.w_rs : nullptr;
-  MmaX xs{nullptr, nullptr, nullptr};
-  if (n0 + g < p.n) {
-    if (p.x_hi != nullptr) {
-      xs.hi = p.x_hi + (i64)(n0 + g) * p.k;
-      xs.lo = p.x_lo + (i64)(n0 + g) * p.k;
-    } else {
-      xs.x = p.x + (i64)(n0 + g) * p.x_rs;
-    }
-  }
+  const bf16raw* w = static_cast<const bf16raw*>(p.w);
+  const int r1 = SWIGLU ? m0 + g : m0 + g + 8;  // output row of A row g + 8
+  const bf16raw* wrow0 = m0 + g < p.m ? w + (i64)(m0 + g) * p.w_rs : nullptr;
+  const bf16raw* wrow1 = r1 < p.m ? w + (i64)(SWIGLU ? p.m + r1 : r1) * p.w_rs : nullptr;
+  const float* xrow = n0 + g < p.n ? p.x + (i64)(n0 + g) * p.x_rs : nullptr;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_gemv_accumulate_async<MMA_STEPS, MMA_STAGES>(
-      wrow, xs, k_begin, k_end, t, lane, mma_ring + warp * (MMA_STAGES * MMA_STEPS * 32), c);
-  red[warp][g][2 * t] = c[0] + c[2];
-  red[warp][g][2 * t + 1] = c[1] + c[3];
+  mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
+  red[warp][g][2 * t] = c[0];
+  red[warp][g][2 * t + 1] = c[1];
+  red[warp][g + 8][2 * t] = c[2];
+  red[warp][g + 8][2 * t + 1] = c[3];
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
-    const int j = idx % TILE, n = idx / TILE;
-    if (m0 + j < p.m && n0 + n < p.n) {
+    const int r = idx >> 3, n = idx & 7;
+    if (m0 + r < p.m && n0 + n < p.n) {
       float s = 0.0f;
-      for (int w2 = 0; w2 < p.splits; ++w2) s += red[w2][n][j];
+      for (int w2 = 0; w2 < p.splits; ++w2) s += red[w2][r][n];
       if (SWIGLU) {
         float u = 0.0f;
-        for (int w2 = 0; w2 < p.splits; ++w2) u += red[w2][n][j + 4];
+        for (int w2 = 0; w2 < p.splits; ++w2) u += red[w2][r + 8][n];
         s = silu_f(s) * u;
       }
-      p.out[(i64)(n0 + n) * p.out_rs + m0 + j] = s;
+      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = s;
     }
   }
-}
-
-// x f32 [N, K] (rows strided, K even) -> hi, lo bf16 [N, K] contiguous (mma_gemv.cuh's split).
-// Grid (ceil(K / 512), N), 256 threads, two elements each.
-__global__ void __launch_bounds__(256) split_bf16_kernel(const float* __restrict__ x, i64 x_rs,
-                                                         int k, unsigned* __restrict__ hi,
-                                                         unsigned* __restrict__ lo) {
-  const i64 row = blockIdx.y;
-  const int i = blockIdx.x * 512 + 2 * threadIdx.x;
-  if (i >= k) return;
-  const float* xr = x + row * x_rs;
-  unsigned h, l;
-  split_bf16x2(xr[i], xr[i + 1], h, l);
-  hi[(row * k + i) >> 1] = h;
-  lo[(row * k + i) >> 1] = l;
 }
 
 __global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, i64 x_rs,

@@ -19,18 +19,16 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 GEMV_MAX_ROWS = 8
 MAX_SPLITS = 8
-MMA_RING_BYTES = 4 * 3 * 32 * 16  # per warp: MMA_STAGES x MMA_STEPS x 32 lanes x 16 B (linear.cu)
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
-    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "split_bf16_kernel",
-       "f32_to_bf16_kernel"]))
+    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
-                       ("n", "i32"), ("splits", "i32"), ("x_hi", "ptr"), ("x_lo", "ptr"))
-assert GEMV_PARAMS.itemsize == 80
+                       ("n", "i32"), ("splits", "i32"))
+assert GEMV_PARAMS.itemsize == 64
 
 # cuBLAS constants (cublas_api.h / library_types.h)
 _OP_N, _OP_T = 0, 1
@@ -66,11 +64,11 @@ def _gemv_aligned(w, kind: C.WKind, w_rs: int, x, x_rs: int, k: int) -> bool:
 
 
 def launch_gemv(x, x_rs: int, w, kind: C.WKind, w_rs: int, out, out_rs: int, m: int, k: int,
-                n: int, workspace=None) -> None:
+                n: int) -> None:
     """The GEMV kernel on already-checked operands (also used by other launchers)."""
     aligned = int(_gemv_aligned(w, kind, w_rs, x, x_rs, k))
     if _mma_ok(w, kind, w_rs, x, x_rs):
-        _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, workspace=workspace)
+        _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False)
         return
     nt = rows_tile(n)
     r = ROWS_PER_BLOCK[nt]
@@ -87,39 +85,21 @@ def _mma_ok(w, kind: C.WKind, w_rs: int, x, x_rs: int) -> bool:
             and x_rs % 4 == 0)
 
 
-def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool, workspace=None) -> None:
-    """The tensor-core kernel; with a uint16 `workspace` of >= 2*N*K elements (and K % 8 == 0)
-    x is split into its bf16 hi / lo terms once (split_bf16_kernel) instead of in every block."""
-    x_hi = x_lo = 0
-    if workspace is not None and k % 8 == 0 and workspace.size >= 2 * n * k:
-        C.device_array(workspace, "workspace", dtype=np.uint16)
-        C.contiguous(workspace, "workspace")
-        x_hi, x_lo = C.ptr(workspace), C.ptr(workspace) + 2 * n * k
-        launch(get_function(SOURCE, "split_bf16_kernel"), ((k + 511) // 512, n), (256,),
-               (x, np.int64(x_rs), np.int32(k), np.uint64(x_hi), np.uint64(x_lo)),
-               name="split_bf16")
+def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool) -> None:
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out_rs, m=m, k=k, n=n, splits=splits, x_hi=x_hi, x_lo=x_lo)
-    tile = 4 if swiglu else 8
-    fn = get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>")
-    smem = splits * MMA_RING_BYTES
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = 8 * MMA_RING_BYTES
-        try:  # 4 blocks of 50 KiB per SM need the largest shared-memory carveout; a hint
-            fn.preferred_shared_memory_carveout = 100
-        except (AttributeError, TypeError):
-            pass
-    launch(fn, ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
-           shared_mem=smem, name="linear_swiglu" if swiglu else "linear_mma")
+                    out_rs=out_rs, m=m, k=k, n=n, splits=splits)
+    tile = 8 if swiglu else 16
+    launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"),
+           ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
+           name="linear_swiglu" if swiglu else "linear_mma")
 
 
-def linear_swiglu(x, gate_up, out, *, workspace=None) -> None:
+def linear_swiglu(x, gate_up, out) -> None:
     """out f32[N, I] = silu(x @ gate^T) * (x @ up^T), gate_up bf16 [2I, K] = [gate; up].
 
     One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
-    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x. `workspace`: as
-    for `linear` (uint16, >= 2*N*K elements: x split once).
+    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x.
     """
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     n, k = x.shape
@@ -133,7 +113,7 @@ def linear_swiglu(x, gate_up, out, *, workspace=None) -> None:
               "needs bf16 weights and 16-byte aligned rows of gate_up and x")
     if n == 0 or inner == 0:
         return
-    _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, workspace=workspace)
+    _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
 
 def _capturing() -> bool:
@@ -143,9 +123,8 @@ def _capturing() -> bool:
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out f32[N,M] = x f32[N,K] (rows strided) @ weight[M,K]^T (f32 or bf16).
 
-    `workspace`: uint16 CuPy array: >= N*K elements for the bf16 copy of x on the cuBLAS path
-    (allocated from CuPy's pool when None); on the tensor-core GEMV path, >= 2*N*K elements let
-    x be split into its bf16 hi / lo terms once (same bits as splitting in every block). `batch_invariant=True` forces the GEMV kernel
+    `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of x on the cuBLAS
+    path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV kernel
     for any N.
     """
     C.device_array(x, "x", dtype=np.float32, ndim=2)
@@ -161,7 +140,7 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
         out.fill(0)
         return
     if n <= GEMV_MAX_ROWS or batch_invariant or _capturing():
-        launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
+        launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)
         return
     _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
 

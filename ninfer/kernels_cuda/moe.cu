@@ -14,9 +14,9 @@
 //     act[pair] = silu(g) * u. SWIGLU=0 (down): y[pair] = down[e] @ act[pair]. The split of K
 //     and the per-element order are those of linear.cu (batch invariant).
 //   moe_mma_kernel<SWIGLU> (bf16 weights, 16-byte aligned rows): the same contract on tensor
-//     cores (mma_gemv.cuh), groups of up to 8 pairs as the mma's activation rows, 8 weight rows
-//     per block. SWIGLU=1: the 8 weight rows are gate rows m0..m0+3 then up rows m0..m0+3 (4
-//     outputs per block). Splits of K as in linear.cu.
+//     cores (mma_gemv.cuh), groups of up to 8 pairs as the mma's 8 columns. SWIGLU=1: a warp's
+//     16-row A tile is gate rows m0..m0+7 over up rows m0..m0+7, so each lane holds the gate and
+//     the up value of the same (row, pair) after the split sum. Splits of K as in linear.cu.
 //   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)].
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
 //   moe_gather_kernel<OT>: x rows -> per-expert padded blocks (cast to the weights' type);
@@ -25,7 +25,7 @@
 #include "mma_gemv.cuh"
 
 #define MOE_GROUP 8  // group_pairs row stride (max NT)
-#define MMA_U 8
+#define MMA_U 4
 
 __global__ void __launch_bounds__(1024) moe_route_kernel(const float* __restrict__ logits,
                                                          i64 logits_rs, int experts, int top_k,
@@ -193,44 +193,47 @@ __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
 
 template <int SWIGLU>
 __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
-  __shared__ float red[8][8][8];  // [split][pair in group][weight row in tile]
+  __shared__ float red[8][16][8];  // [split][A row][pair in group]
   const int grp = blockIdx.y;
   if (grp >= *p.num_groups) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int e = p.group_expert[grp];
   const bool bad = e < 0 || e >= p.experts;
-  constexpr int TILE = SWIGLU ? 4 : 8;  // output rows per block
+  constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
   const int m0 = blockIdx.x * TILE;
   const int steps = (p.k + 31) >> 5;
   const int per = (steps + p.splits - 1) / p.splits;
   const int k_begin = min(p.k, warp * per * 32);
   const int k_end = min(p.k, k_begin + per * 32);
   const bf16raw* wexp = static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es;
-  const int r = SWIGLU ? m0 + (g & 3) : m0 + g;     // output row of weight row g
-  const int wr = SWIGLU && g >= 4 ? p.up_offset + r : r;
-  const bf16raw* wrow = (r < p.m && !bad) ? wexp + (i64)wr * p.w_rs : nullptr;
+  const int r0 = m0 + g, r1 = SWIGLU ? m0 + g : m0 + g + 8;  // output rows of A rows g, g+8
+  const bf16raw* wrow0 = (r0 < p.m && !bad) ? wexp + (i64)r0 * p.w_rs : nullptr;
+  const bf16raw* wrow1 =
+      (r1 < p.m && !bad) ? wexp + (i64)(SWIGLU ? p.up_offset + r1 : r1) * p.w_rs : nullptr;
   const int pr = p.group_pairs[grp * MOE_GROUP + g];
-  const MmaX xs{pr >= 0 ? p.x + (i64)(p.x_by_pair ? pr : pr / p.top_k) * p.x_rs : nullptr,
-                nullptr, nullptr};
+  const float* xrow =
+      pr >= 0 ? p.x + (i64)(p.x_by_pair ? pr : pr / p.top_k) * p.x_rs : nullptr;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_gemv_accumulate<MMA_U>(wrow, xs, k_begin, k_end, t, c);
-  red[warp][g][2 * t] = c[0] + c[2];
-  red[warp][g][2 * t + 1] = c[1] + c[3];
+  mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
+  red[warp][g][2 * t] = c[0];
+  red[warp][g][2 * t + 1] = c[1];
+  red[warp][g + 8][2 * t] = c[2];
+  red[warp][g + 8][2 * t + 1] = c[3];
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
-    const int j = idx % TILE, n = idx / TILE;
+    const int r = idx >> 3, n = idx & 7;
     const int pn = p.group_pairs[grp * MOE_GROUP + n];
-    if (m0 + j >= p.m || pn < 0) continue;
+    if (m0 + r >= p.m || pn < 0) continue;
     float v = 0.0f;
-    for (int w = 0; w < p.splits; ++w) v += red[w][n][j];
+    for (int w = 0; w < p.splits; ++w) v += red[w][r][n];
     if (SWIGLU) {
       float u = 0.0f;
-      for (int w = 0; w < p.splits; ++w) u += red[w][n][j + 4];
+      for (int w = 0; w < p.splits; ++w) u += red[w][r + 8][n];
       v = silu_f(v) * u;
     }
     if (bad) v = NINFER_NAN;
-    p.out[(i64)pn * p.out_rs + m0 + j] = v;
+    p.out[(i64)pn * p.out_rs + m0 + r] = v;
   }
 }
 

@@ -152,7 +152,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> Non
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma:
-            tile = 4 if swiglu else 8
+            tile = 8 if swiglu else 16
             params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(xs), out=C.ptr(dst),
                             group_expert=C.ptr(ws.group_expert),
                             group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),

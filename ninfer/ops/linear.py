@@ -27,11 +27,10 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
                                                           batch_invariant=batch_invariant or None))
 
 
-def linear_swiglu(x, gate_up, out, *, workspace=None) -> None:
+def linear_swiglu(x, gate_up, out) -> None:
     """CUDA-only decode fast path: out[N, I] = silu(x @ gate^T) * (x @ up^T) in one launch, with
     gate_up a bf16 Weight [2I, K] = [gate; up]. Bitwise equal to `linear` into [N, 2I] followed
-    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows.
-    `workspace`: as for `linear` on CUDA."""
+    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows."""
     backend = backend_of(x, gate_up, out)
     if backend is not Backend.CUDA:
         raise TypeError("linear_swiglu is a CUDA-only op (the CPU backend uses linear + swiglu)")
@@ -41,5 +40,4 @@ def linear_swiglu(x, gate_up, out, *, workspace=None) -> None:
         raise TypeError(f"linear_swiglu: gate_up must be bf16 [2I, {k}], got "
                         f"{gate_up.dtype.value} {gate_up.shape}")
     check.array("linear_swiglu", "out", out, check.F32, (n, m2 // 2))
-    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out,
-                                                   **check.scratch(backend, workspace=workspace))
+    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out)

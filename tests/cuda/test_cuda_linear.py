@@ -110,22 +110,3 @@ def test_linear_swiglu_equals_linear_then_swiglu(rng, n):
     act = poisoned((n, inner))
     ops.linear_swiglu(x_d, w_d, act)
     assert_same_bits(act, ref_act, f"n={n}")
-
-
-@pytest.mark.parametrize("n", [1, 6, 8, 13])
-def test_presplit_activations_give_the_same_bits(rng, n):
-    """With a workspace the mma path splits x into bf16 hi / lo once (split_bf16_kernel) instead
-    of in every block: identical results, for linear and linear_swiglu."""
-    k, m = 2048 + 64, 264
-    x_d = dev((rng.standard_normal((n, k)) * 2.0).astype(np.float32))
-    _, w_d = weight_pair(rng, (m, k), DType.BFLOAT16, scale=k ** -0.5)
-    ws = cp().zeros(2 * n * k, dtype=np.uint16)
-    plain, split = poisoned((n, m)), poisoned((n, m))
-    klinear.linear(x_d, w_d, plain, batch_invariant=True)
-    klinear.linear(x_d, w_d, split, workspace=ws, batch_invariant=True)
-    assert_same_bits(split, plain, "linear")
-    assert int((ws != 0).sum()) > 0, "the workspace was not used"
-    plain, split = poisoned((n, m // 2)), poisoned((n, m // 2))
-    klinear.linear_swiglu(x_d, w_d, plain)
-    klinear.linear_swiglu(x_d, w_d, split, workspace=ws)
-    assert_same_bits(split, plain, "linear_swiglu")

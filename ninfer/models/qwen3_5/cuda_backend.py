@@ -115,7 +115,6 @@ class CudaBackend(BackendStores):
                 moe=moe_ws,
                 gdn_decode_counters=decode_counters(max_batch, cfg.linear_num_key_heads),
                 sample_scratch=cp.empty((max_batch, cfg.vocab_size), np.float32),
-                linear_bf16=cp.empty(2 * max_batch * widest_k, np.uint16),  # x hi/lo split
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,

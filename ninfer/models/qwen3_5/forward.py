@@ -245,7 +245,7 @@ class Qwen35Forward:
         inner = gate_up.shape[0] // 2
         if self.kws.fused_swiglu and gate_up.dtype is DType.BFLOAT16:
             act = self.ws.ffn_act(n, inner)
-            ops.linear_swiglu(x, gate_up, act, **self.kws.kw(self.kws.linear_bf16))
+            ops.linear_swiglu(x, gate_up, act)
             self._linear(act, down, out)
             return
         gu = self.ws.proj(n, 2 * inner)
