@@ -11,7 +11,7 @@
 //
 // linear_mma_kernel<SWIGLU> (bf16 weights, 16-byte aligned rows of w and x): the tensor-core variant of
 // the same contract (mma_gemv.cuh: x split into bf16 hi + lo terms, f32 accumulation). Grid
-// (ceil(M / 16), ceil(N / 8)); block = `splits` warps, warp s reducing the s-th of `splits`
+// (ceil(M / 16), ceil(N / 8)); block = `splits` (1..16) warps, warp s reducing the s-th of `splits`
 // ranges of K (whole 32-element steps, the split chosen from K alone); partials summed in split
 // order. Each output element's arithmetic is independent of N (batch invariance). Streams the
 // weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
@@ -66,8 +66,8 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
 // (up_m . x_n). A warp's A tile is gate rows m0..m0+7 over up rows m0..m0+7 (8 outputs per
 // block), so each value is computed exactly as by the SWIGLU=0 kernel.
 template <int SWIGLU>
-__global__ void __launch_bounds__(256) linear_mma_kernel(const GemvParams p) {
-  __shared__ float red[8][16][8];  // [split][A row][n in tile]
+__global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
+  __shared__ float red[16][16][8];  // [split][A row][n in tile]
   constexpr int TILE = SWIGLU ? 8 : 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;

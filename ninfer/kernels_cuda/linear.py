@@ -43,10 +43,14 @@ def k_splits(k: int) -> int:
     return max(1, min(MAX_SPLITS, units // 128))
 
 
-def mma_splits(k: int) -> int:
-    """Warps (K ranges of whole 32-element steps) per output of the tensor-core kernel: K only."""
+MMA_MAX_SPLITS = 16  # linear_mma_kernel's warps per block (K ranges)
+
+
+def mma_splits(k: int, limit: int = MMA_MAX_SPLITS) -> int:
+    """Warps (K ranges of >= 8 whole 32-element steps) per output of the tensor-core kernel: a
+    function of K only. 16 for K = 4096 puts 2 x 16 warps on every SM for 4096-row matrices."""
     steps = (k + 31) // 32
-    return max(1, min(MAX_SPLITS, steps // 16))
+    return max(1, min(limit, steps // 8))
 
 
 def rows_tile(n: int) -> int:

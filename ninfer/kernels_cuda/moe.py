@@ -157,10 +157,10 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> Non
                             group_expert=C.ptr(ws.group_expert),
                             group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
                             w_es=w_es, w_rs=w_rs, x_rs=xs_rs, out_rs=dst.shape[1], m=m, k=k,
-                            splits=mma_splits(k), top_k=top_k, up_offset=inter,
+                            splits=mma_splits(k, 8), top_k=top_k, up_offset=inter,
                             x_by_pair=by_pair, experts=experts)
             launch(get_function(SOURCE, f"moe_mma_kernel<{swiglu}>"),
-                   ((m + tile - 1) // tile, pairs), (32 * mma_splits(k),), (params,),
+                   ((m + tile - 1) // tile, pairs), (32 * mma_splits(k, 8),), (params,),
                    name="moe_mma")
             continue
         r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]

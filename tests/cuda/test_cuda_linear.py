@@ -77,7 +77,7 @@ def test_workspace_is_used(rng):
 
 def test_mma_k_split_depends_on_k_only():
     assert [klinear.mma_splits(k) for k in (32, 512, 1000, 2048, 4096, 12288)] == \
-        [1, 1, 2, 4, 8, 8]
+        [1, 2, 4, 8, 16, 16]
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8, 11])
