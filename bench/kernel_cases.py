@@ -227,8 +227,15 @@ def norms(ctx: BenchContext, cp) -> list[Measure]:
     return out
 
 
+def gemv_loads(ctx: BenchContext, cp) -> list[Measure]:
+    from bench.load_patterns import gemv_loads as run
+
+    return run(ctx, cp)
+
+
 CASES = {
     "linear": linear_decode,
+    "gemv_loads": gemv_loads,
     "linear_prefill": linear_prefill,
     "paged_attention": attention_decode,
     "attention_prefill": attention_prefill,
