@@ -1,7 +1,8 @@
 """Layer 2, CUDA backend: RawModule kernels (`<module>.cu`) and their launchers (`<module>.py`).
 
 One op family per module, with the contracts of docs/ops.md: `embedding`, `norm`, `linear`,
-`rope`, `attention`, `elementwise`, `gdn` (+ `gdn_chunk`, `gdn_decode`), `moe`, `sampling`.
+`rope`, `attention` (+ `attention_prefill`, `attn_prep`), `elementwise`, `gdn` (+ `gdn_chunk`,
+`gdn_decode`), `moe`, `sampling`.
 Launchers check operands (CuPy arrays on the executing device), pick the kernel instance and
 grid, and launch on CuPy's current stream without allocating (capturable in CUDA graphs) unless
 a docstring says otherwise. `_loader` holds the only global state: the compiled-module cache.
@@ -9,8 +10,8 @@ Importing this package or a launcher module does not import CuPy.
 """
 from __future__ import annotations
 
-MODULES = ("embedding", "norm", "linear", "rope", "attention", "elementwise", "gdn", "gdn_chunk",
-           "gdn_decode", "moe", "sampling")
+MODULES = ("embedding", "norm", "linear", "rope", "attention", "attention_prefill", "attn_prep",
+           "elementwise", "gdn", "gdn_chunk", "gdn_decode", "moe", "sampling")
 
 
 def precompile_all() -> None:

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(_nvcc.nvcc_path() is None, reason="nvcc not inst
 def test_every_module_compiles_for_sm90():
     sources = _nvcc.all_sources()
     assert {s.file for s in sources} >= {
-        "attention.cu", "elementwise.cu", "embedding.cu", "gdn.cu", "gdn_chunk.cu",
+        "attention.cu", "attention_prefill.cu", "attn_prep.cu", "elementwise.cu", "embedding.cu",
+        "gdn.cu", "gdn_chunk.cu",
         "gdn_decode.cu", "linear.cu", "moe.cu", "norm.cu", "rope.cu", "sampling.cu"}
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = list(pool.map(lambda s: _nvcc.compile_source(s, check_only=True), sources))
