@@ -2,9 +2,10 @@
 
 Two paths:
 - GEMV / skinny GEMM (our kernels: the tensor-core `linear_mma_kernel` for bf16 weights with
-  16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS, for any N while a graph is being
-  captured, and whenever `batch_invariant=True`: one fixed split of K per output element
-  (chosen from K alone), so a row's result never depends on the other rows.
+  16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS,
+  for any N while a graph is being captured, and whenever `batch_invariant=True`: one fixed
+  split of K per output element (chosen from K alone), so a row's result never depends on the
+  other rows.
 - cuBLAS (through CuPy, not capturable) for N > GEMV_MAX_ROWS: bf16 weights multiply a bf16 copy
   of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None) with fp32
   accumulation and fp32 output; f32 weights use fp32 gemmEx (no TF32). Its results depend on

@@ -207,7 +207,8 @@ class CudaBackend(BackendStores):
         self.top_count_dev.set(self._top_count_host, stream=stream)
         m = len(host.pen_tokens)
         if m > self.pen_capacity:
-            raise RuntimeError(f"{m} penalty entries exceed the device buffer ({self.pen_capacity})")
+            raise RuntimeError(
+                f"{m} penalty entries exceed the device buffer ({self.pen_capacity})")
         if m:
             self.pen_tokens[:m].set(host.pen_tokens, stream=stream)
             self.pen_counts[:m].set(host.pen_counts, stream=stream)
