@@ -150,3 +150,33 @@ def contiguous(x, name: str):
     if not x.flags.c_contiguous:
         fail(name, f"must be contiguous (strides {x.strides})")
     return x
+
+
+def per_head(x, name: str, n=None, heads=None, dim=None) -> tuple[int, int]:
+    """(row, head) element strides of an f32 [N, heads, dim] operand with a contiguous last axis
+    (None extents match anything)."""
+    device_array(x, name, dtype=np.float32, ndim=3, shape=(n, heads, dim))
+    st = inner_contiguous(x, name, 1)
+    return st[0], st[1]
+
+
+def kv_pages(k_pages, v_pages):
+    """(k storage, v storage, WKind) of a layer's contiguous KV page arrays [P, Hkv, page, D]
+    (same shape and element type)."""
+    device_array(k_pages, "k_pages", ndim=4)
+    device_array(v_pages, "v_pages", ndim=4, shape=k_pages.shape)
+    kp, kind = kv_array(k_pages, "k_pages")
+    vp, vkind = kv_array(v_pages, "v_pages")
+    require(kind is vkind, "v_pages", "k_pages and v_pages must have the same dtype")
+    contiguous(kp, "k_pages")
+    contiguous(vp, "v_pages")
+    return kp, vp, kind
+
+
+def row_targets(block_tables, row_seq, row_pos, n: int) -> int:
+    """Check the per-row KV targets (row_seq, row_pos i32[n], block_tables i32[S, cols]) and
+    return the block table's row stride."""
+    contiguous(device_array(row_seq, "row_seq", dtype=np.int32, shape=(n,)), "row_seq")
+    contiguous(device_array(row_pos, "row_pos", dtype=np.int32, shape=(n,)), "row_pos")
+    device_array(block_tables, "block_tables", dtype=np.int32, ndim=2)
+    return row_stride(block_tables, "block_tables")

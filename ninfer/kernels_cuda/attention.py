@@ -105,39 +105,15 @@ class AttentionWorkspace:
         return int(self.part_o.shape[2])
 
 
-def _pages(k_pages, v_pages):
-    C.device_array(k_pages, "k_pages", ndim=4)
-    C.device_array(v_pages, "v_pages", ndim=4, shape=k_pages.shape)
-    kp, kind = C.kv_array(k_pages, "k_pages")
-    vp, vkind = C.kv_array(v_pages, "v_pages")
-    C.require(kind is vkind, "v_pages", "k_pages and v_pages must have the same dtype")
-    C.contiguous(kp, "k_pages")
-    C.contiguous(vp, "v_pages")
-    return kp, vp, kind
-
-
-def _rows_meta(block_tables, row_seq, row_pos, n: int):
-    C.contiguous(C.device_array(row_seq, "row_seq", dtype=np.int32, shape=(n,)), "row_seq")
-    C.contiguous(C.device_array(row_pos, "row_pos", dtype=np.int32, shape=(n,)), "row_pos")
-    C.device_array(block_tables, "block_tables", dtype=np.int32, ndim=2)
-    return C.row_stride(block_tables, "block_tables")
-
-
-def _heads(x, name: str, n=None, heads=None, dim=None):
-    C.device_array(x, name, dtype=np.float32, ndim=3, shape=(n, heads, dim))
-    st = C.inner_contiguous(x, name, 1)
-    return st[0], st[1]
-
-
 def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
     """Store row n's k/v f32[N,Hkv,D] at position row_pos[n] of block-table row row_seq[n]."""
-    kp, vp, kind = _pages(k_pages, v_pages)
+    kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
     C.device_array(k, "k", ndim=3)
     n = k.shape[0]
-    k_rs, k_hs = _heads(k, "k", n, kv_heads, dim)
-    v_rs, v_hs = _heads(v, "v", n, kv_heads, dim)
-    bt_rs = _rows_meta(block_tables, row_seq, row_pos, n)
+    k_rs, k_hs = C.per_head(k, "k", n, kv_heads, dim)
+    v_rs, v_hs = C.per_head(v, "v", n, kv_heads, dim)
+    bt_rs = C.row_targets(block_tables, row_seq, row_pos, n)
     if n == 0:
         return
     params = C.pack(_KVW, k=C.ptr(k), v=C.ptr(v), k_pages=C.ptr(kp), v_pages=C.ptr(vp),
@@ -188,13 +164,13 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     synchronises (capturable). workspace=None allocates one per call. With more rows a block
     loops over its row's chunks and no workspace is used.
     """
-    kp, vp, kind = _pages(k_pages, v_pages)
+    kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
     C.device_array(q, "q", ndim=3)
     n, q_heads = q.shape[0], q.shape[1]
-    q_rs, q_hs = _heads(q, "q", n, q_heads, dim)
-    o_rs, o_hs = _heads(out, "out", n, q_heads, dim)
-    bt_rs = _rows_meta(block_tables, row_seq, row_pos, n)
+    q_rs, q_hs = C.per_head(q, "q", n, q_heads, dim)
+    o_rs, o_hs = C.per_head(out, "out", n, q_heads, dim)
+    bt_rs = C.row_targets(block_tables, row_seq, row_pos, n)
     C.require(dim % 32 == 0 and dim // 32 in _DPL, "q", f"head dim {dim} not in 32/64/128/256")
     C.require(q_heads % kv_heads == 0, "q", f"{q_heads} query heads not a multiple of {kv_heads}")
     C.require(C.aligned(kp) and C.aligned(vp), "k_pages", "pages must be 16-byte aligned")

@@ -47,12 +47,6 @@ def _int(value, name: str) -> int:
         C.fail(name, f"expected an int, got {type(value).__name__}")
 
 
-def _heads(x, name: str, n=None, heads=None, dim=None):
-    C.device_array(x, name, dtype=np.float32, ndim=3, shape=(n, heads, dim))
-    st = C.inner_contiguous(x, name, 1)
-    return st[0], st[1]
-
-
 def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: int,
                             scale: float, out) -> None:
     """Causal attention of one sequence's rows at positions pos0 .. pos0+L-1.
@@ -64,15 +58,9 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
     already be in the pages (the chunk's own keys included); query head h reads KV head
     h // (A // Hkv). Rows whose keys reach an invalid page id (outside [0, P)) come out NaN.
     """
-    C.device_array(k_pages, "k_pages", ndim=4)
-    C.device_array(v_pages, "v_pages", ndim=4, shape=k_pages.shape)
-    kp, kind = C.kv_array(k_pages, "k_pages")
-    vp, vkind = C.kv_array(v_pages, "v_pages")
-    C.require(kind is vkind, "v_pages", "k_pages and v_pages must have the same dtype")
+    kp, vp, kind = C.kv_pages(k_pages, v_pages)
     C.require(kind is C.WKind.BF16, "k_pages",
               "f32 pages are not supported by the prefill kernel (use paged_attention)")
-    C.contiguous(kp, "k_pages")
-    C.contiguous(vp, "v_pages")
     C.require(C.aligned(kp) and C.aligned(vp), "k_pages", "pages must be 16-byte aligned")
     num_pages, kv_heads, page_size, dim = kp.shape
     C.require(dim in TILES, "k_pages", f"head dim {dim} not in {'/'.join(map(str, TILES))}")
@@ -83,8 +71,8 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
               "more than 2^31 - 1 page rows (the kernel indexes them with int32)")
     C.device_array(q, "q", ndim=3)
     n, q_heads = q.shape[0], q.shape[1]
-    q_rs, q_hs = _heads(q, "q", n, q_heads, dim)
-    o_rs, o_hs = _heads(out, "out", n, q_heads, dim)
+    q_rs, q_hs = C.per_head(q, "q", n, q_heads, dim)
+    o_rs, o_hs = C.per_head(out, "out", n, q_heads, dim)
     C.require(q_heads > 0 and q_heads % kv_heads == 0, "q",
               f"{q_heads} query heads not a multiple of {kv_heads} KV heads")
     C.device_array(block_tables, "block_tables", dtype=np.int32, ndim=2)

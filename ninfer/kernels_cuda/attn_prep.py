@@ -5,11 +5,10 @@ kv_write(k, v), plus the copy of the gate halves (ninfer.ops.attn_prep documents
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 from ninfer.kernels_cuda.norm import block_threads
+from ninfer.kernels_cuda.rope import rope_operands
 
 _NV = (1, 2, 4)
 SOURCE = KernelSource("attn_prep.cu", tuple(
@@ -26,12 +25,6 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
 assert _PARAMS.itemsize == 256
 
 
-def _heads(x, name, n, heads, dim):
-    C.device_array(x, name, dtype=np.float32, ndim=3, shape=(n, heads, dim))
-    st = C.inner_contiguous(x, name, 1)
-    return st[0], st[1]
-
-
 def attn_prep(q_and_gate, k, v, q_norm, k_norm, eps: float, positions, inv_freq, freq_axis,
               q_out, gate_out, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
     """q_and_gate f32[N, A, 2D], k, v f32[N, Hkv, D] (rows/heads strided, inner contiguous);
@@ -42,37 +35,23 @@ def attn_prep(q_and_gate, k, v, q_norm, k_norm, eps: float, positions, inv_freq,
     n, a, d2 = q_and_gate.shape
     d = d2 // 2
     C.require(d2 == 2 * d, "q_and_gate", f"last axis {d2} is not 2 * head_dim")
-    qg_rs, qg_hs = _heads(q_and_gate, "q_and_gate", n, a, d2)
+    qg_rs, qg_hs = C.per_head(q_and_gate, "q_and_gate", n, a, d2)
     C.device_array(k, "k", ndim=3)
     hkv = k.shape[1]
-    k_rs, k_hs = _heads(k, "k", n, hkv, d)
-    v_rs, v_hs = _heads(v, "v", n, hkv, d)
-    q_rs, q_hs = _heads(q_out, "q_out", n, a, d)
-    g_rs, g_hs = _heads(gate_out, "gate_out", n, a, d)
+    k_rs, k_hs = C.per_head(k, "k", n, hkv, d)
+    v_rs, v_hs = C.per_head(v, "v", n, hkv, d)
+    q_rs, q_hs = C.per_head(q_out, "q_out", n, a, d)
+    g_rs, g_hs = C.per_head(gate_out, "gate_out", n, a, d)
     qn, wkind = C.weight_array(q_norm, "q_norm")
     kn, kkind = C.weight_array(k_norm, "k_norm")
     C.require(qn.shape == (d,) and kn.shape == (d,), "q_norm", f"norm weights must be ({d},)")
     C.require(wkind is kkind, "k_norm", "q_norm and k_norm must have the same dtype")
-    C.device_array(k_pages, "k_pages", ndim=4)
-    C.device_array(v_pages, "v_pages", ndim=4, shape=k_pages.shape)
-    kp, kv_kind = C.kv_array(k_pages, "k_pages")
-    vp, v_kind = C.kv_array(v_pages, "v_pages")
-    C.require(kv_kind is v_kind, "v_pages", "k_pages and v_pages must have the same dtype")
-    C.contiguous(kp, "k_pages")
-    C.contiguous(vp, "v_pages")
+    kp, vp, kv_kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
     C.require(kv_heads == hkv and dim == d, "k_pages",
               f"pages {tuple(kp.shape)} do not hold {hkv} heads of {d}")
-    C.device_array(positions, "positions", dtype=np.int32, ndim=2, shape=(3, n))
-    pst = C.inner_contiguous(positions, "positions", 1)
-    C.contiguous(C.device_array(inv_freq, "inv_freq", dtype=np.float32, ndim=1), "inv_freq")
-    half = inv_freq.shape[0]
-    C.contiguous(C.device_array(freq_axis, "freq_axis", dtype=np.int32, shape=(half,)),
-                 "freq_axis")
-    C.require(2 * half <= d, "inv_freq", f"rotary dim {2 * half} exceeds head dim {d}")
-    C.contiguous(C.device_array(row_seq, "row_seq", dtype=np.int32, shape=(n,)), "row_seq")
-    C.contiguous(C.device_array(row_pos, "row_pos", dtype=np.int32, shape=(n,)), "row_pos")
-    C.device_array(block_tables, "block_tables", dtype=np.int32, ndim=2)
+    pos_rs, half = rope_operands(positions, inv_freq, freq_axis, n, d)
+    bt_rs = C.row_targets(block_tables, row_seq, row_pos, n)
     C.require(eps >= 0.0, "eps", f"must be >= 0, got {eps}")
     threads = block_threads(d)
     nv = -(-d // threads)
@@ -85,11 +64,10 @@ def attn_prep(q_and_gate, k, v, q_norm, k_norm, eps: float, positions, inv_freq,
                     row_seq=C.ptr(row_seq), row_pos=C.ptr(row_pos), positions=C.ptr(positions),
                     inv_freq=C.ptr(inv_freq), freq_axis=C.ptr(freq_axis), qg_rs=qg_rs,
                     qg_hs=qg_hs, k_rs=k_rs, k_hs=k_hs, v_rs=v_rs, v_hs=v_hs, q_rs=q_rs,
-                    q_hs=q_hs, g_rs=g_rs, g_hs=g_hs, bt_rs=C.row_stride(block_tables,
-                                                                        "block_tables"),
-                    pos_rs=pst[0], num_pages=num_pages, page_size=page_size, kv_heads=kv_heads,
-                    q_heads=a, num_seqs=block_tables.shape[0], bt_cols=block_tables.shape[1],
-                    dim=d, half=half, eps=eps)
+                    q_hs=q_hs, g_rs=g_rs, g_hs=g_hs, bt_rs=bt_rs, pos_rs=pos_rs,
+                    num_pages=num_pages, page_size=page_size, kv_heads=kv_heads, q_heads=a,
+                    num_seqs=block_tables.shape[0], bt_cols=block_tables.shape[1], dim=d,
+                    half=half, eps=eps)
     fn = get_function(SOURCE, f"attn_prep_kernel<{wkind.ctype}, {kv_kind.ctype}, {nv}>")
     C.require(n <= 2**31 - 1 and a + hkv <= 65535, "q_and_gate", "too many rows or heads")
     launch(fn, (n, a + hkv), (threads,), (params,), shared_mem=d * 4, name="attn_prep")
