@@ -47,6 +47,13 @@ def _int(value, name: str) -> int:
         C.fail(name, f"expected an int, got {type(value).__name__}")
 
 
+def supports(page_dtype, head_dim: int, page_size: int) -> bool:
+    """Whether pages of this storage dtype, head dim and page size are taken by
+    `paged_prefill_attention` (bf16 pages, D in TILES, page_size a multiple of 16)."""
+    return (str(page_dtype) in ("uint16", "bfloat16") and head_dim in TILES
+            and page_size > 0 and page_size % 16 == 0)
+
+
 def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: int,
                             scale: float, out) -> None:
     """Causal attention of one sequence's rows at positions pos0 .. pos0+L-1.

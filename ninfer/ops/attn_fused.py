@@ -42,11 +42,11 @@ def attn_prep(q_and_gate, k, v, q_norm, k_norm, eps: float, positions, inv_freq,
         k_pages, v_pages, block_tables, row_seq, row_pos)
 
 
-def prefill_attention_supported(k_pages, head_dim: int, page_size: int) -> bool:
-    """Whether `paged_prefill_attention` takes these pages (bf16 storage, D in 64/128/256,
-    page_size a multiple of 16); otherwise use `paged_attention`."""
-    return (str(k_pages.dtype) in ("uint16", "bfloat16") and head_dim in (64, 128, 256)
-            and page_size % 16 == 0)
+def prefill_attention_supported(kv_dtype, head_dim: int, page_size: int) -> bool:
+    """Whether `paged_prefill_attention` takes KV pages of this storage dtype, head dim and page
+    size (the kernel module's own rule); otherwise use `paged_attention`."""
+    return check.kernels(Backend.CUDA, "attention_prefill").supports(kv_dtype, head_dim,
+                                                                     page_size)
 
 
 def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: int,

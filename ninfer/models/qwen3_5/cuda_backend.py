@@ -98,7 +98,7 @@ class CudaBackend(BackendStores):
             self.top_ids_dev = cp.zeros((max_batch, MAX_TOP_LOGPROBS), np.int32)
             self.top_lp_dev = cp.zeros((max_batch, MAX_TOP_LOGPROBS), np.float32)
             self.top_count_dev = cp.zeros(1, np.int32)  # alternatives wanted by this step
-            self._top_count_host = np.zeros(1, np.int32)
+            self._top_count_host = np.zeros(1, np.int32)  # the value top_count_dev holds
             widest_k = max(cfg.hidden_size, cfg.linear_value_dim,
                            cfg.num_attention_heads * cfg.head_dim, cfg.intermediate_size or 0,
                            cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size)
@@ -203,8 +203,9 @@ class CudaBackend(BackendStores):
         for f in _SAMPLER_FIELDS:
             self.sampler_dev[f][:b].set(getattr(host, f)[:b], stream=stream)
         self.pen_offsets[: b + 1].set(host.pen_offsets[: b + 1], stream=stream)
-        self._top_count_host[0] = host.num_top
-        self.top_count_dev.set(self._top_count_host, stream=stream)
+        if self._top_count_host[0] != host.num_top:  # uploaded only when it changes
+            self._top_count_host[0] = host.num_top
+            self.top_count_dev.set(self._top_count_host, stream=stream)
         m = len(host.pen_tokens)
         if m > self.pen_capacity:
             raise RuntimeError(

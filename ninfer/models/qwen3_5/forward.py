@@ -117,6 +117,10 @@ class Qwen35Forward:
         self.inv_freq = xp.asarray(inv_freq)
         self.freq_axis = xp.asarray(axis)
         self._attn_index = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
+        # prompt chunks take the tensor-core prefill attention when the KV pages allow it
+        self._flash_prefill = bool(self.kws.flash_prefill and kv_pool.k and
+                                   prefill_attention_supported(kv_pool.k[0].dtype, cfg.head_dim,
+                                                               kv_pool.page_size))
         self._gdn_index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
 
     # -- whole model ---------------------------------------------------------------------------
@@ -221,8 +225,7 @@ class Qwen35Forward:
             ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
             self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
         attn = ws.attn_out[:n]
-        if (self.kws.flash_prefill and ctx.prefill_segment is not None
-                and prefill_attention_supported(k_pages, d, self.kv.page_size)):
+        if self._flash_prefill and ctx.prefill_segment is not None:
             seq, pos0 = ctx.prefill_segment
             ops.paged_prefill_attention(q_hat, k_pages, v_pages, ctx.block_tables, seq, pos0,
                                         d ** -0.5, attn)
