@@ -10,6 +10,7 @@ import numpy as np
 
 from ninfer.core.dtypes import DType, f32_to_bf16_bits
 from ninfer.core.tensor import Weight
+from ninfer.ops import reference as ref
 
 TOL_F32 = 2e-5   # fp32 kernels vs float64 (reductions of a few thousand terms, tree order)
 TOL_BF16_X = 1e-2  # paths that round activations to bf16 (cuBLAS prefill)
@@ -95,3 +96,13 @@ def slot_strided(rng, num_slots: int, inner: tuple, pad: int = 7, scale: float =
 def segments(lengths, slots):
     starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return starts, np.asarray(slots, np.int32)
+
+
+def gdn_inputs(rng, n, hk, hv, dk, dv, g_scale=0.3):
+    """q, k (L2-normalised, q scaled), v, g <= 0, beta in (0, 1) as host arrays."""
+    q = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, dk ** -0.5).astype(np.float32)
+    k = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, 1.0).astype(np.float32)
+    v = randn(rng, (n, hv, dv))
+    g = (-np.abs(randn(rng, (n, hv))) * g_scale).astype(np.float32)
+    beta = rng.uniform(0.05, 0.95, (n, hv)).astype(np.float32)
+    return q, k, v, g, beta

@@ -12,8 +12,8 @@ from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 from ninfer.kernels_cuda.gdn_decode import decode_counters
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (DTYPES, assert_close, assert_same_bits, dev, host, poisoned, randn,
-                           segments, slot_strided, weight_pair)
+from cuda_testutil import (DTYPES, assert_close, assert_same_bits, dev, gdn_inputs, host,
+                           poisoned, randn, segments, slot_strided, weight_pair)
 
 pytestmark = pytest.mark.gpu
 
@@ -47,21 +47,11 @@ def test_gdn_gates(rng):
     assert_close(beta, exp_beta, 1e-6)
 
 
-def _inputs(rng, n, hk, hv, dk, dv, g_scale=0.3):
-    """q, k (L2-normalised, q scaled), v, g <= 0, beta in (0, 1) as host arrays."""
-    q = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, dk ** -0.5).astype(np.float32)
-    k = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, 1.0).astype(np.float32)
-    v = randn(rng, (n, hv, dv))
-    g = (-np.abs(randn(rng, (n, hv))) * g_scale).astype(np.float32)
-    beta = rng.uniform(0.05, 0.95, (n, hv)).astype(np.float32)
-    return q, k, v, g, beta
-
-
 @pytest.mark.parametrize("hk,hv,dk,dv", [(2, 6, 32, 48), (1, 2, 128, 128)])
 def test_gdn_recurrence(rng, hk, hv, dk, dv):
     starts, seg_slots = segments((7, 0, 3, 1), (1, 3, 0, 2))
     n = int(starts[-1])
-    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv)
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv)
     st_h, st_d, _ = slot_strided(rng, 4, (hv, dk, dv), scale=0.1)
     exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
     out = poisoned((n, hv, dv))
@@ -76,7 +66,7 @@ def test_chunk_prefill_vs_recurrence(rng, hk, hv, dk, dv):
     lengths, slots = (150, 64, 0, 1, 200), (3, 0, 1, 4, 2)
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
-    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, g_scale=0.05)
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale=0.05)
     st_h, st_rec, _ = slot_strided(rng, 5, (hv, dk, dv), scale=0.1)
     _, st_chunk, _ = slot_strided(rng, 5, (hv, dk, dv), scale=0.1)
     st_chunk[...] = st_rec
@@ -92,7 +82,7 @@ def test_chunk_prefill_vs_recurrence(rng, hk, hv, dk, dv):
 
 def test_chunk_prefill_split_at_64_is_bitwise_identical(rng):
     hk, hv, dk, dv, n = 1, 2, 128, 128, 192
-    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, g_scale=0.05)
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale=0.05)
     _, st_whole, _ = slot_strided(rng, 1, (hv, dk, dv), scale=0.1)
     _, st_split, _ = slot_strided(rng, 1, (hv, dk, dv), scale=0.1)
     st_split[...] = st_whole

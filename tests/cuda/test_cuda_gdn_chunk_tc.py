@@ -11,19 +11,10 @@ from ninfer.kernels_cuda import gdn as kgdn
 from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (TOL_F32, assert_close, assert_same_bits, cp, dev, host, poisoned,
-                           randn, segments, slot_strided)
+from cuda_testutil import (TOL_F32, assert_close, assert_same_bits, cp, dev, gdn_inputs, host,
+                           poisoned, segments, slot_strided)
 
 pytestmark = pytest.mark.gpu
-
-
-def _inputs(rng, n, hk, hv, dk, dv, g_scale):
-    q = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, dk ** -0.5).astype(np.float32)
-    k = ref.l2norm_heads(randn(rng, (n, hk, dk)), 1e-6, 1.0).astype(np.float32)
-    v = randn(rng, (n, hv, dv))
-    g = (-np.abs(randn(rng, (n, hv))) * g_scale).astype(np.float32)
-    beta = rng.uniform(0.05, 0.95, (n, hv)).astype(np.float32)
-    return q, k, v, g, beta
 
 
 def _unaligned(a: np.ndarray):
@@ -45,7 +36,7 @@ def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned):
     lengths, slots = (130, 1, 0, 77, 64, 200), (3, 0, 6, 1, 4, 2)
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
-    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, g_scale)
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale)
     st_h, st_d, _ = slot_strided(rng, 7, (hv, dk, dv), scale=0.1)
     untouched = host(st_d)[5].copy()  # slot 5 is in no segment
     exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
@@ -61,7 +52,7 @@ def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned):
 def test_chunk_prefill_matches_recurrence_kernel_long(rng):
     """Many chunks (state carried over 16 chunks) against the token-by-token kernel."""
     hk, hv, dk, dv, n = 2, 4, 128, 128, 1000
-    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, 0.1)
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
     starts, seg_slots = segments((n,), (1,))
     _, st_rec, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
     st_chunk = cp().ascontiguousarray(st_rec)
@@ -76,7 +67,7 @@ def test_chunk_prefill_matches_recurrence_kernel_long(rng):
 @pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
 def test_chunk_prefill_split_bitwise(rng, cuts):
     hk, hv, dk, dv, n = 2, 4, 128, 128, 301
-    q, k, v, g, beta = _inputs(rng, n, hk, hv, dk, dv, 0.1)
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
     _, st_whole, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
     st_split = cp().ascontiguousarray(st_whole)
     ws = ChunkWorkspace.allocate(n, 1, hv)
