@@ -177,14 +177,17 @@ class ModelHost:
             self._on_ready(loaded, served)
 
     def _fail(self, exc: BaseException) -> None:
+        # report first, then publish: whoever sees /health say "failed" can find the report
         reason = str(exc) or type(exc).__name__
-        with self._lock:
-            if self._state is HostState.LOADING:
-                self._state, self._reason = HostState.FAILED, reason
-        _log.error("model loading failed: %s", reason,
-                   exc_info=not isinstance(exc, (ValueError, OSError)))
-        if self._on_failed is not None:
-            self._on_failed(exc)
+        try:
+            _log.error("model loading failed: %s", reason,
+                       exc_info=not isinstance(exc, (ValueError, OSError)))
+            if self._on_failed is not None:
+                self._on_failed(exc)
+        finally:
+            with self._lock:
+                if self._state is HostState.LOADING:
+                    self._state, self._reason = HostState.FAILED, reason
 
     # --- shutdown ------------------------------------------------------------------------------
     def begin_shutdown(self) -> None:

@@ -39,6 +39,11 @@ def test_failed_load_is_reported_by_health():
             time.sleep(0.3)
         assert status == 503 and "cuda" in body["reason"]
         assert body["error"]["code"] == "load_failed"
+        # the report precedes the state change, but our reader thread may lag behind the pipe
+        line_deadline = time.monotonic() + 10
+        while ("error: the model failed to load" not in server.output()
+               and time.monotonic() < line_deadline):
+            time.sleep(0.05)
         assert "error: the model failed to load" in server.output()
     finally:
         assert server.stop() == 0
