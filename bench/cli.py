@@ -49,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--concurrency", default="1,4,8", help="comma-separated levels in 1..8")
     v.add_argument("--prompt", type=int, default=1024)
     v.add_argument("--output", type=int, default=256)
+    v.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens per prefill step (default: the engine's CUDA default)")
     v.add_argument("--json", metavar="OUT")
     return parser
 
@@ -106,9 +108,12 @@ def _model_bench(args) -> int:
                 raise ValueError("--concurrency takes levels in 1..8")
             if args.prompt < 1 or args.output < 2:
                 raise ValueError("--prompt must be >= 1 and --output >= 2")
+            if args.prefill_chunk is not None and args.prefill_chunk < 1:
+                raise ValueError("--prefill-chunk must be >= 1")
             from bench.serve_sim import run_serve_sim
 
-            return run_serve_sim(shape, levels, args.prompt, args.output, args.json)
+            return run_serve_sim(shape, levels, args.prompt, args.output, args.json,
+                                 args.prefill_chunk)
         if args.command == "decode":
             batches = [int(b) for b in args.batch.split(",") if b.strip()]
             if not batches or min(batches) < 1 or max(batches) > 8:

@@ -48,15 +48,32 @@ if [ "$MODE" = dev ]; then
   for s in ${DECODE:-}; do
     run "decode_$s" 200 python3 -m bench.cli decode --shape "$s" --batch 1,8 ${HF:+--hf} --json "$OUT/decode_$s.json"
   done
+  for e in ${DECODE_ENVS:-}; do  # e.g. NINFER_GEMV_STAGED=1: the 9B decode once more with it set
+    run "decode_9b_$e" 200 env "$e" python3 -m bench.cli decode --shape 9b --batch 1,8 --json "$OUT/decode_9b_$e.json"
+  done
+  if [ -n "${PREFILL_SMALL:-}" ]; then  # serve-sim's prompt chunks: 1024 tokens in 512s, one 1024
+    run prefill_9b_c512 120 python3 -m bench.cli prefill --shape 9b --tokens 1024 --chunk 512 --json "$OUT/prefill_9b_c512.json"
+    run prefill_9b_c1024 120 python3 -m bench.cli prefill --shape 9b --tokens 1024 --chunk 1024 --json "$OUT/prefill_9b_c1024.json"
+  fi
   if [ -n "${PREFILL:-}" ]; then
     run prefill_9b 200 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 ${PREFILL_HF:+--hf} --json "$OUT/prefill_9b.json"
   fi
   if [ -n "${KERNELS:-}" ]; then
     run kernels_9b 200 python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS} --json "$OUT/kernels_9b.json"
   fi
-  for s in ${SERVE:-}; do
-    run "serve_$s" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 --json "$OUT/serve_$s.json"
+  for e in ${KERNEL_ENVS:-}; do
+    run "kernels_9b_$e" 200 env "$e" python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS:-linear} --json "$OUT/kernels_9b_$e.json"
   done
+  for s in ${SERVE:-}; do
+    run "serve_$s" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 ${SERVE_CHUNK:+--prefill-chunk $SERVE_CHUNK} --json "$OUT/serve_$s.json"
+  done
+  if [ -n "${PROFILE_PREFILL:-}" ]; then  # host vs GPU of eager prefill chunks + ncu breakdown
+    run prefill_gate_512 150 python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 --cprofile
+    run prefill_gate_2048 150 python3 bench/profile_prefill.py --shape 9b --tokens 4096 --chunk 2048
+    [ -n "${PROFILE_PREFILL_NCU:-}" ] && run prefill_ncu 200 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+      --csv python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 --ncu
+    [ -n "${PROFILE_PREFILL_NCU:-}" ] && python3 bench/profile_decode.py --summarize "$OUT/prefill_ncu.log" > "$OUT/prefill_ncu_summary.txt" 2>&1
+  fi
   if [ -n "${PROFILE:-}" ]; then
     run profile 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
       --csv python3 bench/profile_decode.py --shape 9b --batch 1,8

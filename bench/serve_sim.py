@@ -1,6 +1,7 @@
 """Simulated serving through the public Engine on the GPU (random weights at a real shape).
 
-    ninfer-bench serve-sim --shape 9b --concurrency 1,4,8 --prompt 1024 --output 256
+    ninfer-bench serve-sim --shape 9b --concurrency 1,4,8 --prompt 1024 --output 256 \
+        [--prefill-chunk N]  (default: the engine's CUDA default, DEFAULT_PREFILL_CHUNK)
 
 For each concurrency C: C requests (random prompts of `prompt` tokens, greedy, EOS ignored,
 `output` tokens each) are submitted at once to an Engine with max_concurrency = C. Reports total
@@ -18,7 +19,7 @@ import numpy as np
 
 
 def run_serve_sim(shape, concurrencies: list[int], prompt: int, output: int,
-                  json_path: str | None) -> int:
+                  json_path: str | None, prefill_chunk: int | None = None) -> int:
     import cupy as cp
 
     from bench.model import shape_config
@@ -35,7 +36,7 @@ def run_serve_sim(shape, concurrencies: list[int], prompt: int, output: int,
     max_c = max(concurrencies)
     context = prompt + output + 8
     cfg, _, _ = shape_config(shape, context)
-    opts = ProgramOptions(device="cuda", max_concurrency=max_c, prefill_chunk=512,
+    opts = ProgramOptions(device="cuda", max_concurrency=max_c, prefill_chunk=prefill_chunk,
                           page_size=64, max_context_len=context,
                           num_pages=max_c * -(-context // 64) + 1)
     plan = plan_capacity(cfg, opts, DType.BFLOAT16)
@@ -89,8 +90,10 @@ def run_serve_sim(shape, concurrencies: list[int], prompt: int, output: int,
     base = rows[0]["tokens_per_s"]
     for row in rows:
         row["speedup_vs_first"] = row["tokens_per_s"] / base
-    result = dict(shape=shape.name, prompt=prompt, output=output, rows=rows)
-    print(f"serve-sim {shape.name}: prompt {prompt}, output {output}")
+    result = dict(shape=shape.name, prompt=prompt, output=output,
+                  prefill_chunk=opts.prefill_chunk, rows=rows)
+    print(f"serve-sim {shape.name}: prompt {prompt}, output {output}, prefill chunk "
+          f"{opts.prefill_chunk}")
     print(f"{'C':>2} {'tok/s':>8} {'x C1':>6} {'TPOT ms':>8} {'TTFT ms':>8} {'step ms':>8} "
           f"{'exec ms':>8} {'host ms':>8}")
     for r in rows:

@@ -29,12 +29,13 @@ from pathlib import Path
 from ninfer import envs
 
 _LOG = logging.getLogger("ninfer.kernels_cuda")
+_DEBUG_SYNC = envs.cuda_debug_sync()  # read once: launch() runs hundreds of times per step
 PACKAGE_DIR = Path(__file__).resolve().parent
 BASE_OPTIONS = ("--std=c++17",)
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # identity hash: looked up on every launch
 class KernelSource:
     """One `.cu` file of this package and the kernel instances compiled from it."""
 
@@ -185,7 +186,7 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "") -> Non
     `grid`/`block` are tuples of up to three ints. Never allocates (capturable in a graph).
     """
     fn(tuple(grid), tuple(block), args, shared_mem=shared_mem)
-    if envs.cuda_debug_sync():
+    if _DEBUG_SYNC:
         _debug_sync(name or getattr(fn, "name", "kernel"))
 
 

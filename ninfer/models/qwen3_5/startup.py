@@ -24,6 +24,13 @@ DEFAULT_HOST_SNAPSHOT_MIB = 1024
 MIB = 1 << 20
 
 
+# Prompt tokens per prefill step. The CUDA prefill launches its kernels eagerly, which costs the
+# host about as much for 128 tokens as for 1024 (bench/profile_prefill.py); 1024-token chunks
+# keep the GPU the bottleneck. The CPU is compute-bound at any size; small chunks keep decode
+# rows of other requests from waiting long behind a prompt.
+DEFAULT_PREFILL_CHUNK = {"cpu": 128, "cuda": 1024}
+
+
 @dataclasses.dataclass(frozen=True)
 class ProgramOptions:
     """Start-up choices of one model instance (resolved values, see `resolve`)."""
@@ -32,7 +39,7 @@ class ProgramOptions:
     max_concurrency: int = 4
     max_context_len: int | None = None  # None: the model's max_position_embeddings
     page_size: int = 16
-    prefill_chunk: int = 128
+    prefill_chunk: int | None = None  # None: DEFAULT_PREFILL_CHUNK of the device
     num_pages: int | None = None  # None: from the KV memory budget
     kv_memory_mib: int | None = None
     host_snapshot_mib: int | None = None
@@ -43,6 +50,9 @@ class ProgramOptions:
     batch_invariant_prefill: bool = False
 
     def __post_init__(self) -> None:
+        if self.prefill_chunk is None:
+            object.__setattr__(self, "prefill_chunk",
+                               DEFAULT_PREFILL_CHUNK.get(self.device, DEFAULT_PREFILL_CHUNK["cpu"]))
         if not 1 <= self.max_concurrency <= 8:
             raise InvalidInput(f"max_concurrency must be in 1..8, got {self.max_concurrency}",
                                param="max_concurrency")
