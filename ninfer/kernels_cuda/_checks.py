@@ -167,8 +167,13 @@ def pack(dtype: np.dtype, **fields) -> np.ndarray:
     packer, names, known, convert, opaque = _packer(dtype)
     if not fields.keys() <= known:
         raise ValueError(f"no field(s) {sorted(fields.keys() - known)} in the params struct")
-    values = [conv(fields.get(name, 0)) for name, conv in zip(names, convert)]
-    return np.frombuffer(packer.pack(*values), dtype=opaque)
+    get = fields.get
+    values = [get(name, 0) for name in names]
+    try:
+        raw = packer.pack(*values)
+    except _struct.error:  # NumPy-assignment semantics: floats truncated, pointers wrapped
+        raw = packer.pack(*[conv(v) for conv, v in zip(convert, values)])
+    return np.frombuffer(raw, dtype=opaque)
 
 
 def struct(*fields: tuple[str, str]) -> np.dtype:

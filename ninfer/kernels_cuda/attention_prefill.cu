@@ -64,8 +64,12 @@ struct PrefillParams {
   int pos0;
   int num_tiles;  // ceil(L * G / BM)
   float qscale;   // scale * log2(e)
+  // non-null: {block-table row, pos0} read on the device (a graph-replayed prompt chunk); `bt`
+  // is then the table's base and `pos0` is ignored
+  const int* segment;
+  i64 bt_rs;
 };
-static_assert(sizeof(PrefillParams) == 104, "PrefillParams is mirrored in attention_prefill.py");
+static_assert(sizeof(PrefillParams) == 120, "PrefillParams is mirrored in attention_prefill.py");
 
 // 32-bit shared-window address of a generic pointer into shared memory.
 __device__ __forceinline__ unsigned smem_u32(const void* p) {
@@ -127,7 +131,12 @@ __device__ __forceinline__ void split_bf16x2(float x0, float x1, unsigned& hi, u
 
 template <int D, int BM, int BN>
 __global__ void __launch_bounds__(2 * BM)
-    paged_prefill_attention_kernel(const PrefillParams p) {
+    paged_prefill_attention_kernel(const PrefillParams params) {
+  PrefillParams p = params;
+  if (p.segment != nullptr) {
+    p.bt += (i64)__ldg(p.segment) * p.bt_rs;
+    p.pos0 = __ldg(p.segment + 1);
+  }
   constexpr int THREADS = 2 * BM;   // BM / 16 warps
   constexpr int LDS = D + 8;        // shared row stride in bf16 elements
   constexpr int CPR = D / 8;        // 16-byte chunks per row

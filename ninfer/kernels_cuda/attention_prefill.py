@@ -30,8 +30,9 @@ _PARAMS = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages",
                    ("bt", "ptr"), ("q_rs", "i64"), ("q_hs", "i64"), ("out_rs", "i64"),
                    ("out_hs", "i64"), ("rows", "i32"), ("group", "i32"), ("kv_heads", "i32"),
                    ("num_pages", "i32"), ("page_size", "i32"), ("pos0", "i32"),
-                   ("num_tiles", "i32"), ("qscale", "f32"))
-assert _PARAMS.itemsize == 104
+                   ("num_tiles", "i32"), ("qscale", "f32"), ("segment", "ptr"),
+                   ("bt_rs", "i64"))
+assert _PARAMS.itemsize == 120
 
 
 def smem_bytes(dim: int) -> int:
@@ -55,7 +56,7 @@ def supports(page_dtype, head_dim: int, page_size: int) -> bool:
 
 
 def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: int,
-                            scale: float, out) -> None:
+                            scale: float, out, *, segment=None) -> None:
     """Causal attention of one sequence's rows at positions pos0 .. pos0+L-1.
 
     q f32[L, A, D] (rows/heads strided, inner dim contiguous); out f32[L, A, D] likewise.
@@ -64,6 +65,11 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
     on the device; `seq` (host int) picks its row. Row i attends keys 0 .. pos0+i, which must
     already be in the pages (the chunk's own keys included); query head h reads KV head
     h // (A // Hkv). Rows whose keys reach an invalid page id (outside [0, P)) come out NaN.
+
+    `segment`: optional int32[2] device array {seq, pos0}; the kernel then reads the row and
+    the first position from it when it runs (a CUDA graph replays one capture for chunks of any
+    sequence and position). `seq` and `pos0` are still checked here, against the capture's
+    values; whoever rewrites `segment` before a replay checks the new ones.
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     C.require(kind is C.WKind.BF16, "k_pages",
@@ -93,6 +99,8 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
               f"of {page_size}")
     C.require(isinstance(scale, (int, float, np.floating)) and math.isfinite(scale), "scale",
               f"{scale!r} is not a finite number")
+    if segment is not None:
+        C.contiguous(C.device_array(segment, "segment", dtype=np.int32, shape=(2,)), "segment")
     if n == 0:
         return
     group = q_heads // kv_heads
@@ -101,7 +109,9 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
     C.require(tiles * kv_heads < 2**31 and n * group + bm < 2**31, "q",
               f"{n} rows x {group} heads is too many for one call")
     params = C.pack(_PARAMS, q=C.ptr(q), out=C.ptr(out), k_pages=C.ptr(kp), v_pages=C.ptr(vp),
-                    bt=C.ptr(block_tables) + seq * bt_rs * 4, q_rs=q_rs, q_hs=q_hs,
+                    bt=C.ptr(block_tables) + (0 if segment is not None else seq * bt_rs * 4),
+                    segment=C.ptr(segment) if segment is not None else 0, bt_rs=bt_rs,
+                    q_rs=q_rs, q_hs=q_hs,
                     out_rs=o_rs, out_hs=o_hs, rows=n, group=group, kv_heads=kv_heads,
                     num_pages=num_pages, page_size=page_size, pos0=pos0, num_tiles=tiles,
                     qscale=float(scale) * LOG2E)

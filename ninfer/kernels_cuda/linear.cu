@@ -105,10 +105,28 @@ __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
 
 __global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, i64 x_rs,
                                                           int n, int k, bf16raw* __restrict__ out) {
-  const i64 total = (i64)n * k;
-  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (i64)gridDim.x * blockDim.x) {
-    const i64 row = i / k, col = i % k;
-    out[i] = f32_to_bf16(x[row * x_rs + col]);
+  // grid: (column blocks, row blocks); 4 elements per thread step with 16-byte loads and 8-byte
+  // stores when K, the row stride and both bases allow it (the usual case), else one at a time
+  const bool vec = (k % 4 == 0) && (x_rs % 4 == 0) && (((size_t)x & 15) == 0) &&
+                   (((size_t)out & 7) == 0);
+  const int step = gridDim.x * blockDim.x;
+  for (int row = blockIdx.y; row < n; row += gridDim.y) {
+    const float* xr = x + (i64)row * x_rs;
+    bf16raw* orow = out + (i64)row * k;
+    if (vec) {
+      for (int c = 4 * (blockIdx.x * blockDim.x + threadIdx.x); c < k; c += 4 * step) {
+        const float4 v = *reinterpret_cast<const float4*>(xr + c);
+        ushort4 o;
+        o.x = f32_to_bf16(v.x);
+        o.y = f32_to_bf16(v.y);
+        o.z = f32_to_bf16(v.z);
+        o.w = f32_to_bf16(v.w);
+        *reinterpret_cast<ushort4*>(orow + c) = o;
+      }
+    } else {
+      for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < k; c += step) {
+        orow[c] = f32_to_bf16(xr[c]);
+      }
+    }
   }
 }

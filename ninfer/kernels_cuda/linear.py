@@ -121,8 +121,31 @@ def linear_swiglu(x, gate_up, out) -> None:
     _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
 
-def _capturing() -> bool:
-    return C.cupy().cuda.get_current_stream().is_capturing()
+CUBLAS_WORKSPACE_BYTES = 32 << 20
+_CUBLAS_WORKSPACES: dict[int, object] = {}  # cuBLAS handle -> the workspace it was given
+
+
+def cublas_handle() -> int:
+    """CuPy's cuBLAS handle for this thread and device, bound to the current stream, with a
+    fixed workspace.
+
+    CuPy leaves its handle on the legacy default stream, which does not order against a
+    non-blocking stream: without the bind, a GEMM could read its input before the kernel on our
+    stream that writes it has finished. The fixed workspace (set again after every bind, which
+    resets it) keeps cuBLAS from allocating, so GEMMs can be captured in a CUDA graph. The
+    workspace is allocated on the first call for a handle, which must not be inside a capture.
+    """
+    cp = C.cupy()
+    from cupy_backends.cuda.libs import cublas
+
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
+    if hasattr(cublas, "setWorkspace"):
+        ws = _CUBLAS_WORKSPACES.get(handle)
+        if ws is None:
+            ws = _CUBLAS_WORKSPACES[handle] = cp.empty(CUBLAS_WORKSPACE_BYTES, np.uint8)
+        cublas.setWorkspace(handle, ws.data.ptr, ws.nbytes)
+    return handle
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
@@ -144,10 +167,18 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
     if k == 0:
         out.fill(0)
         return
-    if n <= GEMV_MAX_ROWS or batch_invariant or _capturing():
+    if n <= GEMV_MAX_ROWS or batch_invariant:
         launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)
         return
     _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
+
+
+def to_bf16(x, x_rs: int, n: int, k: int, out) -> None:
+    """out uint16[>= N*K] = bf16 (round to nearest even) of x f32[N, K] (rows x_rs apart), rows
+    packed K apart."""
+    col_blocks = min(64, -(-k // 1024))
+    launch(get_function(SOURCE, "f32_to_bf16_kernel"), (col_blocks, min(n, 65535)), (256,),
+           (x, np.int64(x_rs), np.int32(n), np.int32(k), out), name="f32_to_bf16")
 
 
 def _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace) -> None:
@@ -160,15 +191,13 @@ def _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace) -> Non
         C.device_array(workspace, "workspace", dtype=np.uint16)
         C.require(workspace.size >= n * k and workspace.flags.c_contiguous, "workspace",
                   f"needs >= {n * k} contiguous uint16 elements")
-        blocks = min(4096, (n * k + 255) // 256)
-        launch(get_function(SOURCE, "f32_to_bf16_kernel"), (blocks,), (256,),
-               (x, np.int64(x_rs), np.int32(n), np.int32(k), workspace), name="f32_to_bf16")
+        to_bf16(x, x_rs, n, k, workspace)
         b_ptr, b_ld, dtype = C.ptr(workspace), k, _CUDA_R_16BF
     else:
         b_ptr, b_ld, dtype = C.ptr(x), x_rs, _CUDA_R_32F
     alpha = np.ones(1, dtype=np.float32)
     beta = np.zeros(1, dtype=np.float32)
-    handle = cp.cuda.device.get_cublas_handle()
+    handle = cublas_handle()
     # Column-major view: out^T [M, N] = (w as K x M)^T @ (x as K x N).
     cublas.gemmEx(handle, _OP_T, _OP_N, m, n, k, alpha.ctypes.data, C.ptr(w), dtype, w_rs,
                   b_ptr, dtype, b_ld, beta.ctypes.data, C.ptr(out), _CUDA_R_32F, out_rs,

@@ -18,7 +18,8 @@ import numpy as np
 
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
-from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, mma_splits, rows_tile
+from ninfer.kernels_cuda.linear import (ROWS_PER_BLOCK, cublas_handle, k_splits, mma_splits,
+                                        rows_tile)
 
 GEMV_MAX_ROWS = 32
 MAX_PAIRS = 1024  # moe_group_kernel: one block
@@ -212,7 +213,7 @@ def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None
     y = cp.empty((rows, hidden), dtype=np.float32)
     alpha = np.ones(1, dtype=np.float32)
     beta = np.zeros(1, dtype=np.float32)
-    handle = cp.cuda.device.get_cublas_handle()
+    handle = cublas_handle()
     cublas.gemmStridedBatchedEx(
         handle, _OP_T, _OP_N, 2 * inter, max_c, hidden, alpha.ctypes.data, C.ptr(gu), dtype,
         hidden, 2 * inter * hidden, C.ptr(xpad), dtype, hidden, max_c * hidden,

@@ -50,16 +50,20 @@ def prefill_attention_supported(kv_dtype, head_dim: int, page_size: int) -> bool
 
 
 def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: int,
-                            scale: float, out) -> None:
+                            scale: float, out, *, segment=None) -> None:
     """Causal attention of one prompt chunk on tensor cores: row i of q f32[L, A, D] is the
     query at position pos0 + i of block-table row `seq` and attends keys 0..pos0+i (already in
     the bf16 pages). Within ~1e-5 of `paged_attention` (q and p enter the bf16 mma as hi + lo
-    terms); each row's result depends only on its position and the keys (chunking invariant)."""
+    terms); each row's result depends only on its position and the keys (chunking invariant).
+    `segment`: optional int32[2] device copy of (seq, pos0) that the kernel reads when it runs
+    (graph-replayed prompt chunks)."""
     backend = backend_of(q, k_pages, v_pages, block_tables, out)
     if backend is not Backend.CUDA:
         raise TypeError("paged_prefill_attention is a CUDA-only op (use paged_attention)")
     n, a, d = check.array("paged_prefill_attention", "q", q, check.F32, (None, None, None),
                           _ROWS)
     check.array("paged_prefill_attention", "out", out, check.F32, (n, a, d), _ROWS)
+    if segment is not None:
+        check.array("paged_prefill_attention", "segment", segment, check.I32, (2,))
     check.kernels(backend, "attention_prefill").paged_prefill_attention(
-        q, k_pages, v_pages, block_tables, seq, pos0, scale, out)
+        q, k_pages, v_pages, block_tables, seq, pos0, scale, out, segment=segment)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ninfer import ops
-from ninfer.core.dtypes import DType
+from ninfer.core.dtypes import DType, f32_to_bf16_bits
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.ops import reference as ref
 
@@ -37,6 +37,20 @@ def test_cublas_prefill_path(rng, dtype):
     klinear.linear(dev(x_h), w_d, out)
     tol = TOL_BF16_X if dtype is DType.BFLOAT16 else 1e-5
     assert_close(out, ref.linear(x_h, w_h), tol)
+
+
+@pytest.mark.parametrize("n,k,pad", [(37, 512, 0), (5, 4096, 12), (3, 1001, 3), (2, 12, 1)])
+def test_to_bf16_rounds_like_numpy(rng, n, k, pad):
+    """The cuBLAS path's activation conversion: round to nearest even, bit for bit, on strided
+    rows (vector path when K and the stride are multiples of 4, else scalar)."""
+    full = (rng.standard_normal((n, k + pad)) * 3).astype(np.float32)
+    full[0, :4] = [np.inf, -np.inf, 1e-40, -0.0]
+    x = dev(full)[:, :k]
+    out = cp().full(n * k + 7, 0xFFFF, dtype=np.uint16)
+    klinear.to_bf16(x, k + pad, n, k, out)
+    got = out.get()
+    np.testing.assert_array_equal(got[: n * k], f32_to_bf16_bits(full[:, :k]).reshape(-1))
+    assert (got[n * k:] == 0xFFFF).all(), "wrote past N*K"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -30,12 +30,14 @@ class Case:
 
 
 def build_case(root: Path, name: str, *, dtype: str = "float32", seed: int = 7,
-               convert_dtype: str = "keep") -> Case:
+               convert_dtype: str = "keep", overrides: dict | None = None) -> Case:
+    """A preset checkpoint (`overrides` replaces config entries) and its converted artifact."""
+    config = dict(PRESETS[name], **(overrides or {}))
     hf_dir = root / f"{name}-{dtype}"
-    write_hf_checkpoint(hf_dir, PRESETS[name], seed=seed, dtype=dtype, architecture=ARCH[name])
+    write_hf_checkpoint(hf_dir, config, seed=seed, dtype=dtype, architecture=ARCH[name])
     art = convert_checkpoint(hf_dir, root / f"{name}-{dtype}-{convert_dtype}.ninfer",
                              dtype=convert_dtype, progress=False)
-    return Case(name, hf_dir, art, PRESETS[name]["vocab_size"])
+    return Case(name, hf_dir, art, config["vocab_size"])
 
 
 def load_hf(case: Case, dtype: str = "float32"):

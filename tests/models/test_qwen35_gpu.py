@@ -93,6 +93,24 @@ def test_batched_equals_single_and_graph_equals_eager(bf16_case):
     assert [g.logprobs for g in eager] == [g.logprobs for g in batched]
 
 
+def test_prefill_graph_replay_equals_eager(tmp_path):
+    """Full prompt chunks after the first replay one captured prefill graph (its segment is
+    read on the device): tokens and logits bitwise equal to launching every chunk eagerly.
+    (Head dim 64 and 16-token pages: what the flash prefill attention, and so the graph, takes.)"""
+    case = build_case(tmp_path, "tiny-dense", dtype="bfloat16", overrides=dict(head_dim=64))
+    plist = prompts(case.vocab_size, [200, 131, 64], seed=8)  # 6, 4 and 2 full chunks
+    graphed = gpu_program(case, prefill_chunk=32, page_size=16)
+    assert graphed.backend.prefill_graphs_ok
+    with_graph = generate(graphed, plist, 16, keep_logits=True)
+    assert graphed.backend.prefill_graph is not None, "no prefill graph was captured"
+    eager_program = gpu_program(case, prefill_chunk=32, page_size=16)
+    eager_program.backend.use_graphs = False
+    eager = generate(eager_program, plist, 16, keep_logits=True)
+    for g, e in zip(with_graph, eager):
+        assert g.tokens == e.tokens
+        np.testing.assert_array_equal(np.stack(g.logits), np.stack(e.logits))
+
+
 @pytest.mark.parametrize("chunk", [64, 128])
 def test_chunked_prefill_equals_whole(bf16_case, chunk):
     """With batch-invariant prefill GEMMs, chunking changes nothing: same tokens and logits.

@@ -11,6 +11,7 @@ Same methods as `CpuBackend` (the Program does not know which one it drives). Di
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from ninfer.models.qwen3_5.stores import BackendStores
 from ninfer.models.qwen3_5.sampler_inputs import MAX_TOP_LOGPROBS, SamplerInputs
 from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
 
+_log = logging.getLogger("ninfer.cuda")
 _SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "seeds", "counters")
 
@@ -40,12 +42,14 @@ class _DeviceRows:
     row_pos: object
     seg_starts: object
     seg_slots: object
+    segment: object  # int32[2]: (block-table row, first position) of a prompt chunk
 
     @classmethod
     def allocate(cls, cp, max_rows: int) -> "_DeviceRows":
         i32 = np.int32
         return cls(cp.zeros(max_rows, i32), cp.zeros(3 * max_rows, i32), cp.zeros(max_rows, i32),
-                   cp.zeros(max_rows, i32), cp.zeros(max_rows + 1, i32), cp.zeros(max_rows, i32))
+                   cp.zeros(max_rows, i32), cp.zeros(max_rows + 1, i32), cp.zeros(max_rows, i32),
+                   cp.zeros(2, i32))
 
     def positions(self, n: int):
         return self.positions_flat[: 3 * n].reshape(3, n)
@@ -56,7 +60,8 @@ class _DeviceRows:
                            row_slot=self.row_slot[:n], row_pos=self.row_pos[:n],
                            seg_starts=self.seg_starts[: segments + 1],
                            seg_slots=self.seg_slots[:segments], block_tables=block_tables,
-                           logit_rows=logit_rows, prefill_segment=prefill_segment)
+                           logit_rows=logit_rows, prefill_segment=prefill_segment,
+                           prefill_segment_dev=self.segment if prefill_segment else None)
 
 
 class CudaBackend(BackendStores):
@@ -133,6 +138,11 @@ class CudaBackend(BackendStores):
         self.sampler_inputs = host_sampler
         self.graphs: dict[int, object] = {}
         self.use_graphs = True
+        # full prompt chunks replay one captured graph (eager prefill is host-bound: hundreds of
+        # launches per chunk); needs every prefill kernel capturable: dense FFNs (the MoE prefill
+        # syncs to group its rows) and the flash prefill attention (reads its segment on device)
+        self.prefill_graph = None
+        self.prefill_graphs_ok = (not cfg.is_moe and self.prefill_forward.flash_prefill)
 
     # -- slots and pages -------------------------------------------------------------------
     def zero_state(self, slot: int) -> None:
@@ -196,7 +206,34 @@ class CudaBackend(BackendStores):
         rows.seg_starts[:2].set(np.array([0, n], np.int32), stream=stream)
         rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
         segment = (int(inp.row_slot[0]), int(inp.row_pos[0]))  # one prompt chunk
-        self.prefill_forward(rows.context(n, 1, self.block_tables, slice(n, n), segment))
+        if segment[1] + n > self.block_tables.shape[1] * self.kv.page_size:
+            raise ValueError(f"positions up to {segment[1] + n - 1} exceed the block table")
+        rows.segment.set(np.array(segment, np.int32), stream=stream)
+        ctx = rows.context(n, 1, self.block_tables, slice(n, n), segment)
+        if n != self.prefill_chunk or not (self.use_graphs and self.prefill_graphs_ok):
+            self.prefill_forward(ctx)
+            return
+        if self.prefill_graph is None:
+            self.prefill_forward(ctx)  # this chunk runs eagerly; the capture is for the next
+            self._capture_prefill(ctx)
+            return
+        self.prefill_graph.launch(stream)
+
+    def _capture_prefill(self, ctx: StepContext) -> None:
+        """Capture the full-chunk prefill; on failure keep launching it eagerly (logged)."""
+        from ninfer.core.cuda.graph import CudaGraph
+
+        graph = CudaGraph(f"prefill_n{ctx.n}")
+        try:
+            with graph.capture(self.device.stream):
+                self.prefill_forward(ctx)
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: stay eager
+            _log.warning("prefill graph capture failed (%s: %s); prompt chunks stay eager",
+                         type(exc).__name__, exc)
+            graph.destroy()
+            self.prefill_graphs_ok = False
+            return
+        self.prefill_graph = graph
 
     def _load_decode_inputs(self, inp: StepInputs, start: int, b: int) -> None:
         rows, stream = self.decode_rows, self.device.stream
@@ -272,6 +309,9 @@ class CudaBackend(BackendStores):
         for graph in self.graphs.values():
             graph.destroy()
         self.graphs.clear()
+        if self.prefill_graph is not None:
+            self.prefill_graph.destroy()
+            self.prefill_graph = None
 
     def last_logits(self, rows: int) -> np.ndarray:
         """A host copy of the last step's decode logits (tests and diagnostics)."""

@@ -83,11 +83,14 @@ class StepContext:
     """Views of one step's index arrays on the executing backend (leading `n` rows).
 
     `prefill_segment`: (block-table row, first position) on the host when the rows are one
-    sequence's consecutive positions (a prompt chunk), else None.
+    sequence's consecutive positions (a prompt chunk), else None. `prefill_segment_dev`: an
+    optional int32[2] device copy of it that kernels read when they run (so that a captured
+    prefill graph serves any sequence and position).
     """
 
     def __init__(self, ids, positions, row_slot, row_pos, seg_starts, seg_slots, block_tables,
-                 logit_rows: slice, prefill_segment: tuple[int, int] | None = None):
+                 logit_rows: slice, prefill_segment: tuple[int, int] | None = None,
+                 prefill_segment_dev=None):
         self.ids = ids
         self.positions = positions
         self.row_slot = row_slot
@@ -97,6 +100,7 @@ class StepContext:
         self.block_tables = block_tables
         self.logit_rows = logit_rows
         self.prefill_segment = prefill_segment
+        self.prefill_segment_dev = prefill_segment_dev
         self.n = int(ids.shape[0])
         self.decode_only = self.n == int(seg_slots.shape[0])  # every segment is one token
 
@@ -118,9 +122,9 @@ class Qwen35Forward:
         self.freq_axis = xp.asarray(axis)
         self._attn_index = {layer: i for i, layer in enumerate(cfg.full_attention_layers)}
         # prompt chunks take the tensor-core prefill attention when the KV pages allow it
-        self._flash_prefill = bool(self.kws.flash_prefill and kv_pool.k and
-                                   prefill_attention_supported(kv_pool.k[0].dtype, cfg.head_dim,
-                                                               kv_pool.page_size))
+        self.flash_prefill = bool(self.kws.flash_prefill and kv_pool.k and
+                                  prefill_attention_supported(kv_pool.k[0].dtype, cfg.head_dim,
+                                                              kv_pool.page_size))
         self._gdn_index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
 
     # -- whole model ---------------------------------------------------------------------------
@@ -225,10 +229,10 @@ class Qwen35Forward:
             ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
             self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
         attn = ws.attn_out[:n]
-        if self._flash_prefill and ctx.prefill_segment is not None:
+        if self.flash_prefill and ctx.prefill_segment is not None:
             seq, pos0 = ctx.prefill_segment
             ops.paged_prefill_attention(q_hat, k_pages, v_pages, ctx.block_tables, seq, pos0,
-                                        d ** -0.5, attn)
+                                        d ** -0.5, attn, segment=ctx.prefill_segment_dev)
         else:
             ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
                                 ctx.row_pos, d ** -0.5, attn, **self.kws.kw(self.kws.attention))
