@@ -36,11 +36,12 @@ def profile(shape_name: str, batches: list[int], context: int) -> None:
     for b in batches:
         inp = backend.step_inputs
         inp.reset()
-        recs = []
+        recs, held = [], []
         for i in range(b):
             slot = backend.allocate_slot()
-            backend.set_block_table(slot, backend.pages.allocate(
-                -(-(context + 1) // backend.kv.page_size)))
+            pages = backend.pages.allocate(-(-(context + 1) // backend.kv.page_size))
+            held.append((slot, pages))
+            backend.set_block_table(slot, pages)
             inp.add_segment(slot, [int(rng.integers(0, cfg.vocab_size))], context)
             recs.append(SequenceRecord(i, [1] * (context + 1), context,
                                        SamplingParams(temperature=0.0, seed=i)))
@@ -55,6 +56,9 @@ def profile(shape_name: str, batches: list[int], context: int) -> None:
             device.synchronize()
             cp.cuda.profiler.stop()
         print(f"# profiled B={b}", file=sys.stderr)
+        for slot, pages in held:  # the next batch size takes them again
+            backend.pages.free(pages)
+            backend.free_slot(slot)
 
 
 def summarize(path: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ninfer.kernels_cuda import _checks as C
+from ninfer.kernels_cuda import _cublas
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 GEMV_MAX_ROWS = 8
@@ -30,13 +31,6 @@ GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
 assert GEMV_PARAMS.itemsize == 64
-
-# cuBLAS constants (cublas_api.h / library_types.h)
-_OP_N, _OP_T = 0, 1
-_CUDA_R_32F, _CUDA_R_16BF = 0, 14
-_COMPUTE_32F = 68
-_GEMM_DEFAULT = -1
-
 
 def k_splits(k: int) -> int:
     """Warps (K ranges) per output element: a function of K only (batch invariance)."""
@@ -121,33 +115,6 @@ def linear_swiglu(x, gate_up, out) -> None:
     _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
 
-CUBLAS_WORKSPACE_BYTES = 32 << 20
-_CUBLAS_WORKSPACES: dict[int, object] = {}  # cuBLAS handle -> the workspace it was given
-
-
-def cublas_handle() -> int:
-    """CuPy's cuBLAS handle for this thread and device, bound to the current stream, with a
-    fixed workspace.
-
-    CuPy leaves its handle on the legacy default stream, which does not order against a
-    non-blocking stream: without the bind, a GEMM could read its input before the kernel on our
-    stream that writes it has finished. The fixed workspace (set again after every bind, which
-    resets it) keeps cuBLAS from allocating, so GEMMs can be captured in a CUDA graph. The
-    workspace is allocated on the first call for a handle, which must not be inside a capture.
-    """
-    cp = C.cupy()
-    from cupy_backends.cuda.libs import cublas
-
-    handle = cp.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cp.cuda.get_current_stream().ptr)
-    if hasattr(cublas, "setWorkspace"):
-        ws = _CUBLAS_WORKSPACES.get(handle)
-        if ws is None:
-            ws = _CUBLAS_WORKSPACES[handle] = cp.empty(CUBLAS_WORKSPACE_BYTES, np.uint8)
-        cublas.setWorkspace(handle, ws.data.ptr, ws.nbytes)
-    return handle
-
-
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out f32[N,M] = x f32[N,K] (rows strided) @ weight[M,K]^T (f32 or bf16).
 
@@ -182,23 +149,16 @@ def to_bf16(x, x_rs: int, n: int, k: int, out) -> None:
 
 
 def _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace) -> None:
-    cp = C.cupy()
-    from cupy_backends.cuda.libs import cublas
-
     if kind is C.WKind.BF16:
         if workspace is None:
-            workspace = cp.empty(n * k, dtype=np.uint16)
+            workspace = C.cupy().empty(n * k, dtype=np.uint16)
         C.device_array(workspace, "workspace", dtype=np.uint16)
         C.require(workspace.size >= n * k and workspace.flags.c_contiguous, "workspace",
                   f"needs >= {n * k} contiguous uint16 elements")
         to_bf16(x, x_rs, n, k, workspace)
-        b_ptr, b_ld, dtype = C.ptr(workspace), k, _CUDA_R_16BF
+        b_ptr, b_ld, dtype = C.ptr(workspace), k, _cublas.R_16BF
     else:
-        b_ptr, b_ld, dtype = C.ptr(x), x_rs, _CUDA_R_32F
-    alpha = np.ones(1, dtype=np.float32)
-    beta = np.zeros(1, dtype=np.float32)
-    handle = cublas_handle()
+        b_ptr, b_ld, dtype = C.ptr(x), x_rs, _cublas.R_32F
     # Column-major view: out^T [M, N] = (w as K x M)^T @ (x as K x N).
-    cublas.gemmEx(handle, _OP_T, _OP_N, m, n, k, alpha.ctypes.data, C.ptr(w), dtype, w_rs,
-                  b_ptr, dtype, b_ld, beta.ctypes.data, C.ptr(out), _CUDA_R_32F, out_rs,
-                  _COMPUTE_32F, _GEMM_DEFAULT)
+    _cublas.gemm_ex(_cublas.OP_T, _cublas.OP_N, m, n, k, C.ptr(w), dtype, w_rs, b_ptr, dtype,
+                    b_ld, C.ptr(out), out_rs)

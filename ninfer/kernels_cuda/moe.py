@@ -18,8 +18,8 @@ import numpy as np
 
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
-from ninfer.kernels_cuda.linear import (ROWS_PER_BLOCK, cublas_handle, k_splits, mma_splits,
-                                        rows_tile)
+from ninfer.kernels_cuda import _cublas
+from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, mma_splits, rows_tile
 
 GEMV_MAX_ROWS = 32
 MAX_PAIRS = 1024  # moe_group_kernel: one block
@@ -43,11 +43,6 @@ _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "p
                  ("splits", "i32"), ("top_k", "i32"), ("up_offset", "i32"), ("x_by_pair", "i32"),
                  ("experts", "i32"), ("pad", "i32"))
 assert _GEMV.itemsize == 112
-
-_OP_N, _OP_T = 0, 1
-_CUDA_R_32F, _CUDA_R_16BF = 0, 14
-_COMPUTE_32F = 68
-_GEMM_DEFAULT = -1
 
 
 def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
@@ -187,8 +182,6 @@ def _combine(y, y_rs, pair_row, ids, weights, out) -> None:
 
 def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None:
     cp = C.cupy()
-    from cupy_backends.cuda.libs import cublas
-
     n, hidden = x.shape
     top_k = ids.shape[1]
     flat = cp.asnumpy(ids).reshape(-1)  # synchronises: prefill only
@@ -202,7 +195,7 @@ def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None
     slot[order] = np.arange(order.size) - starts[flat[order]]
     pair_row = cp.asarray((flat * max_c + slot).astype(np.int32))
     store = np.uint16 if kind is C.WKind.BF16 else np.float32
-    dtype = _CUDA_R_16BF if kind is C.WKind.BF16 else _CUDA_R_32F
+    dtype = _cublas.R_16BF if kind is C.WKind.BF16 else _cublas.R_32F
     rows = experts * max_c
     xpad = cp.zeros((rows, hidden), dtype=store)
     launch(get_function(SOURCE, f"moe_gather_kernel<{kind.ctype}>"), (n * top_k,), (256,),
@@ -211,20 +204,15 @@ def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None
     gu_out = cp.empty((rows, 2 * inter), dtype=np.float32)
     act = cp.empty((rows, inter), dtype=store)
     y = cp.empty((rows, hidden), dtype=np.float32)
-    alpha = np.ones(1, dtype=np.float32)
-    beta = np.zeros(1, dtype=np.float32)
-    handle = cublas_handle()
-    cublas.gemmStridedBatchedEx(
-        handle, _OP_T, _OP_N, 2 * inter, max_c, hidden, alpha.ctypes.data, C.ptr(gu), dtype,
-        hidden, 2 * inter * hidden, C.ptr(xpad), dtype, hidden, max_c * hidden,
-        beta.ctypes.data, C.ptr(gu_out), _CUDA_R_32F, 2 * inter, max_c * 2 * inter, experts,
-        _COMPUTE_32F, _GEMM_DEFAULT)
+    _cublas.gemm_strided_batched_ex(
+        _cublas.OP_T, _cublas.OP_N, 2 * inter, max_c, hidden, C.ptr(gu), dtype, hidden,
+        2 * inter * hidden, C.ptr(xpad), dtype, hidden, max_c * hidden, C.ptr(gu_out),
+        2 * inter, max_c * 2 * inter, experts)
     total = rows * inter
     launch(get_function(SOURCE, f"moe_swiglu_kernel<{kind.ctype}>"),
            (min(65535, (total + 255) // 256),), (256,),
            (gu_out, np.int64(rows), np.int32(inter), act), name="moe_swiglu")
-    cublas.gemmStridedBatchedEx(
-        handle, _OP_T, _OP_N, hidden, max_c, inter, alpha.ctypes.data, C.ptr(dn), dtype, inter,
-        hidden * inter, C.ptr(act), dtype, inter, max_c * inter, beta.ctypes.data, C.ptr(y),
-        _CUDA_R_32F, hidden, max_c * hidden, experts, _COMPUTE_32F, _GEMM_DEFAULT)
+    _cublas.gemm_strided_batched_ex(
+        _cublas.OP_T, _cublas.OP_N, hidden, max_c, inter, C.ptr(dn), dtype, inter, hidden * inter,
+        C.ptr(act), dtype, inter, max_c * inter, C.ptr(y), hidden, max_c * hidden, experts)
     _combine(y, hidden, pair_row, ids, weights, out)

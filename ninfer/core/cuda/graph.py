@@ -9,8 +9,10 @@ Usage::
     graph.destroy()
 
 What may run inside a capture (probed on the H200, CuPy 14.2): RawModule launches, CuPy
-elementwise ops writing into a preallocated `out=`, device-to-device copies. What breaks it:
-anything allocating from CuPy's pool, every cuBLAS call through CuPy, and the unload of a
+elementwise ops writing into a preallocated `out=`, device-to-device copies, and cuBLAS GEMMs
+called through `kernels_cuda._cublas` (ctypes, handle bound to the capturing stream with a fixed
+workspace). What breaks it: anything allocating from CuPy's pool, every cuBLAS call through
+CuPy's own wrappers (they refuse while a stream captures), and the unload of a
 garbage-collected CuPy module, so the garbage collector is disabled for the duration of the
 capture (capture mode THREAD_LOCAL: other threads' CUDA calls are not affected).
 
