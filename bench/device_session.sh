@@ -64,8 +64,10 @@ if [ "$MODE" = dev ]; then
   for e in ${KERNEL_ENVS:-}; do
     run "kernels_9b_$e" 200 env "$e" python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS:-linear} --json "$OUT/kernels_9b_$e.json"
   done
+  i=0
   for s in ${SERVE:-}; do
-    run "serve_$s" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 ${SERVE_CHUNK:+--prefill-chunk $SERVE_CHUNK} --json "$OUT/serve_$s.json"
+    i=$((i + 1))
+    run "serve_${s}_$i" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 ${SERVE_CHUNK:+--prefill-chunk $SERVE_CHUNK} --json "$OUT/serve_${s}_$i.json"
   done
   if [ -n "${PROFILE_PREFILL:-}" ]; then  # host vs GPU of eager prefill chunks + ncu breakdown
     run prefill_gate_512 150 python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 --cprofile

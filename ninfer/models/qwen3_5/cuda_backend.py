@@ -55,13 +55,15 @@ class _DeviceRows:
         return self.positions_flat[: 3 * n].reshape(3, n)
 
     def context(self, n: int, segments: int, block_tables, logit_rows: slice,
-                prefill_segment: tuple[int, int] | None = None) -> StepContext:
+                prefill_segment: tuple[int, int] | None = None,
+                segment_uploaded: bool = False) -> StepContext:
+        """`segment_uploaded`: `self.segment` holds `prefill_segment` (kernels may read it)."""
         return StepContext(ids=self.ids[:n], positions=self.positions(n),
                            row_slot=self.row_slot[:n], row_pos=self.row_pos[:n],
                            seg_starts=self.seg_starts[: segments + 1],
                            seg_slots=self.seg_slots[:segments], block_tables=block_tables,
                            logit_rows=logit_rows, prefill_segment=prefill_segment,
-                           prefill_segment_dev=self.segment if prefill_segment else None)
+                           prefill_segment_dev=self.segment if segment_uploaded else None)
 
 
 class CudaBackend(BackendStores):
@@ -209,7 +211,7 @@ class CudaBackend(BackendStores):
         if segment[1] + n > self.block_tables.shape[1] * self.kv.page_size:
             raise ValueError(f"positions up to {segment[1] + n - 1} exceed the block table")
         rows.segment.set(np.array(segment, np.int32), stream=stream)
-        ctx = rows.context(n, 1, self.block_tables, slice(n, n), segment)
+        ctx = rows.context(n, 1, self.block_tables, slice(n, n), segment, segment_uploaded=True)
         if n != self.prefill_chunk or not (self.use_graphs and self.prefill_graphs_ok):
             self.prefill_forward(ctx)
             return
