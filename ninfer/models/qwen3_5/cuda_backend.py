@@ -1,9 +1,12 @@
 """The CUDA backend of the Qwen3.5 Program: CuPy storage, RawModule kernels, CUDA graphs.
 
 Same methods as `CpuBackend` (the Program does not know which one it drives). Differences:
-- a step runs its prefill chunk eagerly (cuBLAS GEMMs, chunkwise GDN) and its decode rows by
-  replaying the captured graph of exactly B rows (B = 1..max_batch); inputs reach the graphs
-  through fixed device buffers (ids, positions, slots, sampling parameters), never as graph keys;
+- a step runs its decode rows by replaying the captured graph of exactly B rows
+  (B = 1..max_batch) and its prefill chunk (cuBLAS GEMMs, chunkwise GDN) by replaying the prefill
+  graph when the chunk is full-size and the model allows one (dense, flash prefill attention; the
+  graph is captured after the first full chunk), else eagerly; inputs reach the graphs through
+  fixed device buffers (ids, positions, slots, the chunk's segment, sampling parameters), never
+  as graph keys;
 - the block-table matrix lives on the device and is updated row by row when pages are added;
 - sampling runs on the device inside the decode graph; only the tokens, their logprobs and the
   top alternatives come back (one D2H copy per step).
@@ -183,11 +186,11 @@ class CudaBackend(BackendStores):
 
     # -- execution -------------------------------------------------------------------------
     def execute(self, num_decode: int) -> None:
-        """The decode rows by graph replay, then the prefill rows eagerly; results on the host.
+        """The decode rows by graph replay, then the prefill chunk; results on the host.
 
         The decode graph is queued first so that the GPU runs it while the host is still
-        launching the prefill chunk's kernels (eager prefill is host-bound at short chunks); the
-        two touch disjoint rows, pages and state slots, so the order changes no result.
+        launching an eager prefill chunk's kernels (host-bound: hundreds of launches); the two
+        touch disjoint rows, pages and state slots, so the order changes no result.
         """
         inp = self.step_inputs
         n_prefill = inp.num_rows - num_decode
