@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 
-import numpy as np
 
 
 class PeerUnavailable(Exception):
@@ -26,14 +25,11 @@ def fla_status() -> str:
 
 def cublas_gemm(cp, m: int, n: int, k: int, w_bf16, x_bf16, out_f32):
     """cuBLAS out[n, m] = x[n, k] @ w[m, k]^T (bf16 in, fp32 accumulate and out)."""
-    from cupy_backends.cuda.libs import cublas
-
-    alpha, beta = np.ones(1, np.float32), np.zeros(1, np.float32)
-    handle = cp.cuda.device.get_cublas_handle()
+    from ninfer.kernels_cuda import _cublas
 
     def run(i: int) -> None:
-        cublas.gemmEx(handle, 1, 0, m, n, k, alpha.ctypes.data, w_bf16.data.ptr, 14, k,
-                      x_bf16.data.ptr, 14, k, beta.ctypes.data, out_f32.data.ptr, 0, m, 68, -1)
+        _cublas.gemm_ex(_cublas.OP_T, _cublas.OP_N, m, n, k, w_bf16.data.ptr, _cublas.R_16BF, k,
+                        x_bf16.data.ptr, _cublas.R_16BF, k, out_f32.data.ptr, m)
 
     return run
 

@@ -160,9 +160,12 @@ def _packer(dtype: np.dtype) -> tuple:
 def pack(dtype: np.dtype, **fields) -> np.ndarray:
     """A size-1 array holding the bytes of a kernel params struct (CuPy passes it by value).
 
-    Byte-identical to a zeroed `dtype` record with `fields` assigned (unnamed fields are 0), but
-    built with `struct` into an opaque void dtype: a structured array costs tens of microseconds
-    per launch in NumPy's field handling and CuPy's `__array_interface__` call.
+    The bytes of a zeroed `dtype` record with `fields` assigned (unnamed fields are 0) for
+    in-range values, built with `struct` into an opaque void dtype: a structured array costs
+    tens of microseconds per launch in NumPy's field handling and CuPy's `__array_interface__`.
+    Out of range, struct is stricter than NumPy (an f32 beyond the float range raises instead of
+    becoming inf); non-integral numbers for integer fields are truncated and negative pointers
+    wrap.
     """
     packer, names, known, convert, opaque = _packer(dtype)
     if not fields.keys() <= known:
@@ -171,7 +174,7 @@ def pack(dtype: np.dtype, **fields) -> np.ndarray:
     values = [get(name, 0) for name in names]
     try:
         raw = packer.pack(*values)
-    except _struct.error:  # NumPy-assignment semantics: floats truncated, pointers wrapped
+    except _struct.error:  # floats for integer fields truncated, negative pointers wrapped
         raw = packer.pack(*[conv(v) for conv, v in zip(convert, values)])
     return np.frombuffer(raw, dtype=opaque)
 

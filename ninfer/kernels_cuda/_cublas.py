@@ -12,6 +12,7 @@ beta = 0; fp32 accumulation.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 
 import numpy as np
@@ -30,27 +31,29 @@ _ONE = np.ones(1, np.float32)
 _ZERO = np.zeros(1, np.float32)
 _lock = threading.Lock()
 _lib = None
-_workspaces: dict[int, object] = {}  # handle -> its workspace (kept alive with the handle)
+# (handle, stream) -> its workspace: a captured GEMM keeps using the workspace it was captured
+# with, so two streams (two model instances driven from one thread) must not share one
+_workspaces: dict[tuple[int, int], object] = {}
 
 
 def _library():
-    """The cuBLAS shared library CuPy already loaded (dlopen by soname finds the loaded one)."""
+    """The cuBLAS shared library CuPy already loaded. RTLD_NOLOAD: only a library that is
+    already in the process qualifies, never a second cuBLAS of another CUDA version from the
+    loader path (the caller has made CuPy's handle first, which loads CuPy's cuBLAS)."""
     global _lib
     if _lib is not None:
         return _lib
-    from cupy_backends.cuda.libs import cublas as cupy_cublas  # noqa: F401 - loads libcublas
-
     with _lock:
         if _lib is None:
-            errors = []
-            for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so"):
+            for name in ("libcublas.so.13", "libcublas.so.12", "libcublas.so.11"):
                 try:
-                    lib = ctypes.CDLL(name)
+                    lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD)
                     break
-                except OSError as exc:
-                    errors.append(str(exc))
+                except OSError:
+                    continue
             else:
-                raise RuntimeError("cannot load cuBLAS through ctypes: " + "; ".join(errors))
+                raise RuntimeError("cuBLAS is not loaded in this process (CuPy's cuBLAS handle "
+                                   "should have loaded it): cannot call it through ctypes")
             lib.cublasSetStream_v2.argtypes = [_ptr, _ptr]
             lib.cublasSetWorkspace_v2.argtypes = [_ptr, _ptr, ctypes.c_size_t]
             lib.cublasGemmEx.argtypes = [
@@ -73,12 +76,17 @@ def bound_handle() -> int:
     """CuPy's cuBLAS handle for this thread and device, bound to the current stream and a fixed
     workspace (allocated on a handle's first use, which must not be inside a capture)."""
     cp = C.cupy()
-    lib = _library()
     handle = cp.cuda.device.get_cublas_handle()
-    _check(lib.cublasSetStream_v2(handle, cp.cuda.get_current_stream().ptr), "cublasSetStream")
-    ws = _workspaces.get(handle)
-    if ws is None:  # binding a stream resets the workspace: set it after every bind
-        ws = _workspaces[handle] = cp.empty(WORKSPACE_BYTES, np.uint8)
+    lib = _library()
+    stream = cp.cuda.get_current_stream()
+    _check(lib.cublasSetStream_v2(handle, stream.ptr), "cublasSetStream")
+    ws = _workspaces.get((handle, stream.ptr))
+    if ws is None:
+        if stream.is_capturing():
+            raise RuntimeError("the first cuBLAS call on a stream must not be inside a graph "
+                               "capture (its workspace would be allocated there)")
+        ws = _workspaces[(handle, stream.ptr)] = cp.empty(WORKSPACE_BYTES, np.uint8)
+    # binding a stream resets the workspace: set it after every bind
     _check(lib.cublasSetWorkspace_v2(handle, ws.data.ptr, ws.nbytes), "cublasSetWorkspace")
     return handle
 

@@ -2,14 +2,14 @@
 
 Two paths:
 - GEMV / skinny GEMM (our kernels: the tensor-core `linear_mma_kernel` for bf16 weights with
-  16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS,
-  for any N while a graph is being captured, and whenever `batch_invariant=True`: one fixed
-  split of K per output element (chosen from K alone), so a row's result never depends on the
-  other rows.
-- cuBLAS (through CuPy, not capturable) for N > GEMV_MAX_ROWS: bf16 weights multiply a bf16 copy
-  of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None) with fp32
-  accumulation and fp32 output; f32 weights use fp32 gemmEx (no TF32). Its results depend on
-  cuBLAS's algorithm choice for the shape and on x's rounding to bf16.
+  16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS and
+  whenever `batch_invariant=True`: one fixed split of K per output element (chosen from K
+  alone), so a row's result never depends on the other rows.
+- cuBLAS (`_cublas`, capturable in a CUDA graph) for N > GEMV_MAX_ROWS: bf16 weights multiply a
+  bf16 copy of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None,
+  which a graph capture does not allow) with fp32 accumulation and fp32 output; f32 weights use
+  fp32 gemmEx (no TF32). Its results depend on cuBLAS's algorithm choice for the shape and on
+  x's rounding to bf16.
 """
 from __future__ import annotations
 
@@ -143,6 +143,8 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
 def to_bf16(x, x_rs: int, n: int, k: int, out) -> None:
     """out uint16[>= N*K] = bf16 (round to nearest even) of x f32[N, K] (rows x_rs apart), rows
     packed K apart."""
+    if n == 0 or k == 0:
+        return
     col_blocks = min(64, -(-k // 1024))
     launch(get_function(SOURCE, "f32_to_bf16_kernel"), (col_blocks, min(n, 65535)), (256,),
            (x, np.int64(x_rs), np.int32(n), np.int32(k), out), name="f32_to_bf16")
@@ -151,6 +153,9 @@ def to_bf16(x, x_rs: int, n: int, k: int, out) -> None:
 def _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace) -> None:
     if kind is C.WKind.BF16:
         if workspace is None:
+            C.require(not C.cupy().cuda.get_current_stream().is_capturing(), "workspace",
+                      "a bf16 linear with more than GEMV_MAX_ROWS rows inside a graph capture "
+                      "needs a preallocated workspace")
             workspace = C.cupy().empty(n * k, dtype=np.uint16)
         C.device_array(workspace, "workspace", dtype=np.uint16)
         C.require(workspace.size >= n * k and workspace.flags.c_contiguous, "workspace",

@@ -39,17 +39,23 @@ def test_cublas_prefill_path(rng, dtype):
     assert_close(out, ref.linear(x_h, w_h), tol)
 
 
-@pytest.mark.parametrize("n,k,pad", [(37, 512, 0), (5, 4096, 12), (3, 1001, 3), (2, 12, 1)])
-def test_to_bf16_rounds_like_numpy(rng, n, k, pad):
+@pytest.mark.parametrize("n,k,pad,offset", [
+    (37, 512, 0, 0), (5, 4096, 12, 0), (3, 1001, 3, 0), (2, 12, 1, 0),
+    (3, 64, 4, 1),        # base 4 bytes past a 16-byte boundary: scalar path
+    (2, 70000, 0, 0),     # more than one pass of 64 column blocks
+    (66000, 8, 0, 0),     # more rows than one grid's 65535
+])
+def test_to_bf16_rounds_like_numpy(rng, n, k, pad, offset):
     """The cuBLAS path's activation conversion: round to nearest even, bit for bit, on strided
-    rows (vector path when K and the stride are multiples of 4, else scalar)."""
-    full = (rng.standard_normal((n, k + pad)) * 3).astype(np.float32)
-    full[0, :4] = [np.inf, -np.inf, 1e-40, -0.0]
-    x = dev(full)[:, :k]
+    rows (vector path when K, the stride and the base allow 16-byte loads, else scalar)."""
+    full = (rng.standard_normal((n, offset + k + pad)) * 3).astype(np.float32)
+    full[0, offset: offset + 4] = [np.inf, -np.inf, 1e-40, -0.0]
+    x = dev(full)[:, offset: offset + k]
     out = cp().full(n * k + 7, 0xFFFF, dtype=np.uint16)
-    klinear.to_bf16(x, k + pad, n, k, out)
+    klinear.to_bf16(x, offset + k + pad, n, k, out)
     got = out.get()
-    np.testing.assert_array_equal(got[: n * k], f32_to_bf16_bits(full[:, :k]).reshape(-1))
+    want = f32_to_bf16_bits(full[:, offset: offset + k]).reshape(-1)
+    np.testing.assert_array_equal(got[: n * k], want)
     assert (got[n * k:] == 0xFFFF).all(), "wrote past N*K"
 
 

@@ -3,6 +3,8 @@ paths that must give identical tokens: batched vs single, chunked vs whole prefi
 replay vs eager launch, CUDA vs CPU backend. Marked `gpu` (skipped without one)."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -98,11 +100,14 @@ def test_prefill_graph_replay_equals_eager(tmp_path):
     read on the device): tokens and logits bitwise equal to launching every chunk eagerly.
     (Head dim 64 and 16-token pages: what the flash prefill attention, and so the graph, takes.)"""
     case = build_case(tmp_path, "tiny-dense", dtype="bfloat16", overrides=dict(head_dim=64))
-    plist = prompts(case.vocab_size, [200, 131, 64], seed=8)  # 6, 4 and 2 full chunks
+    # prefill covers all but the last prompt token (the first decode step feeds it): 6, 4 and 1
+    # full 32-token chunks
+    plist = prompts(case.vocab_size, [200, 131, 64], seed=8)
     graphed = gpu_program(case, prefill_chunk=32, page_size=16)
     assert graphed.backend.prefill_graphs_ok
     with_graph = generate(graphed, plist, 16, keep_logits=True)
     assert graphed.backend.prefill_graph is not None, "no prefill graph was captured"
+    assert graphed.backend.prefill_graph_replays == 6 + 4 + 1 - 1  # the first full chunk captures
     eager_program = gpu_program(case, prefill_chunk=32, page_size=16)
     eager_program.backend.use_graphs = False
     eager = generate(eager_program, plist, 16, keep_logits=True)
@@ -114,6 +119,11 @@ def test_prefill_graph_replay_equals_eager(tmp_path):
     # from the CPU backend's; a wrong segment (other rows' keys, other positions) moves them O(1)
     ours = graphed.prompt_logits(plist[1])
     assert rel_err(ours, open_program(case).prompt_logits(plist[1])) < 0.1
+    # ... and against the same CUDA backend with the prefill attention of the decode kernel
+    # (flash off): only the attention differs (~1e-5), then bf16 activation rounding
+    backend = eager_program.backend
+    backend.prefill_kws = dataclasses.replace(backend.prefill_kws, flash_prefill=False)
+    assert rel_err(ours, eager_program.prompt_logits(plist[1])) < 2e-2
 
 
 @pytest.mark.parametrize("chunk", [64, 128])

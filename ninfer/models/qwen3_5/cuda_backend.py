@@ -147,6 +147,7 @@ class CudaBackend(BackendStores):
         # launches per chunk); needs every prefill kernel capturable: dense FFNs (the MoE prefill
         # syncs to group its rows) and the flash prefill attention (reads its segment on device)
         self.prefill_graph = None
+        self.prefill_graph_replays = 0
         self.prefill_graphs_ok = (not cfg.is_moe and self.prefill_forward.flash_prefill)
 
     # -- slots and pages -------------------------------------------------------------------
@@ -194,15 +195,27 @@ class CudaBackend(BackendStores):
         """
         inp = self.step_inputs
         n_prefill = inp.num_rows - num_decode
+        segment = self._prefill_segment(inp, n_prefill) if n_prefill else None
         with self.device.activate():
             if num_decode:
                 self._issue_decode(inp, n_prefill, num_decode)
             if n_prefill:
-                self._prefill(inp, n_prefill)
+                self._prefill(inp, n_prefill, segment)
             if num_decode:
                 self._collect_decode(num_decode)
 
-    def _prefill(self, inp: StepInputs, n: int) -> None:
+    def _prefill_segment(self, inp: StepInputs, n: int) -> tuple[int, int]:
+        """(block-table row, first position) of the step's prompt chunk, checked before anything
+        is queued (the prefill graph's attention reads them on the device, unchecked)."""
+        seq, pos0 = int(inp.row_slot[0]), int(inp.row_pos[0])
+        rows, cols = self.block_tables.shape
+        if not (0 <= seq < rows and pos0 >= 0 and pos0 + n <= cols * self.kv.page_size):
+            raise ValueError(f"prompt chunk of {n} rows at slot {seq}, position {pos0} is outside "
+                             f"the block table ({rows} slots x {cols * self.kv.page_size} "
+                             f"positions)")
+        return seq, pos0
+
+    def _prefill(self, inp: StepInputs, n: int, segment: tuple[int, int]) -> None:
         rows, stream = self.prefill_rows, self.device.stream
         rows.ids[:n].set(inp.ids[:n], stream=stream)
         rows.positions(n).set(np.ascontiguousarray(inp.positions[:, :n]), stream=stream)
@@ -210,9 +223,6 @@ class CudaBackend(BackendStores):
         rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
         rows.seg_starts[:2].set(np.array([0, n], np.int32), stream=stream)
         rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
-        segment = (int(inp.row_slot[0]), int(inp.row_pos[0]))  # one prompt chunk
-        if segment[1] + n > self.block_tables.shape[1] * self.kv.page_size:
-            raise ValueError(f"positions up to {segment[1] + n - 1} exceed the block table")
         rows.segment.set(np.array(segment, np.int32), stream=stream)
         ctx = rows.context(n, 1, self.block_tables, slice(n, n), segment, segment_uploaded=True)
         if n != self.prefill_chunk or not (self.use_graphs and self.prefill_graphs_ok):
@@ -223,6 +233,7 @@ class CudaBackend(BackendStores):
             self._capture_prefill(ctx)
             return
         self.prefill_graph.launch(stream)
+        self.prefill_graph_replays += 1
 
     def _capture_prefill(self, ctx: StepContext) -> None:
         """Capture the full-chunk prefill; on failure keep launching it eagerly (logged)."""

@@ -5,7 +5,9 @@ KV pages captures every decode graph (B = 1..max_concurrency) while device-memor
 taken before capture, after capture and after destroying the graphs; the calibration backend is
 then dropped, and the real KV page count comes from what is left under the device budget
 (`NINFER_VRAM_BUDGET_MIB`, else the free memory) after weights, workspace, the graph estimate
-and >= 1 GiB headroom. The final backend captures its graphs before any request is accepted.
+and >= 1 GiB headroom. The final backend captures its decode graphs before any request is
+accepted; the prefill graph (dense models) is captured during the first full-size prompt chunk
+and, with cuBLAS's 32 MiB workspace, lives in that headroom.
 """
 from __future__ import annotations
 
