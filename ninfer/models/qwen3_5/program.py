@@ -117,8 +117,9 @@ class Qwen35Program:
         if new_slot:
             rec.slot = self.backend.allocate_slot()
             self.backend.zero_state(rec.slot)
-        rec.pages.extend(pages)
-        self.backend.set_block_table(rec.slot, rec.pages)
+        if pages or new_slot:  # unchanged otherwise (on CUDA each write is a host-to-device copy)
+            rec.pages.extend(pages)
+            self.backend.set_block_table(rec.slot, rec.pages)
         return True
 
     def _drop_resources(self, rec: SequenceRecord) -> None:

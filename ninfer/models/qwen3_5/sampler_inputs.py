@@ -29,6 +29,9 @@ class SamplerInputs:
         self.top_logprobs = np.zeros((b, MAX_TOP_LOGPROBS), np.float32)
         self.num_rows = 0
         self.num_top = 0
+        # the SamplingParams object each row's fixed parameters were written from: a row whose
+        # sequence keeps its place (the usual decode step) only updates its counter
+        self._row_params: list[object] = [None] * b
 
     def fill(self, records: list[SequenceRecord]) -> None:
         """Load the rows' parameters; penalty entries only for rows that use penalties."""
@@ -38,14 +41,16 @@ class SamplerInputs:
         counts: list[int] = []
         for i, r in enumerate(records):
             s = r.sampling
-            self.temperature[i] = s.temperature
-            self.top_k[i] = s.top_k
-            self.top_p[i] = s.top_p
-            self.min_p[i] = s.min_p
-            self.repetition_penalty[i] = s.repetition_penalty
-            self.presence_penalty[i] = s.presence_penalty
-            self.frequency_penalty[i] = s.frequency_penalty
-            self.seeds[i] = np.uint64(s.seed)
+            if self._row_params[i] is not s:
+                self.temperature[i] = s.temperature
+                self.top_k[i] = s.top_k
+                self.top_p[i] = s.top_p
+                self.min_p[i] = s.min_p
+                self.repetition_penalty[i] = s.repetition_penalty
+                self.presence_penalty[i] = s.presence_penalty
+                self.frequency_penalty[i] = s.frequency_penalty
+                self.seeds[i] = np.uint64(s.seed)
+                self._row_params[i] = s
             self.counters[i] = r.num_output
             self.pen_offsets[i] = len(tokens)
             if r.uses_penalties:

@@ -127,10 +127,20 @@ class StepInputs:
         """Append `len(token_ids)` consecutive tokens of the sequence in `slot` from `start_pos`."""
         n0, count = self.num_rows, len(token_ids)
         n1 = n0 + count
+        if count == 1:  # a decode row: scalar stores (slice stores cost ~1 us each)
+            self.ids[n0] = token_ids[0]
+            self.row_pos[n0] = start_pos
+            self.positions[0, n0] = self.positions[1, n0] = self.positions[2, n0] = start_pos
+            self.row_slot[n0] = slot
+            self._end_segment(slot, n0, n1)
+            return
         self.ids[n0:n1] = token_ids
         np.add(self._offsets[:count], start_pos, out=self.row_pos[n0:n1])
         self.positions[:, n0:n1] = self.row_pos[n0:n1]  # text: t = h = w = position
         self.row_slot[n0:n1] = slot
+        self._end_segment(slot, n0, n1)
+
+    def _end_segment(self, slot: int, n0: int, n1: int) -> None:
         g = self.num_segments
         self.seg_starts[g] = n0
         self.seg_starts[g + 1] = n1
