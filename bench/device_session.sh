@@ -36,7 +36,13 @@ if [ "$MODE" = dev ]; then
   #   TESTS="test_cuda_linear ..."  kernel test files;  MODEL=1  the exact model oracle;
   #   DECODE="9b 35b-a3b"  decode benchmarks;  PREFILL=1  9B prefill 8192 with transformers;
   #   PREFILL_HF=1 adds transformers to the prefill run;  KERNELS="linear paged_attention ..."  kernel microbenchmarks (9B shape);
-  #   SERVE="9b"  serve-sim at C=1,4,8;  PROFILE=1  ncu breakdown of the 9B decode step.
+  #   SERVE="9b"  serve-sim at C=1,4,8 (a shape may repeat; SERVE_CHUNK=N sets --prefill-chunk);
+  #   PROFILE=1  ncu breakdown of the 9B decode step (B=1 and 8);
+  #   DECODE_ENVS="NINFER_GEMV_ROWS=1 ..."  the 9B decode once more per variable (A/B of a flag);
+  #   KERNEL_ENVS="..."  the kernel benchmarks once more per variable;
+  #   PREFILL_SMALL=1  9B prefill of 1024 tokens in 512- and 1024-token chunks (host launch time);
+  #   PROFILE_PREFILL=1  host vs GPU of prefill chunks (bench/profile_prefill.py, gate method),
+  #   PROFILE_PREFILL_NCU=1 adds its ncu kernel breakdown.
   for f in ${TESTS:-}; do
     run "$f" 200 env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
       --maxfail=5 -q -p no:cacheprovider
@@ -91,8 +97,9 @@ elif [ "$MODE" = final ]; then
   run decode_35b 150 python3 -m bench.cli decode --shape 35b-a3b --batch 1,8 --hf --json "$OUT/decode_35b.json"
   run prefill_9b 150 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 --hf --json "$OUT/prefill_9b.json"
 elif [ "$MODE" = tests ]; then
-  for f in test_cuda_loader test_cuda_basic test_cuda_linear test_cuda_attention test_cuda_gdn \
-           test_cuda_moe test_cuda_sampling test_cuda_graph; do
+  # every GPU kernel test file (files without gpu-marked tests deselect everything: rc 5)
+  for path in tests/cuda/test_cuda_*.py; do
+    f=$(basename "$path" .py)
     run "$f" 150 env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
       --maxfail=5 -q -p no:cacheprovider -x
   done
