@@ -37,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=8192)
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk size")
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--eager", action="store_true",
+                   help="launch every chunk's kernels (no prefill graph), for comparison")
     p.add_argument("--hf", action="store_true", help="also time transformers on the shape")
     p.add_argument("--json", metavar="OUT")
     c = sub.add_parser("cpu", help="whole-model decode/prefill on the CPU backend")
@@ -122,7 +124,8 @@ def _model_bench(args) -> int:
                                     args.json)
         if args.tokens < 1 or args.chunk < 1:
             raise ValueError("--tokens and --chunk must be >= 1")
-        return model.run_prefill(shape, args.tokens, args.chunk, args.repeat, args.hf, args.json)
+        return model.run_prefill(shape, args.tokens, args.chunk, args.repeat, args.hf, args.json,
+                                 eager=args.eager)
     except (ValueError, OSError, ImportError) as exc:
         print(f"ninfer-bench: error: {_one_line(exc)}", file=sys.stderr)
         return 2

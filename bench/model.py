@@ -1,14 +1,15 @@
 """Whole-model benchmarks at the real Qwen3.5 shapes with random weights drawn on the GPU.
 
     ninfer-bench decode  --shape 9b --batch 1,8 [--context 1024] [--hf] [--json OUT]
-    ninfer-bench prefill --shape 9b --tokens 8192 [--chunk 2048] [--hf] [--json OUT]
+    ninfer-bench prefill --shape 9b --tokens 8192 [--chunk 2048] [--eager] [--hf] [--json OUT]
 
 decode: one CUDA-graph replay per step for B rows at position `context` (their KV pages and
 recurrent state are allocated; values do not change the cost). Reports GPU ms per step (graph
 replay timed with CUDA events, median), the engine-side wall time of a whole `execute` (input
 upload + replay + token download) and the host overhead between the two, tokens/s, bytes read
 per step and the ratio to the copy-bandwidth roofline measured in the same run.
-prefill: the eager prefill path over `tokens` tokens of one sequence in `chunk`-token chunks;
+prefill: `tokens` tokens of one sequence in `chunk`-token chunks (full chunks replay the prefill
+graph after the first, as in serving; `--eager` launches every chunk's kernels instead);
 reports ms, tokens/s, FLOPs (2 x active parameters x tokens + causal attention) and the ratio to
 the measured bf16 matmul rate. `--hf` adds transformers on the same shape (random init, bf16,
 FLA kernels when installed) side by side.
@@ -153,7 +154,7 @@ def run_decode(shape: ModelShape, batches: list[int], context: int, repeat: int,
 
 
 def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: bool,
-                json_path: str | None) -> int:
+                json_path: str | None, eager: bool = False) -> int:
     import cupy as cp
 
     from ninfer.models.qwen3_5.random_params import random_parameters
@@ -163,6 +164,7 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
     cfg, raw, arch = shape_config(shape, tokens + 1)
     params = random_parameters(cfg, xp=cp, seed=1)
     device, backend = _build(cfg, params, 1, tokens, prefill_chunk=chunk)
+    backend.use_graphs = not eager  # full chunks replay the prefill graph unless --eager
     slot = backend.allocate_slot()
     backend.set_block_table(slot, backend.pages.allocate(-(-(tokens + 1) // backend.kv.page_size)))
     ids = np.random.default_rng(3).integers(0, cfg.vocab_size, tokens).tolist()
@@ -191,7 +193,8 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
     issue_ms = median(issue)
     flops = _prefill_flops(params, cfg, tokens)
     floor_ms = flops / (ceilings.matmul_tflops * 1e12) * 1e3
-    result = dict(shape=shape.name, tokens=tokens, chunk=chunk,
+    result = dict(shape=shape.name, tokens=tokens, chunk=chunk, eager=eager,
+                  prefill_graph=backend.prefill_graph is not None,
                   ceilings=dataclasses.asdict(ceilings),
                   ours=[dict(ms=ms, issue_ms=issue_ms, tokens_per_s=tokens / (ms / 1e3),
                              flops=flops, floor_ms=floor_ms, matmul_ratio=floor_ms / ms)])
@@ -308,7 +311,9 @@ def _decode_table(r: dict) -> str:
 def _prefill_table(r: dict) -> str:
     o = r["ours"][0]
     c = r["ceilings"]
-    text = (f"prefill {r['shape']} {r['tokens']} tokens (chunk {r['chunk']}): {o['ms']:.1f} ms, "
+    how = "graph" if r.get("prefill_graph") else "eager"
+    text = (f"prefill {r['shape']} {r['tokens']} tokens (chunk {r['chunk']}, {how}): "
+            f"{o['ms']:.1f} ms, "
             f"{o['tokens_per_s']:.0f} tok/s, {o['flops'] / 1e12:.1f} TFLOP, matmul "
             f"{c['matmul_tflops']:.0f} TFLOP/s -> ratio {o['matmul_ratio']:.2f}; host launching "
             f"{o['issue_ms']:.1f} ms")
