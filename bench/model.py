@@ -16,6 +16,7 @@ FLA kernels when installed) side by side.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -91,14 +92,41 @@ def _build(cfg, params, batch_max: int, context: int, prefill_chunk: int, page_s
     return device, backend
 
 
+@contextlib.contextmanager
+def decode_rows(backend, cfg, b: int, context: int, rng):
+    """B decode rows at position `context` in the backend's step and sampler inputs (greedy, a
+    slot and pages each, decode inputs uploaded); the slots and pages are freed on exit."""
+    from ninfer.models.qwen3_5.sequences import SequenceRecord
+    from ninfer.runtime.contract import SamplingParams
+
+    inp = backend.step_inputs
+    inp.reset()
+    recs, held = [], []
+    try:
+        for i in range(b):
+            slot = backend.allocate_slot()
+            pages = backend.pages.allocate(-(-(context + 1) // backend.kv.page_size))
+            held.append((slot, pages))
+            backend.set_block_table(slot, pages)
+            inp.add_segment(slot, [int(rng.integers(0, cfg.vocab_size))], context)
+            recs.append(SequenceRecord(i, [1] * (context + 1), context,
+                                       SamplingParams(temperature=0.0, seed=i)))
+        backend.sampler_inputs.fill(recs)
+        with backend.device.activate():
+            backend._load_decode_inputs(inp, 0, b)
+        yield
+    finally:
+        for slot, pages in held:
+            backend.free_slot(slot)
+            backend.pages.free(pages)
+
+
 def run_decode(shape: ModelShape, batches: list[int], context: int, repeat: int, hf: bool,
                json_path: str | None) -> int:
     import cupy as cp
 
     from ninfer.core.cuda import median_ms, time_device
     from ninfer.models.qwen3_5.random_params import random_parameters
-    from ninfer.runtime.contract import SamplingParams
-    from ninfer.models.qwen3_5.sequences import SequenceRecord
 
     ctx = BenchContext(shape, np.random.default_rng(0), l2_bytes=60 << 20, repeat=repeat)
     ceilings = measure_ceilings(ctx)
@@ -111,37 +139,22 @@ def run_decode(shape: ModelShape, batches: list[int], context: int, repeat: int,
     rng = np.random.default_rng(2)
     rows = []
     for b in batches:
-        inp = backend.step_inputs
-        inp.reset()
-        recs, held = [], []
-        for i in range(b):
-            slot = backend.allocate_slot()
-            pages = backend.pages.allocate(-(-(context + 1) // backend.kv.page_size))
-            held.append((slot, pages))
-            backend.set_block_table(slot, pages)
-            inp.add_segment(slot, [int(rng.integers(0, cfg.vocab_size))], context)
-            recs.append(SequenceRecord(i, [1] * (context + 1), context,
-                                       SamplingParams(temperature=0.0, seed=i)))
-        backend.sampler_inputs.fill(recs)
-        with device.activate():
-            backend._load_decode_inputs(inp, 0, b)
+        with decode_rows(backend, cfg, b, context, rng):
             graph = backend.graphs[b]
-            gpu_ms = median_ms(time_device(lambda i: graph.launch(device.stream), warmup=3,
-                                           repeat=repeat))
-        walls = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            backend.execute(num_decode=b)
-            walls.append((time.perf_counter() - t) * 1e3)
+            with device.activate():
+                gpu_ms = median_ms(time_device(lambda i: graph.launch(device.stream), warmup=3,
+                                               repeat=repeat))
+            walls = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                backend.execute(num_decode=b)
+                walls.append((time.perf_counter() - t) * 1e3)
         wall_ms = median(walls)
         nbytes = _weight_bytes(params, cfg, b) + _state_bytes(cfg, b, context)
         floor_ms = nbytes / (ceilings.copy_gbps * 1e9) * 1e3
         rows.append(dict(batch=b, gpu_ms=gpu_ms, wall_ms=wall_ms, host_ms=wall_ms - gpu_ms,
                          tokens_per_s=b / (wall_ms / 1e3), bytes=nbytes, floor_ms=floor_ms,
                          roofline=floor_ms / gpu_ms))
-        for slot, pages in held:
-            backend.free_slot(slot)
-            backend.pages.free(pages)
     result = dict(shape=shape.name, context=context, capture_s=capture_s,
                   ceilings=dataclasses.asdict(ceilings), ours=rows)
     backend.destroy_graphs()

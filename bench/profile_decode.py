@@ -23,31 +23,16 @@ def profile(shape_name: str, batches: list[int], context: int) -> None:
     import cupy as cp
     import numpy as np
 
-    from bench.model import _build, shape_config
+    from bench.model import _build, decode_rows, shape_config
     from bench.shapes import resolve
     from ninfer.models.qwen3_5.random_params import random_parameters
-    from ninfer.models.qwen3_5.sequences import SequenceRecord
-    from ninfer.runtime.contract import SamplingParams
 
     cfg, _, _ = shape_config(resolve(shape_name), context + 1)
     params = random_parameters(cfg, xp=cp, seed=1)
     device, backend = _build(cfg, params, max(batches), context, prefill_chunk=64)
     rng = np.random.default_rng(0)
     for b in batches:
-        inp = backend.step_inputs
-        inp.reset()
-        recs, held = [], []
-        for i in range(b):
-            slot = backend.allocate_slot()
-            pages = backend.pages.allocate(-(-(context + 1) // backend.kv.page_size))
-            held.append((slot, pages))
-            backend.set_block_table(slot, pages)
-            inp.add_segment(slot, [int(rng.integers(0, cfg.vocab_size))], context)
-            recs.append(SequenceRecord(i, [1] * (context + 1), context,
-                                       SamplingParams(temperature=0.0, seed=i)))
-        backend.sampler_inputs.fill(recs)
-        with device.activate():
-            backend._load_decode_inputs(inp, 0, b)
+        with decode_rows(backend, cfg, b, context, rng), device.activate():
             for _ in range(2):
                 backend._decode_body(b)  # warm-up
             device.synchronize()
@@ -56,9 +41,6 @@ def profile(shape_name: str, batches: list[int], context: int) -> None:
             device.synchronize()
             cp.cuda.profiler.stop()
         print(f"# profiled B={b}", file=sys.stderr)
-        for slot, pages in held:  # the next batch size takes them again
-            backend.pages.free(pages)
-            backend.free_slot(slot)
 
 
 def summarize(path: str) -> None:
