@@ -67,15 +67,13 @@ __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
 // block), so each value is computed exactly as by the SWIGLU=0 kernel.
 template <int SWIGLU>
 __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
-  __shared__ float red[16][16][8];  // [split][A row][n in tile]
+  __shared__ MmaPartials<16> red;  // [split][A row][n in tile]
   constexpr int TILE = SWIGLU ? 8 : 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int m0 = blockIdx.x * TILE, n0 = blockIdx.y * 8;
-  const int steps = (p.k + 31) >> 5;
-  const int per = (steps + p.splits - 1) / p.splits;
-  const int k_begin = min(p.k, warp * per * 32);
-  const int k_end = min(p.k, k_begin + per * 32);
+  int k_begin, k_end;
+  mma_warp_k_range(p.k, p.splits, warp, k_begin, k_end);
   const bf16raw* w = static_cast<const bf16raw*>(p.w);
   const int r1 = SWIGLU ? m0 + g : m0 + g + 8;  // output row of A row g + 8
   const bf16raw* wrow0 = m0 + g < p.m ? w + (i64)(m0 + g) * p.w_rs : nullptr;
@@ -83,22 +81,12 @@ __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
   const float* xrow = n0 + g < p.n ? p.x + (i64)(n0 + g) * p.x_rs : nullptr;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
-  red[warp][g][2 * t] = c[0];
-  red[warp][g][2 * t + 1] = c[1];
-  red[warp][g + 8][2 * t] = c[2];
-  red[warp][g + 8][2 * t + 1] = c[3];
+  mma_store_partials(red, warp, g, t, c);
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
     const int r = idx >> 3, n = idx & 7;
     if (m0 + r < p.m && n0 + n < p.n) {
-      float s = 0.0f;
-      for (int w2 = 0; w2 < p.splits; ++w2) s += red[w2][r][n];
-      if (SWIGLU) {
-        float u = 0.0f;
-        for (int w2 = 0; w2 < p.splits; ++w2) u += red[w2][r + 8][n];
-        s = silu_f(s) * u;
-      }
-      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = s;
+      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
     }
   }
 }

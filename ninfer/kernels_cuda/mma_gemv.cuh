@@ -87,3 +87,42 @@ __device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow0, const 
     }
   }
 }
+
+// The K range [k_begin, k_end) of warp `warp` when `splits` warps split K in 32-k steps: a
+// function of K and the split count only (batch invariance).
+__device__ __forceinline__ void mma_warp_k_range(int k, int splits, int warp, int& k_begin,
+                                                 int& k_end) {
+  const int steps = (k + 31) >> 5;
+  const int per = (steps + splits - 1) / splits;
+  k_begin = min(k, warp * per * 32);
+  k_end = min(k, k_begin + per * 32);
+}
+
+// Shared-memory partials of a block: red[split][A row][n] for up to S splits of a 16 x 8 tile.
+template <int S>
+using MmaPartials = float[S][16][8];
+
+// Stores the warp's accumulator fragment c (ISA lane layout above) as partials of split `warp`.
+template <int S>
+__device__ __forceinline__ void mma_store_partials(MmaPartials<S>& red, int warp, int g, int t,
+                                                   const float (&c)[4]) {
+  red[warp][g][2 * t] = c[0];
+  red[warp][g][2 * t + 1] = c[1];
+  red[warp][g + 8][2 * t] = c[2];
+  red[warp][g + 8][2 * t + 1] = c[3];
+}
+
+// Output (tile row r, column n): the partials summed over the splits in split order; SWIGLU=1:
+// silu(gate: A row r) * (up: A row r + 8).
+template <int SWIGLU, int S>
+__device__ __forceinline__ float mma_reduce_partials(const MmaPartials<S>& red, int splits,
+                                                     int r, int n) {
+  float s = 0.0f;
+  for (int w = 0; w < splits; ++w) s += red[w][r][n];
+  if (SWIGLU) {
+    float u = 0.0f;
+    for (int w = 0; w < splits; ++w) u += red[w][r + 8][n];
+    s = silu_f(s) * u;
+  }
+  return s;
+}

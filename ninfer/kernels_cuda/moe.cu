@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
 
 template <int SWIGLU>
 __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
-  __shared__ float red[8][16][8];  // [split][A row][pair in group]
+  __shared__ MmaPartials<8> red;  // [split][A row][pair in group]
   const int grp = blockIdx.y;
   if (grp >= *p.num_groups) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -202,10 +202,8 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
   const bool bad = e < 0 || e >= p.experts;
   constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
   const int m0 = blockIdx.x * TILE;
-  const int steps = (p.k + 31) >> 5;
-  const int per = (steps + p.splits - 1) / p.splits;
-  const int k_begin = min(p.k, warp * per * 32);
-  const int k_end = min(p.k, k_begin + per * 32);
+  int k_begin, k_end;
+  mma_warp_k_range(p.k, p.splits, warp, k_begin, k_end);
   const bf16raw* wexp = static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es;
   const int r0 = m0 + g, r1 = SWIGLU ? m0 + g : m0 + g + 8;  // output rows of A rows g, g+8
   const bf16raw* wrow0 = (r0 < p.m && !bad) ? wexp + (i64)r0 * p.w_rs : nullptr;
@@ -216,22 +214,13 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
       pr >= 0 ? p.x + (i64)(p.x_by_pair ? pr : pr / p.top_k) * p.x_rs : nullptr;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
-  red[warp][g][2 * t] = c[0];
-  red[warp][g][2 * t + 1] = c[1];
-  red[warp][g + 8][2 * t] = c[2];
-  red[warp][g + 8][2 * t + 1] = c[3];
+  mma_store_partials(red, warp, g, t, c);
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
     const int r = idx >> 3, n = idx & 7;
     const int pn = p.group_pairs[grp * MOE_GROUP + n];
     if (m0 + r >= p.m || pn < 0) continue;
-    float v = 0.0f;
-    for (int w = 0; w < p.splits; ++w) v += red[w][r][n];
-    if (SWIGLU) {
-      float u = 0.0f;
-      for (int w = 0; w < p.splits; ++w) u += red[w][r + 8][n];
-      v = silu_f(v) * u;
-    }
+    float v = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
     if (bad) v = NINFER_NAN;
     p.out[(i64)pn * p.out_rs + m0 + r] = v;
   }
