@@ -106,3 +106,33 @@ def gdn_inputs(rng, n, hk, hv, dk, dv, g_scale=0.3):
     g = (-np.abs(randn(rng, (n, hv))) * g_scale).astype(np.float32)
     beta = rng.uniform(0.05, 0.95, (n, hv)).astype(np.float32)
     return q, k, v, g, beta
+
+
+def assert_chunk_prefill_splits_bitwise(rng, n, hk, hv, dk, dv, cuts, g_scale, *, slots: int,
+                                        contiguous_split_state: bool) -> None:
+    """gdn_chunk_prefill of n tokens in the last of `slots` state slots, whole and cut at `cuts`
+    (the second run's state a contiguous copy, or a slot-strided one): output and final state
+    bitwise equal."""
+    from ninfer.kernels_cuda import gdn as kgdn
+    from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
+
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale)
+    _, st_whole, _ = slot_strided(rng, slots, (hv, dk, dv), scale=0.1)
+    if contiguous_split_state:
+        st_split = cp().ascontiguousarray(st_whole)
+    else:
+        _, st_split, _ = slot_strided(rng, slots, (hv, dk, dv), scale=0.1)
+        st_split[...] = st_whole
+    ws = ChunkWorkspace.allocate(n, 1, hv)
+    slot = dev(np.array([slots - 1], np.int32))
+    whole = poisoned((n, hv, dv))
+    kgdn.gdn_chunk_prefill(*[dev(a) for a in (q, k, v, g, beta)], st_whole,
+                           dev(np.array([0, n], np.int32)), slot, whole, workspace=ws)
+    split = poisoned((n, hv, dv))
+    bounds = (0,) + tuple(cuts) + (n,)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        kgdn.gdn_chunk_prefill(*[dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
+                               dev(np.array([0, hi - lo], np.int32)), slot, split[lo:hi],
+                               workspace=ws)
+    assert_same_bits(split, whole, "output")
+    assert_same_bits(st_split, st_whole, "state")

@@ -8,12 +8,11 @@ import pytest
 
 from ninfer import ops
 from ninfer.kernels_cuda import gdn as kgdn
-from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 from ninfer.kernels_cuda.gdn_decode import decode_counters
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (DTYPES, assert_close, assert_same_bits, dev, gdn_inputs, host,
-                           poisoned, randn, segments, slot_strided, weight_pair)
+from cuda_testutil import (DTYPES, assert_chunk_prefill_splits_bitwise, assert_close, dev,
+                           gdn_inputs, host, poisoned, randn, segments, slot_strided, weight_pair)
 
 pytestmark = pytest.mark.gpu
 
@@ -81,23 +80,8 @@ def test_chunk_prefill_vs_recurrence(rng, hk, hv, dk, dv):
 
 
 def test_chunk_prefill_split_at_64_is_bitwise_identical(rng):
-    hk, hv, dk, dv, n = 1, 2, 128, 128, 192
-    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale=0.05)
-    _, st_whole, _ = slot_strided(rng, 1, (hv, dk, dv), scale=0.1)
-    _, st_split, _ = slot_strided(rng, 1, (hv, dk, dv), scale=0.1)
-    st_split[...] = st_whole
-    ws = ChunkWorkspace.allocate(n, 1, hv)
-    slot0 = dev(np.zeros(1, np.int32))
-    whole = poisoned((n, hv, dv))
-    kgdn.gdn_chunk_prefill(*[dev(a) for a in (q, k, v, g, beta)], st_whole,
-                           dev(np.array([0, n], np.int32)), slot0, whole, workspace=ws)
-    split = poisoned((n, hv, dv))
-    for lo, hi in ((0, 128), (128, n)):
-        kgdn.gdn_chunk_prefill(*[dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
-                               dev(np.array([0, hi - lo], np.int32)), slot0, split[lo:hi],
-                               workspace=ws)
-    assert_same_bits(split, whole, "output")
-    assert_same_bits(st_split, st_whole, "state")
+    assert_chunk_prefill_splits_bitwise(rng, 192, 1, 2, 128, 128, (128,), 0.05, slots=1,
+                                        contiguous_split_state=False)
 
 
 @pytest.mark.parametrize("wdtype", DTYPES)

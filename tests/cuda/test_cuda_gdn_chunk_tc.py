@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from ninfer.kernels_cuda import gdn as kgdn
-from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (TOL_F32, assert_close, assert_same_bits, cp, dev, gdn_inputs, host,
-                           poisoned, segments, slot_strided)
+from cuda_testutil import (TOL_F32, assert_chunk_prefill_splits_bitwise, assert_close,
+                           assert_same_bits, cp, dev, gdn_inputs, host, poisoned, segments,
+                           slot_strided)
 
 pytestmark = pytest.mark.gpu
 
@@ -66,20 +66,5 @@ def test_chunk_prefill_matches_recurrence_kernel_long(rng):
 
 @pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
 def test_chunk_prefill_split_bitwise(rng, cuts):
-    hk, hv, dk, dv, n = 2, 4, 128, 128, 301
-    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
-    _, st_whole, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
-    st_split = cp().ascontiguousarray(st_whole)
-    ws = ChunkWorkspace.allocate(n, 1, hv)
-    slot = dev(np.ones(1, np.int32))
-    whole = poisoned((n, hv, dv))
-    kgdn.gdn_chunk_prefill(*[dev(a) for a in (q, k, v, g, beta)], st_whole,
-                           dev(np.array([0, n], np.int32)), slot, whole, workspace=ws)
-    split = poisoned((n, hv, dv))
-    bounds = (0,) + tuple(cuts) + (n,)
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        kgdn.gdn_chunk_prefill(*[dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
-                               dev(np.array([0, hi - lo], np.int32)), slot, split[lo:hi],
-                               workspace=ws)
-    assert_same_bits(split, whole, "output")
-    assert_same_bits(st_split, st_whole, "state")
+    assert_chunk_prefill_splits_bitwise(rng, 301, 2, 4, 128, 128, cuts, 0.1, slots=2,
+                                        contiguous_split_state=True)
