@@ -47,6 +47,7 @@ class CudaGraph:
         self._exec = None
         self.num_captures = 0
         self.num_updates = 0
+        self.num_launches = 0
 
     @property
     def ready(self) -> bool:
@@ -111,6 +112,7 @@ class CudaGraph:
             raise RuntimeError(f"graph {self.name!r} was not captured")
         check(_driver().cuGraphLaunch(self._exec, _stream_handle(stream)),
               f"cuGraphLaunch[{self.name}]")
+        self.num_launches += 1
 
     def _destroy_exec(self) -> None:
         if self._exec is not None:

@@ -147,7 +147,6 @@ class CudaBackend(BackendStores):
         # launches per chunk); needs every prefill kernel capturable: dense FFNs (the MoE prefill
         # syncs to group its rows) and the flash prefill attention (reads its segment on device)
         self.prefill_graph = None
-        self.prefill_graph_replays = 0
         self.prefill_graphs_ok = (not cfg.is_moe and self.prefill_forward.flash_prefill)
 
     # -- slots and pages -------------------------------------------------------------------
@@ -233,7 +232,6 @@ class CudaBackend(BackendStores):
             self._capture_prefill(ctx)
             return
         self.prefill_graph.launch(stream)
-        self.prefill_graph_replays += 1
 
     def _capture_prefill(self, ctx: StepContext) -> None:
         """Capture the full-chunk prefill; on failure keep launching it eagerly (logged)."""
