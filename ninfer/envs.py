@@ -41,6 +41,13 @@ def cuda_debug_sync() -> bool:
     return os.environ.get("NINFER_CUDA_SYNC", "") not in ("", "0")
 
 
+def gemv_rows() -> bool:
+    """NINFER_GEMV_ROWS=1 (experimental, off by default): bf16 decode GEMVs use
+    linear_mma_rows_kernel (row-contiguous weight reads staged through shared memory) instead of
+    linear_mma_kernel; the results are bitwise the same. Read once, at import of the launcher."""
+    return os.environ.get("NINFER_GEMV_ROWS", "") not in ("", "0")
+
+
 def kernel_cache_dir() -> Path:
     """NINFER_KERNEL_CACHE: where compiled CUDA modules are cached (default: <cache_dir>/kernels)."""
     raw = os.environ.get("NINFER_KERNEL_CACHE")

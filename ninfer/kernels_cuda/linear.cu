@@ -16,6 +16,9 @@
 // order. Each output element's arithmetic is independent of N (batch invariance). Streams the
 // weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
 //
+// linear_mma_rows_kernel<SWIGLU> (experimental, NINFER_GEMV_ROWS=1): linear_mma_kernel with the
+// weight tile read row-contiguously and staged through shared memory; bitwise the same results.
+//
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
 #include "gemv.cuh"
@@ -81,6 +84,88 @@ __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
   const float* xrow = n0 + g < p.n ? p.x + (i64)(n0 + g) * p.x_rs : nullptr;
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
+  mma_store_partials(red, warp, g, t, c);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
+    const int r = idx >> 3, n = idx & 7;
+    if (m0 + r < p.m && n0 + n < p.n) {
+      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
+    }
+  }
+}
+
+// linear_mma_rows_kernel<SWIGLU>: linear_mma_kernel with the weight tile read row-contiguously
+// (mma_gemv.cuh, "Row-contiguous staging": a half-warp load reads 256 contiguous bytes of one
+// row instead of 64 bytes of each of 8 rows) and handed to the mmas through a 4 KiB per-warp
+// shared buffer (stmatrix in, ldmatrix out). Same grid, block, K split, A fragments, x values,
+// mma order and reduction order as linear_mma_kernel, so the stored results are bitwise
+// identical. Dynamic shared memory: splits * 4 KiB + 256 B of alignment slack (linear.py
+// mma_rows_smem); the buffers hold the [split][16][8] partials after the K loop. Per warp, the
+// 8 x 16-byte global loads of batch b + 1 (registers) are in flight while batch b's fragments
+// are read from the buffer and multiplied. 64 registers at 512 threads (2 blocks of 16 warps
+// per SM, like linear_mma_kernel); the shared memory would allow 3.
+extern __shared__ uint4 mma_rows_smem[];
+
+template <int SWIGLU>
+__global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParams p) {
+  constexpr int TILE = SWIGLU ? 8 : 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3, h = lane >> 4;
+  const int m0 = blockIdx.x * TILE, n0 = blockIdx.y * 8;
+  int k_begin, k_end;
+  mma_warp_k_range(p.k, p.splits, warp, k_begin, k_end);
+  const bf16raw* w = static_cast<const bf16raw*>(p.w);
+  // tile row 2j + h (j = 0..7) holds output row m0 + 2j + h (SWIGLU: gate row m0 + 2j + h for
+  // j < 4, up row M + m0 + 2(j - 4) + h for j >= 4), as A rows g / g + 8 of linear_mma_kernel;
+  // rows past M are never read (bit j of `valid` clear: zeros)
+  const int ku = 8 * (lane & 15);  // this lane's k offset in a batch (loads)
+  const i64 rsb = 2 * p.w_rs, hib = (i64)(SWIGLU ? p.m : 8) * rsb;  // bytes
+  unsigned valid = 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < p.m) valid |= 1u << j;
+  // the batch's unit of tile row h and x[row][k0 + 8t]; an x row past N reads row N - 1 instead
+  // of zeros (it only feeds output columns >= N, which are not stored)
+  const char* wp = reinterpret_cast<const char*>(w + (i64)(m0 + h) * p.w_rs + k_begin + ku);
+  const float* xp = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + k_begin + 8 * t;
+  // the buffers start at the first 256-byte boundary of the dynamic shared memory (the launcher
+  // adds MMA_ROWS_ALIGN bytes), so the XOR-swizzled addresses stay inside each warp's buffer
+  const unsigned s0 = (unsigned)__cvta_generic_to_shared(mma_rows_smem);
+  const unsigned pad = (MMA_ROWS_ALIGN - (s0 & (MMA_ROWS_ALIGN - 1))) & (MMA_ROWS_ALIGN - 1);
+  const unsigned buf = s0 + pad + warp * (MMA_ROWS_UNITS * 16);
+  const unsigned st = buf + mma_rows_store_offset(lane), ld = buf + mma_rows_frag_offset(lane);
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  uint4 v[8];
+  int rem = k_end - k_begin;  // k left from the batch's k0 (linear_mma_kernel's k0 < k_end)
+  // a batch holds a partial unit iff K % 8 != 0 and it reaches k_end (then k_end = K): whole-unit
+  // batches are those with rem >= full
+  const int full = (k_end & 7) != 0 ? MMA_ROWS_K : 1;
+  if (rem >= full) mma_rows_load(wp, hib, rsb, valid, ku < rem, v);
+  while (rem >= full) {
+    __syncwarp();  // the previous batch's fragments are read
+    mma_rows_store(st, buf, lane, v);
+    __syncwarp();
+    const int rn = rem - MMA_ROWS_K;
+    // the next batch's loads stay in flight during this batch's mmas
+    if (rn >= full) mma_rows_load(wp + 2 * MMA_ROWS_K, hib, rsb, valid, ku < rn, v);
+    mma_rows_batch<0>(ld, xp, 8 * t, rem, c);
+    wp += 2 * MMA_ROWS_K;
+    xp += MMA_ROWS_K;
+    rem = rn;
+  }
+  if (rem > 0) {  // the warp's last batch holds a partial unit (K % 8 != 0): read element-wise
+    __syncwarp();
+    mma_rows_store_partial(reinterpret_cast<bf16raw*>(reinterpret_cast<char*>(mma_rows_smem) +
+                                                      pad + warp * (MMA_ROWS_UNITS * 16)),
+                           lane, wp, hib, rsb, valid, rem - ku);
+    __syncwarp();
+    mma_rows_batch<1>(ld, xp, 8 * t, rem, c);
+  }
+  // the partials go to the front of the dynamic shared memory as MmaPartials<16> (the first
+  // 8 KiB, which other warps' staging buffers occupy until every warp has left its K loop)
+  __syncthreads();
+  MmaPartials<16>& red =
+      *reinterpret_cast<MmaPartials<16>*>(reinterpret_cast<char*>(mma_rows_smem) + pad);
   mma_store_partials(red, warp, g, t, c);
   __syncthreads();
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {

@@ -4,7 +4,9 @@ Two paths:
 - GEMV / skinny GEMM (our kernels: the tensor-core `linear_mma_kernel` for bf16 weights with
   16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS and
   whenever `batch_invariant=True`: one fixed split of K per output element (chosen from K
-  alone), so a row's result never depends on the other rows.
+  alone), so a row's result never depends on the other rows. Experimental:
+  NINFER_GEMV_ROWS=1 (read at import) swaps `linear_mma_kernel` for `linear_mma_rows_kernel`
+  (row-contiguous weight reads staged through shared memory; bitwise the same results).
 - cuBLAS (`_cublas`, capturable in a CUDA graph) for N > GEMV_MAX_ROWS: bf16 weights multiply a
   bf16 copy of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None,
   which a graph capture does not allow) with fp32 accumulation and fp32 output; f32 weights use
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
@@ -26,7 +29,8 @@ ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
-    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]))
+    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "linear_mma_rows_kernel<0>",
+       "linear_mma_rows_kernel<1>", "f32_to_bf16_kernel"]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -84,14 +88,38 @@ def _mma_ok(w, kind: C.WKind, w_rs: int, x, x_rs: int) -> bool:
             and x_rs % 4 == 0)
 
 
-def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool) -> None:
+# Experimental (NINFER_GEMV_ROWS=1, read once at import): the tensor-core GEMV reads each weight
+# tile row-contiguously and stages it through shared memory (linear_mma_rows_kernel), bitwise
+# equal to linear_mma_kernel. Off by default until measured on a GPU.
+GEMV_ROWS = envs.gemv_rows()
+MMA_ROWS_WARP_SMEM = 16 * 16 * 16  # linear_mma_rows_kernel: staging bytes per warp (MMA_ROWS_UNITS)
+MMA_ROWS_ALIGN = 256  # and slack to align the buffers (MMA_ROWS_ALIGN in mma_gemv.cuh)
+
+
+def mma_rows_smem(splits: int) -> int:
+    """Dynamic shared memory of linear_mma_rows_kernel with `splits` warps (64.25 KiB at 16)."""
+    return splits * MMA_ROWS_WARP_SMEM + MMA_ROWS_ALIGN
+
+
+def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
+                rows: bool | None = None) -> None:
+    """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS."""
+    rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=splits)
     tile = 8 if swiglu else 16
-    launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"),
-           ((m + tile - 1) // tile, (n + 7) // 8), (32 * splits,), (params,),
-           name="linear_swiglu" if swiglu else "linear_mma")
+    grid = ((m + tile - 1) // tile, (n + 7) // 8)
+    name = "linear_swiglu" if swiglu else "linear_mma"
+    if not rows:
+        launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"), grid, (32 * splits,),
+               (params,), name=name)
+        return
+    fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}>")
+    smem = mma_rows_smem(splits)  # above 48 KiB from 12 splits: needs the opt-in
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    launch(fn, grid, (32 * splits,), (params,), shared_mem=smem, name=name + "_rows")
 
 
 def linear_swiglu(x, gate_up, out) -> None:

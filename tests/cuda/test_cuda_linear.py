@@ -7,10 +7,11 @@ import pytest
 
 from ninfer import ops
 from ninfer.core.dtypes import DType, f32_to_bf16_bits
+from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (DTYPES, TOL_BF16_X, assert_close, assert_same_bits, cp, dev,
+from cuda_testutil import (DTYPES, TOL_BF16_X, assert_close, assert_same_bits, cp, dev, host,
                            poisoned, rows_view, weight_pair)
 
 pytestmark = pytest.mark.gpu
@@ -130,3 +131,75 @@ def test_linear_swiglu_equals_linear_then_swiglu(rng, n):
     act = poisoned((n, inner))
     ops.linear_swiglu(x_d, w_d, act)
     assert_same_bits(act, ref_act, f"n={n}")
+
+
+# linear_mma_rows_kernel (NINFER_GEMV_ROWS=1): row-contiguous weight reads staged through shared
+# memory; must equal linear_mma_kernel bit for bit on every shape (same K split, fragments, mma
+# order and reduction order).
+
+def _strided_x(rng, n, k):
+    """x f32 [n, k] on the device with NaN padding around each row; rows 16-byte aligned with a
+    stride that is a multiple of 4 (what the mma kernels need)."""
+    stride = -(-k // 4) * 4 + 8
+    full = np.full((n, stride), np.nan, dtype=np.float32)
+    full[:, 4:4 + k] = (rng.standard_normal((n, k)) * 3.0).astype(np.float32)
+    return full[:, 4:4 + k], dev(full)[:, 4:4 + k]
+
+
+def _padded_bf16_weight(rng, m, k):
+    """bf16 bits [m, k] whose rows are 16-byte aligned and padded with NaN up to the stride: a
+    kernel reading past K (and not zeroing) turns the result into NaN."""
+    stride = -(-k // 8) * 8 + 8
+    full = np.full((m, stride), 0x7FC0, dtype=np.uint16)
+    full[:, :k] = f32_to_bf16_bits((rng.standard_normal((m, k)) * k ** -0.5).astype(np.float32))
+    return dev(full)[:, :k]
+
+
+def _mma(x_d, w_d, *, swiglu, rows):
+    """One explicit launch of linear_mma_kernel (rows=False) or linear_mma_rows_kernel."""
+    n, k = x_d.shape
+    m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
+    out = poisoned((n, m))
+    klinear._launch_mma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
+                        C.row_stride(out, "out"), m, k, n, swiglu=swiglu, rows=rows)
+    return out
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("k", [64, 1000, 1016, 4096, 4096 + 96, 12288,
+                               333, 4100])  # the last two: K % 8 != 0 (a partial unit)
+def test_gemv_rows_kernel_equals_mma_kernel_bitwise(rng, k, swiglu):
+    m = 147 if swiglu else 301  # odd: a partial row tile
+    w_d = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)
+    for n in list(range(1, 9)) + [11]:
+        _, x_d = _strided_x(rng, n, k)
+        want = _mma(x_d, w_d, swiglu=swiglu, rows=False)
+        got = _mma(x_d, w_d, swiglu=swiglu, rows=True)
+        assert np.isfinite(host(want)).all(), f"n={n}: linear_mma_kernel output not finite"
+        assert_same_bits(got, want, f"k={k} n={n} swiglu={swiglu}")
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_gemv_rows_kernel_vs_float64(rng, swiglu):
+    n, k, m = 5, 4096 + 96, 201
+    rows_out = 2 * m if swiglu else m
+    x_h, x_d = _strided_x(rng, n, k)
+    w_h, w_d = weight_pair(rng, (rows_out, k), DType.BFLOAT16, scale=k ** -0.5)
+    out = _mma(x_d, w_d.data, swiglu=swiglu, rows=True)
+    want = ref.linear(x_h, w_h)
+    assert_close(out, ref.swiglu(want) if swiglu else want)
+
+
+def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
+    """GEMV_ROWS (NINFER_GEMV_ROWS=1 at import) switches both public entry points."""
+    n, k, inner = 3, 2048, 96
+    _, x_d = _strided_x(rng, n, k)
+    w_d = _padded_bf16_weight(rng, 2 * inner, k)
+    monkeypatch.setattr(klinear, "GEMV_ROWS", True)
+    out = poisoned((n, 2 * inner))
+    klinear.linear(x_d, w_d, out)
+    act = poisoned((n, inner))
+    klinear.linear_swiglu(x_d, w_d, act)
+    assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=True), "linear")
+    assert_same_bits(act, _mma(x_d, w_d, swiglu=True, rows=True), "linear_swiglu")
+    assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=False), "linear vs mma kernel")
