@@ -37,7 +37,7 @@ if [ "$MODE" = dev ]; then
   #   DECODE="9b 35b-a3b"  decode benchmarks;  PREFILL=1  9B prefill 8192 with transformers;
   #   PREFILL_HF=1 adds transformers to the prefill run;  KERNELS="linear paged_attention ..."  kernel microbenchmarks (9B shape);
   #   SERVE="9b"  serve-sim at C=1,4,8 (a shape may repeat; SERVE_CHUNK=N sets --prefill-chunk);
-  #   PROFILE=1  ncu breakdown of the 9B decode step (B=1 and 8);
+  #   PROFILE=1  ncu breakdown of the decode step (B=1 and 8; PROFILE_SHAPES="9b 35b-a3b", default 9b);
   #   DECODE_ENVS="NINFER_GEMV_ROWS=1 ..."  the 9B decode once more per variable (A/B of a flag);
   #   KERNEL_ENVS="..."  the kernel benchmarks once more per variable;
   #   PREFILL_SMALL=1  9B prefill of 1024 tokens in 512- and 1024-token chunks (host launch time);
@@ -83,9 +83,11 @@ if [ "$MODE" = dev ]; then
     [ -n "${PROFILE_PREFILL_NCU:-}" ] && python3 bench/profile_decode.py --summarize "$OUT/prefill_ncu.log" > "$OUT/prefill_ncu_summary.txt" 2>&1
   fi
   if [ -n "${PROFILE:-}" ]; then
-    run profile 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
-      --csv python3 bench/profile_decode.py --shape 9b --batch 1,8
-    python3 bench/profile_decode.py --summarize "$OUT/profile.log" > "$OUT/profile_summary.txt" 2>&1
+    for s in ${PROFILE_SHAPES:-9b}; do
+      run "profile_$s" 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
+        --csv python3 bench/profile_decode.py --shape "$s" --batch 1,8
+      python3 bench/profile_decode.py --summarize "$OUT/profile_$s.log" > "$OUT/profile_${s}_summary.txt" 2>&1
+    done
   fi
 elif [ "$MODE" = oracle ]; then
   run model_gpu 300 env PYTHONPATH="$PWD" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
