@@ -42,10 +42,10 @@ def cuda_debug_sync() -> bool:
 
 
 def gemv_rows() -> bool:
-    """NINFER_GEMV_ROWS=1 (experimental, off by default): bf16 decode GEMVs use
+    """NINFER_GEMV_ROWS (default on; "0" turns it off): bf16 decode GEMVs use
     linear_mma_rows_kernel (row-contiguous weight reads staged through shared memory) instead of
     linear_mma_kernel; the results are bitwise the same. Read once, at import of the launcher."""
-    return os.environ.get("NINFER_GEMV_ROWS", "") not in ("", "0")
+    return os.environ.get("NINFER_GEMV_ROWS", "1") != "0"
 
 
 def kernel_cache_dir() -> Path:

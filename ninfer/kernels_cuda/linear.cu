@@ -16,8 +16,9 @@
 // order. Each output element's arithmetic is independent of N (batch invariance). Streams the
 // weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
 //
-// linear_mma_rows_kernel<SWIGLU> (experimental, NINFER_GEMV_ROWS=1): linear_mma_kernel with the
-// weight tile read row-contiguously and staged through shared memory; bitwise the same results.
+// linear_mma_rows_kernel<SWIGLU> (the default; NINFER_GEMV_ROWS=0 selects linear_mma_kernel):
+// linear_mma_kernel with the weight tile read row-contiguously and staged through shared memory;
+// bitwise the same results.
 //
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).

@@ -174,7 +174,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> Non
 
 def _combine(y, y_rs, pair_row, ids, weights, out) -> None:
     n, hidden = out.shape
-    launch(get_function(SOURCE, "moe_combine_kernel"), (n,), (256,),
+    launch(get_function(SOURCE, "moe_combine_kernel"), (n, (hidden + 255) // 256), (256,),
            (y, np.int64(y_rs), pair_row, ids, weights,
             np.int64(C.row_stride(weights, "weights")), np.int32(ids.shape[1]),
             np.int32(hidden), out, np.int64(C.row_stride(out, "out"))), name="moe_combine")

@@ -133,7 +133,7 @@ def test_linear_swiglu_equals_linear_then_swiglu(rng, n):
     assert_same_bits(act, ref_act, f"n={n}")
 
 
-# linear_mma_rows_kernel (NINFER_GEMV_ROWS=1): row-contiguous weight reads staged through shared
+# linear_mma_rows_kernel (the default; NINFER_GEMV_ROWS=0 turns it off): row-contiguous weight reads staged through shared
 # memory; must equal linear_mma_kernel bit for bit on every shape (same K split, fragments, mma
 # order and reduction order).
 
@@ -191,7 +191,7 @@ def test_gemv_rows_kernel_vs_float64(rng, swiglu):
 
 
 def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
-    """GEMV_ROWS (NINFER_GEMV_ROWS=1 at import) switches both public entry points."""
+    """GEMV_ROWS (NINFER_GEMV_ROWS, read at import) switches both public entry points."""
     n, k, inner = 3, 2048, 96
     _, x_d = _strided_x(rng, n, k)
     w_d = _padded_bf16_weight(rng, 2 * inner, k)

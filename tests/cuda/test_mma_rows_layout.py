@@ -110,11 +110,11 @@ def test_formulas_match_the_header():
 
 
 def test_gemv_rows_flag(monkeypatch):
-    """NINFER_GEMV_ROWS selects linear_mma_rows_kernel; off unless set to a non-zero value."""
+    """NINFER_GEMV_ROWS selects linear_mma_rows_kernel; on unless set to "0"."""
     from ninfer import envs
 
     monkeypatch.delenv("NINFER_GEMV_ROWS", raising=False)
-    assert envs.gemv_rows() is False
-    for raw, want in (("1", True), ("0", False), ("", False)):
+    assert envs.gemv_rows() is True
+    for raw, want in (("1", True), ("0", False), ("", True)):
         monkeypatch.setenv("NINFER_GEMV_ROWS", raw)
         assert envs.gemv_rows() is want, raw
