@@ -48,6 +48,12 @@ def gemv_rows() -> bool:
     return os.environ.get("NINFER_GEMV_ROWS", "1") != "0"
 
 
+def gemv_persist() -> bool:
+    """NINFER_GEMV_PERSIST=1 (experimental, off by default): linear_mma_rows_kernel launches 2
+    blocks per SM that walk the row tiles (bitwise the same results). Read once, at import."""
+    return os.environ.get("NINFER_GEMV_PERSIST", "") not in ("", "0")
+
+
 def kernel_cache_dir() -> Path:
     """NINFER_KERNEL_CACHE: where compiled CUDA modules are cached (default: <cache_dir>/kernels)."""
     raw = os.environ.get("NINFER_KERNEL_CACHE")

@@ -98,83 +98,122 @@ __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
 // linear_mma_rows_kernel<SWIGLU>: linear_mma_kernel with the weight tile read row-contiguously
 // (mma_gemv.cuh, "Row-contiguous staging": a half-warp load reads 256 contiguous bytes of one
 // row instead of 64 bytes of each of 8 rows) and handed to the mmas through a 4 KiB per-warp
-// shared buffer (stmatrix in, ldmatrix out). Same grid, block, K split, A fragments, x values,
-// mma order and reduction order as linear_mma_kernel, so the stored results are bitwise
-// identical. Dynamic shared memory: splits * 4 KiB + 256 B of alignment slack (linear.py
-// mma_rows_smem); the buffers hold the [split][16][8] partials after the K loop. Per warp, the
-// 8 x 16-byte global loads of batch b + 1 (registers) are in flight while batch b's fragments
-// are read from the buffer and multiplied. 64 registers at 512 threads (2 blocks of 16 warps
-// per SM, like linear_mma_kernel); the shared memory would allow 3.
+// shared buffer (stmatrix in, ldmatrix out). Same block, K split, A fragments, x values, mma
+// order and reduction order as linear_mma_kernel, so the stored results are bitwise identical.
+// Row tiles: block x walks tiles blockIdx.x, blockIdx.x + gridDim.x, ... (gridDim.x = the tile
+// count gives linear_mma_kernel's one tile per block; fewer blocks make it persistent). Per
+// warp, the 8 x 16-byte global loads of the next batch (registers) are in flight while the
+// current batch's fragments are read from the buffer and multiplied, across tile boundaries
+// too (the next tile's first batch loads during the current tile's last one). Dynamic shared
+// memory (linear.py mma_rows_smem): splits * 4 KiB of staging, then two MmaPartials<16> (the
+// tiles alternate, so one barrier per tile suffices), + 256 B of alignment slack. 64 registers
+// at 512 threads (2 blocks of 16 warps per SM).
 extern __shared__ uint4 mma_rows_smem[];
 
+// Bit j set: tile row 2j + h (lane half h) of the tile starting at output row m0 is inside M.
 template <int SWIGLU>
+__device__ __forceinline__ unsigned mma_rows_valid(int m0, int h, int m) {
+  unsigned valid = 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < m) valid |= 1u << j;
+  return valid;
+}
+
+template <int SWIGLU, int PERSIST>
 __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParams p) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3, h = lane >> 4;
-  const int m0 = blockIdx.x * TILE, n0 = blockIdx.y * 8;
+  const int n0 = blockIdx.y * 8;
+  const int tiles = (p.m + TILE - 1) / TILE;
   int k_begin, k_end;
   mma_warp_k_range(p.k, p.splits, warp, k_begin, k_end);
-  const bf16raw* w = static_cast<const bf16raw*>(p.w);
   // tile row 2j + h (j = 0..7) holds output row m0 + 2j + h (SWIGLU: gate row m0 + 2j + h for
   // j < 4, up row M + m0 + 2(j - 4) + h for j >= 4), as A rows g / g + 8 of linear_mma_kernel;
   // rows past M are never read (bit j of `valid` clear: zeros)
   const int ku = 8 * (lane & 15);  // this lane's k offset in a batch (loads)
   const i64 rsb = 2 * p.w_rs, hib = (i64)(SWIGLU ? p.m : 8) * rsb;  // bytes
-  unsigned valid = 0u;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < p.m) valid |= 1u << j;
-  // the batch's unit of tile row h and x[row][k0 + 8t]; an x row past N reads row N - 1 instead
-  // of zeros (it only feeds output columns >= N, which are not stored)
-  const char* wp = reinterpret_cast<const char*>(w + (i64)(m0 + h) * p.w_rs + k_begin + ku);
-  const float* xp = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + k_begin + 8 * t;
+  // mma_rows_unit(tile): the first batch's unit of tile row h of tile `tile`; xp: x[row][k0 + 8t]
+  // (an x row past N reads row N - 1 instead of zeros: it only feeds output columns >= N, which
+  // are not stored). Both are recomputed from the parameters per tile (kept live across the K
+  // loop, the 64-bit bases spilled at 64 registers).
+  const int kofs = k_begin + ku;
+  auto mma_rows_unit = [&](int tile_) {
+    return reinterpret_cast<const char*>(static_cast<const bf16raw*>(p.w) +
+                                         (i64)(tile_ * TILE + h) * p.w_rs + kofs);
+  };
   // the buffers start at the first 256-byte boundary of the dynamic shared memory (the launcher
   // adds MMA_ROWS_ALIGN bytes), so the XOR-swizzled addresses stay inside each warp's buffer
   const unsigned s0 = (unsigned)__cvta_generic_to_shared(mma_rows_smem);
   const unsigned pad = (MMA_ROWS_ALIGN - (s0 & (MMA_ROWS_ALIGN - 1))) & (MMA_ROWS_ALIGN - 1);
+  char* const base = reinterpret_cast<char*>(mma_rows_smem) + pad;
   const unsigned buf = s0 + pad + warp * (MMA_ROWS_UNITS * 16);
   const unsigned st = buf + mma_rows_store_offset(lane), ld = buf + mma_rows_frag_offset(lane);
-  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  uint4 v[8];
-  int rem = k_end - k_begin;  // k left from the batch's k0 (linear_mma_kernel's k0 < k_end)
+  const int span = k_end - k_begin;
   // a batch holds a partial unit iff K % 8 != 0 and it reaches k_end (then k_end = K): whole-unit
   // batches are those with rem >= full
   const int full = (k_end & 7) != 0 ? MMA_ROWS_K : 1;
-  if (rem >= full) mma_rows_load(wp, hib, rsb, valid, ku < rem, v);
-  while (rem >= full) {
-    __syncwarp();  // the previous batch's fragments are read
-    mma_rows_store(st, buf, lane, v);
-    __syncwarp();
-    const int rn = rem - MMA_ROWS_K;
-    // the next batch's loads stay in flight during this batch's mmas
-    if (rn >= full) mma_rows_load(wp + 2 * MMA_ROWS_K, hib, rsb, valid, ku < rn, v);
-    mma_rows_batch<0>(ld, xp, 8 * t, rem, c);
-    wp += 2 * MMA_ROWS_K;
-    xp += MMA_ROWS_K;
-    rem = rn;
-  }
-  if (rem > 0) {  // the warp's last batch holds a partial unit (K % 8 != 0): read element-wise
-    __syncwarp();
-    mma_rows_store_partial(reinterpret_cast<bf16raw*>(reinterpret_cast<char*>(mma_rows_smem) +
-                                                      pad + warp * (MMA_ROWS_UNITS * 16)),
-                           lane, wp, hib, rsb, valid, rem - ku);
-    __syncwarp();
-    mma_rows_batch<1>(ld, xp, 8 * t, rem, c);
-  }
-  // the partials go to the front of the dynamic shared memory as MmaPartials<16> (the first
-  // 8 KiB, which other warps' staging buffers occupy until every warp has left its K loop)
-  __syncthreads();
-  MmaPartials<16>& red =
-      *reinterpret_cast<MmaPartials<16>*>(reinterpret_cast<char*>(mma_rows_smem) + pad);
-  mma_store_partials(red, warp, g, t, c);
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
-    const int r = idx >> 3, n = idx & 7;
-    if (m0 + r < p.m && n0 + n < p.n) {
-      p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
+  int tile = blockIdx.x;
+  unsigned valid = mma_rows_valid<SWIGLU>(tile * TILE, h, p.m);
+  const char* wp = mma_rows_unit(tile);
+  uint4 v[8];
+  if (tile >= tiles) return;
+  if (span >= full) mma_rows_load(wp, hib, rsb, valid, ku < span, v);
+  int parity = 0;
+  do {  // PERSIST = 0: one tile, no back edge
+    const int next = PERSIST ? tile + gridDim.x : tiles;
+    int xo = k_begin + 8 * t;
+    asm volatile("mov.b32 %0, %0;" : "+r"(xo));  // per tile, not hoisted (see above)
+    const float* xp = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + xo;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int rem = span;  // k left from the batch's k0 (linear_mma_kernel's k0 < k_end)
+    while (rem >= full) {
+      __syncwarp();  // the previous batch's fragments are read
+      mma_rows_store(st, buf, lane, v);
+      __syncwarp();
+      const int rn = rem - MMA_ROWS_K;
+      // the next batch's loads (this tile's, else the next tile's first) stay in flight during
+      // this batch's mmas
+      const bool same = rn >= full;
+      if (same || (rn <= 0 && next < tiles)) {
+        mma_rows_load(same ? wp + 2 * MMA_ROWS_K : mma_rows_unit(next), hib, rsb,
+                      same ? valid : mma_rows_valid<SWIGLU>(next * TILE, h, p.m),
+                      ku < (same ? rn : span), v);
+      }
+      mma_rows_batch<0>(ld, xp, 8 * t, rem, c);
+      wp += 2 * MMA_ROWS_K;
+      xp += MMA_ROWS_K;
+      rem = rn;
     }
-  }
+    if (rem > 0) {  // the warp's last batch holds a partial unit (K % 8 != 0): read element-wise
+      __syncwarp();
+      mma_rows_store_partial(reinterpret_cast<bf16raw*>(base + warp * (MMA_ROWS_UNITS * 16)),
+                             lane, wp, hib, rsb, valid, rem - ku);
+      __syncwarp();
+      // here full = MMA_ROWS_K, so span >= full means every lane's unit of the next tile's
+      // first batch is whole
+      if (next < tiles && span >= full)
+        mma_rows_load(mma_rows_unit(next), hib, rsb,
+                      mma_rows_valid<SWIGLU>(next * TILE, h, p.m), true, v);
+      mma_rows_batch<1>(ld, xp, 8 * t, rem, c);
+    }
+    MmaPartials<16>& red = reinterpret_cast<MmaPartials<16>*>(
+        base + p.splits * (MMA_ROWS_UNITS * 16))[parity];
+    mma_store_partials(red, warp, g, t, c);
+    __syncthreads();
+    const int m0 = tile * TILE;
+    for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
+      const int r = idx >> 3, n = idx & 7;
+      if (m0 + r < p.m && n0 + n < p.n) {
+        p.out[(i64)(n0 + n) * p.out_rs + m0 + r] = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
+      }
+    }
+    valid = mma_rows_valid<SWIGLU>(next * TILE, h, p.m);
+    wp = mma_rows_unit(next);
+    tile = next;
+    parity ^= 1;
+  } while (PERSIST && tile < tiles);
 }
 
 __global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, i64 x_rs,

@@ -30,8 +30,9 @@ ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
-    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "linear_mma_rows_kernel<0>",
-       "linear_mma_rows_kernel<1>", "f32_to_bf16_kernel"]))
+    + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "linear_mma_rows_kernel<0, 0>",
+       "linear_mma_rows_kernel<1, 0>", "linear_mma_rows_kernel<0, 1>",
+       "linear_mma_rows_kernel<1, 1>", "f32_to_bf16_kernel"]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -94,34 +95,57 @@ def _mma_ok(w, kind: C.WKind, w_rs: int, x, x_rs: int) -> bool:
 # linear_mma_kernel. Measured on the H200 (9B decode graph, B = 1 / 8): 6.41 / 7.23 ms against
 # 6.45 / 7.56 ms with linear_mma_kernel.
 GEMV_ROWS = envs.gemv_rows()
+# NINFER_GEMV_PERSIST=1 (experimental, read once at import): linear_mma_rows_kernel runs 2 blocks
+# per SM that walk the row tiles, loading the next tile's first batch during the current tile's
+# last one (no block ramp-up per tile); bitwise the same results.
+GEMV_PERSIST = envs.gemv_persist()
+PERSIST_BLOCKS_PER_SM = 2
 MMA_ROWS_WARP_SMEM = 16 * 16 * 16  # linear_mma_rows_kernel: staging bytes per warp (MMA_ROWS_UNITS)
+MMA_PARTIALS_SMEM = 16 * 16 * 8 * 4  # one MmaPartials<16>
 MMA_ROWS_ALIGN = 256  # and slack to align the buffers (MMA_ROWS_ALIGN in mma_gemv.cuh)
+_SM_COUNT: list[int] = []
 
 
 def mma_rows_smem(splits: int) -> int:
-    """Dynamic shared memory of linear_mma_rows_kernel with `splits` warps (64.25 KiB at 16)."""
-    return splits * MMA_ROWS_WARP_SMEM + MMA_ROWS_ALIGN
+    """Dynamic shared memory of linear_mma_rows_kernel with `splits` warps (80.25 KiB at 16):
+    the staging buffers, two partials buffers and the alignment slack."""
+    return splits * MMA_ROWS_WARP_SMEM + 2 * MMA_PARTIALS_SMEM + MMA_ROWS_ALIGN
+
+
+def _persist_blocks() -> int:
+    """Row-tile blocks of a persistent launch (per column tile): PERSIST_BLOCKS_PER_SM per SM."""
+    if not _SM_COUNT:
+        cp = C.cupy()
+        _SM_COUNT.append(int(cp.cuda.Device().attributes["MultiProcessorCount"]))
+    return PERSIST_BLOCKS_PER_SM * _SM_COUNT[0]
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
-                rows: bool | None = None) -> None:
-    """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS."""
+                rows: bool | None = None, row_blocks: int | None = None) -> None:
+    """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
+    `row_blocks` (rows kernel only): blocks along the row tiles; fewer than the tiles makes the
+    launch persistent (None: GEMV_PERSIST decides)."""
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=splits)
     tile = 8 if swiglu else 16
-    grid = ((m + tile - 1) // tile, (n + 7) // 8)
+    tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     name = "linear_swiglu" if swiglu else "linear_mma"
     if not rows:
-        launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"), grid, (32 * splits,),
-               (params,), name=name)
+        launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"), (tiles, col_tiles),
+               (32 * splits,), (params,), name=name)
         return
-    fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}>")
-    smem = mma_rows_smem(splits)  # above 48 KiB from 12 splits: needs the opt-in
+    if row_blocks is None:
+        row_blocks = max(1, _persist_blocks() // col_tiles) if GEMV_PERSIST else tiles
+    row_blocks = max(1, min(tiles, row_blocks))
+    persist = int(row_blocks < tiles)
+    fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}, {persist}>")
+    smem = mma_rows_smem(splits)  # above 48 KiB from 10 splits: needs the opt-in
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-    launch(fn, grid, (32 * splits,), (params,), shared_mem=smem, name=name + "_rows")
+    launch(fn, (row_blocks, col_tiles), (32 * splits,), (params,), shared_mem=smem,
+           name=name + "_rows")
 
 
 def linear_swiglu(x, gate_up, out) -> None:

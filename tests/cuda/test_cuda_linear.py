@@ -133,9 +133,9 @@ def test_linear_swiglu_equals_linear_then_swiglu(rng, n):
     assert_same_bits(act, ref_act, f"n={n}")
 
 
-# linear_mma_rows_kernel (the default; NINFER_GEMV_ROWS=0 turns it off): row-contiguous weight reads staged through shared
-# memory; must equal linear_mma_kernel bit for bit on every shape (same K split, fragments, mma
-# order and reduction order).
+# linear_mma_rows_kernel (the default; NINFER_GEMV_ROWS=0 turns it off): row-contiguous weight
+# reads staged through shared memory; must equal linear_mma_kernel bit for bit on every shape
+# (same K split, fragments, mma order and reduction order), one block per tile or persistent.
 
 def _strided_x(rng, n, k):
     """x f32 [n, k] on the device with NaN padding around each row; rows 16-byte aligned with a
@@ -155,13 +155,17 @@ def _padded_bf16_weight(rng, m, k):
     return dev(full)[:, :k]
 
 
-def _mma(x_d, w_d, *, swiglu, rows):
-    """One explicit launch of linear_mma_kernel (rows=False) or linear_mma_rows_kernel."""
+def _mma(x_d, w_d, *, swiglu, rows, row_blocks=None):
+    """One explicit launch of linear_mma_kernel (rows=False) or linear_mma_rows_kernel
+    (row_blocks: blocks along the row tiles, fewer than the tiles = persistent; None: one per
+    tile)."""
     n, k = x_d.shape
     m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
+    tiles = -(-m // (8 if swiglu else 16))
     out = poisoned((n, m))
     klinear._launch_mma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
-                        C.row_stride(out, "out"), m, k, n, swiglu=swiglu, rows=rows)
+                        C.row_stride(out, "out"), m, k, n, swiglu=swiglu, rows=rows,
+                        row_blocks=tiles if row_blocks is None else row_blocks)
     return out
 
 
@@ -174,9 +178,11 @@ def test_gemv_rows_kernel_equals_mma_kernel_bitwise(rng, k, swiglu):
     for n in list(range(1, 9)) + [11]:
         _, x_d = _strided_x(rng, n, k)
         want = _mma(x_d, w_d, swiglu=swiglu, rows=False)
-        got = _mma(x_d, w_d, swiglu=swiglu, rows=True)
         assert np.isfinite(host(want)).all(), f"n={n}: linear_mma_kernel output not finite"
-        assert_same_bits(got, want, f"k={k} n={n} swiglu={swiglu}")
+        # one block per tile, then persistent launches (tiles walked with strides 3 and 1)
+        for row_blocks in (None, 3, 1):
+            got = _mma(x_d, w_d, swiglu=swiglu, rows=True, row_blocks=row_blocks)
+            assert_same_bits(got, want, f"k={k} n={n} swiglu={swiglu} row_blocks={row_blocks}")
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
@@ -196,6 +202,7 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     _, x_d = _strided_x(rng, n, k)
     w_d = _padded_bf16_weight(rng, 2 * inner, k)
     monkeypatch.setattr(klinear, "GEMV_ROWS", True)
+    monkeypatch.setattr(klinear, "GEMV_PERSIST", False)
     out = poisoned((n, 2 * inner))
     klinear.linear(x_d, w_d, out)
     act = poisoned((n, inner))
@@ -203,3 +210,9 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=True), "linear")
     assert_same_bits(act, _mma(x_d, w_d, swiglu=True, rows=True), "linear_swiglu")
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=False), "linear vs mma kernel")
+    # persistent grid (2 blocks per SM) over more row tiles than blocks (H200: 264 < 563)
+    big = _padded_bf16_weight(rng, 9001, k)
+    monkeypatch.setattr(klinear, "GEMV_PERSIST", True)
+    out2 = poisoned((n, 9001))
+    klinear.linear(x_d, big, out2)
+    assert_same_bits(out2, _mma(x_d, big, swiglu=False, rows=False), "persistent linear")
