@@ -111,7 +111,8 @@ def attention_prefill(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
-    from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace, gdn_chunk_prefill as chunk
+    from ninfer.kernels_cuda.gdn_chunk import (SPLIT_O, STATE_COLS, ChunkWorkspace,
+                                               gdn_chunk_prefill as chunk)
 
     s = ctx.shape
     tokens = 8192
@@ -126,8 +127,9 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     o = cp.empty_like(v)
     ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads)
     ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws))
+    path = f"split O, {STATE_COLS}-column state tiles" if SPLIT_O else "O in the state pass"
     meas = Measure("gdn_chunk_prefill", f"T={tokens} Hk={s.key_heads} Hv={s.value_heads}", ms,
-                   note="3xTF32 mma")
+                   note=f"3xTF32 mma, {path}")
     return [_peer(meas, ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
                                                      s.dv))]
 

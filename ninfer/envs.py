@@ -54,6 +54,24 @@ def gemv_persist() -> bool:
     return os.environ.get("NINFER_GEMV_PERSIST", "") not in ("", "0")
 
 
+def gdn_chunk_split_o() -> bool:
+    """NINFER_GDN_CHUNK_SPLIT_O (default on; "0" turns it off): the chunked GDN prefill's
+    sequential state pass stores the state entering each chunk and a parallel kernel computes the
+    output, instead of the state pass computing it. Read once, at import of the launcher."""
+    return os.environ.get("NINFER_GDN_CHUNK_SPLIT_O", "1") != "0"
+
+
+def gdn_chunk_state_cols() -> int:
+    """NINFER_GDN_CHUNK_STATE_COLS (16 or 32, default 32): state columns per block of the split
+    GDN chunk state pass (16: twice the blocks). Read once, at import of the launcher."""
+    cols = _int_or_none("NINFER_GDN_CHUNK_STATE_COLS")
+    if cols is None:
+        return 32
+    if cols not in (16, 32):
+        raise ValueError(f"NINFER_GDN_CHUNK_STATE_COLS must be 16 or 32, got {cols}")
+    return cols
+
+
 def kernel_cache_dir() -> Path:
     """NINFER_KERNEL_CACHE: where compiled CUDA modules are cached (default: <cache_dir>/kernels)."""
     raw = os.environ.get("NINFER_KERNEL_CACHE")

@@ -18,25 +18,40 @@
 //                            (QK^T, KK^T): warp w owns rows 16(w/2).. and columns 32(w%2).. of
 //                            both; U, W: thread c solves column c of [beta V | beta e^G K]
 //                            (64 registers, fully unrolled).
-// gdn_chunk_state_kernel     grid (G, Hv, ceil(dv / 32)), 256 threads: walks a segment's chunks
-//                            in order carrying a 128 x 32 column tile of S (state columns are
+// gdn_chunk_state_kernel<SB, FUSED_O>
+//                            grid (G, Hv, ceil(dv / SB)), 256 threads: walks a segment's chunks
+//                            in order carrying a 128 x SB column tile of S (state columns are
 //                            independent) in registers (warp w: rows 16w..16w+15, as mma
 //                            accumulators) and a copy in shared memory (B operand). Per chunk:
-//                            phase A  V' = U - W S and O = (Q e^G) S (warp w: rows 16(w/2)..,
-//                                     columns 16(w%2)..), V' to shared memory;
-//                            phase B  O += P V' (same tile; O stored), S = e^{G_L} S + K'^T V'.
-//                            Operands are prefetched with cp.async into single buffers: P and K
-//                            load during phase A, the next chunk's W, Q, U and G during phase B.
+//                            phase A  V' = U - W S (warp w: rows 16(w/2).., column tiles
+//                                     SB/16 (w%2)..), V' to shared memory;
+//                            phase B  S = e^{G_L} S + K'^T V'.
+//                            FUSED_O (SB = 32; the original single-pass form): phase A also
+//                            computes O = (Q e^G) S and phase B O += P V' (O tiles as V'), so
+//                            the sequential walk carries four products per chunk. Without it
+//                            the kernel stores the state entering each chunk (s_ws) and V' (over
+//                            U in u_ws) for the output kernel instead.
+//                            Operands are prefetched with cp.async into single buffers: K (and P)
+//                            load during phase A, the next chunk's W, U, G (and Q) during phase B.
+// gdn_chunk_output_kernel    grid (max_chunks, Hv, ceil(dv / 64)), 256 threads, after the state
+//                            kernel without FUSED_O: O = (Q e^G) S_c + P V' for all chunks in
+//                            parallel (warp w: rows 16(w/2).., column tiles 4(w%2)..+3).
+// The split path (state kernel without FUSED_O, then the output kernel) forms every product with
+// the same operand splits and the same accumulation order as the fused kernel; only the mapping
+// of columns to warps and blocks differs.
 // dk, dv <= 128 (shorter head dims are zero-padded to 128 in shared memory).
 #include "common.cuh"
 
 #define CH 64
 #define DMAX 128
-#define SB 32      // state columns per state-kernel block
+#define OB 64      // output columns per output-kernel block
 #define QK_LD 132  // [64][128] tiles read as row-major A or B^T fragments (stride = 4 mod 32)
 #define KS_LD 136  // [64][128] K tile read as transposed A fragments (stride = 8 mod 32)
-#define S_LD 40    // [*][32] S, V', U tiles read as B fragments (stride = 8 mod 32)
 #define A_LD 68    // [64][64] tiles (A, P) read as row-major A fragments
+
+// Row stride of the [*][cols] tiles read as B fragments (S, U, V'; cols = 16, 32, 64): 8 or
+// 24 mod 32, so the fragment reads t * ld + g and the accumulator float2 writes hit distinct banks.
+__host__ __device__ constexpr int col_ld(int cols) { return cols + 8; }
 
 struct ChunkParams {
   const float* q;
@@ -53,6 +68,7 @@ struct ChunkParams {
   float* u_ws;         // [N, Hv, 128]
   float* gam_ws;       // [N, Hv]
   float* p_ws;         // [max_chunks, Hv, 64, 64]
+  float* s_ws;         // [max_chunks, Hv, 128, 128] state entering each chunk (split path)
   i64 q_rs, q_hs, k_rs, k_hs, v_rs, v_hs, g_rs, beta_rs, out_rs, out_hs;
   i64 state_ss;
   int key_heads, value_heads, dk, dv;
@@ -60,7 +76,7 @@ struct ChunkParams {
   int vec_qk;  // q, k base and strides 16-byte aligned: 16-byte cp.async (else 4-byte)
   int pad_;
 };
-static_assert(sizeof(ChunkParams) == 232, "ChunkParams layout is mirrored in gdn_chunk.py");
+static_assert(sizeof(ChunkParams) == 240, "ChunkParams layout is mirrored in gdn_chunk.py");
 
 __global__ void gdn_chunk_offsets_kernel(const ChunkParams p) {
   if (threadIdx.x != 0 || blockIdx.x != 0) return;
@@ -92,18 +108,29 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Rows [0, 64) x columns [0, 128) of a global matrix (row i at src + i * rs; element valid when
-// i < L and column < lim) into shared dst (row stride ld), zeros elsewhere. 256 threads.
-// vec: src and rs are 16-byte aligned (16-byte copies), else 4-byte copies.
+// Rows [0, ROWS) x columns [0, COLS) of a global matrix (row i at src + i * rs; src and rs
+// 16-byte aligned; element valid when i < rows and column < cols) into shared dst (row stride
+// ld), zeros elsewhere, in 16-byte copies. 256 threads.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void async_tile(float* dst, int ld, const float* src, i64 rs, int rows,
+                                           int cols, int tid) {
+  constexpr int V = COLS / 4;  // 16-byte copies per row
+  static_assert(ROWS * V % 256 == 0, "whole copies per thread");
+#pragma unroll
+  for (int r = 0; r < ROWS * V / 256; ++r) {
+    const unsigned idx = tid + 256 * r;  // unsigned: / and % are shifts and masks
+    const int i = idx / V, c = (idx % V) * 4;
+    const int bytes = i < rows ? min(16, max(0, (cols - c) * 4)) : 0;
+    cp_async16(dst + i * ld + c, bytes > 0 ? src + i * rs + c : src, bytes);
+  }
+}
+
+// async_tile<64, 128> for q / k rows (valid: i < L, column < lim); vec false: src or rs not
+// 16-byte aligned, 4-byte copies.
 __device__ __forceinline__ void async_tile128(float* dst, int ld, const float* src, i64 rs,
                                               int L, int lim, bool vec, int tid) {
   if (vec) {
-#pragma unroll
-    for (int r = 0; r < 8; ++r) {
-      const int idx = tid + 256 * r, i = idx >> 5, c = (idx & 31) * 4;
-      const int bytes = i < L ? min(16, max(0, (lim - c) * 4)) : 0;
-      cp_async16(dst + i * ld + c, bytes > 0 ? src + i * rs + c : src, bytes);
-    }
+    async_tile<CH, DMAX>(dst, ld, src, rs, L, lim, tid);
   } else {
 #pragma unroll 8
     for (int r = 0; r < 32; ++r) {
@@ -111,6 +138,17 @@ __device__ __forceinline__ void async_tile128(float* dst, int ld, const float* s
       const bool ok = i < L && c < lim;
       cp_async4(dst + i * ld + c, ok ? src + i * rs + c : src, ok ? 4 : 0);
     }
+  }
+}
+
+// dst[i * rs + j] = src[i * ld + j] (global <- shared) for i < min(ROWS, rows), j < min(COLS,
+// cols). 256 threads, consecutive threads on consecutive columns.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void store_tile(float* dst, i64 rs, const float* src, int ld, int rows,
+                                           int cols, int tid) {
+  for (unsigned idx = tid; idx < ROWS * COLS; idx += 256) {
+    const int i = idx / COLS, j = idx % COLS;
+    if (i < rows && j < cols) dst[i * rs + j] = src[i * ld + j];
   }
 }
 
@@ -169,6 +207,49 @@ __device__ __forceinline__ void load_bt(FragB& f, const float* Y, int ld, int g,
   split_tf32(Y[g * ld + t + 4], f.hi[1], f.lo[1]);
 }
 
+// acc[n] += A B[:, 8n..8n+7] for n < NT: A 16 x 8KS at A (row-major, stride lda; rows 0-7
+// scaled by s0, rows 8-15 by s1), B [8KS][8NT] at B (row-major, stride ldb); k in ascending order.
+template <int NT, int KS>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const float* A, int lda, float s0,
+                                         float s1, const float* B, int ldb, int g, int t) {
+#pragma unroll 4
+  for (int ks = 0; ks < KS; ++ks) {
+    FragA fa;
+    load_a(fa, A + 8 * ks, lda, g, t, s0, s1);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      FragB fb;
+      load_b(fb, B + 8 * ks * ldb + 8 * n, ldb, g, t);
+      mma3(acc[n], fa, fb);
+    }
+  }
+}
+
+// Output rows cs + r0 (+8), columns col0 + 8n + 2t (+1) from the accumulators of a 16-row tile
+// (r0 = its first row + g); rows past L and columns past dv are not written.
+template <int NT>
+__device__ __forceinline__ void store_o(const ChunkParams& p, const float (&acc)[NT][4], int cs,
+                                        int L, int h, int r0, int col0, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int i = r0 + 8 * (r >> 1), col = col0 + 8 * n + 2 * t + (r & 1);
+      if (i < L && col < p.dv)
+        p.out[(i64)(cs + i) * p.out_rs + (i64)h * p.out_hs + col] = acc[n][r];
+    }
+}
+
+// Segment of global chunk b < chunk_offsets[num_segs]: the last g with chunk_offsets[g] <= b.
+__device__ __forceinline__ int chunk_segment(const ChunkParams& p, int b) {
+  int lo = 0, hi = p.num_segs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (p.chunk_offsets[mid] <= b) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
 __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams p) {
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
@@ -180,12 +261,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int b = blockIdx.x, h = blockIdx.y;
   if (b >= p.chunk_offsets[p.num_segs]) return;
-  int lo = 0, hi = p.num_segs - 1;  // segment: last g with chunk_offsets[g] <= b
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) >> 1;
-    if (p.chunk_offsets[mid] <= b) lo = mid; else hi = mid - 1;
-  }
-  const int seg = lo;
+  const int seg = chunk_segment(p, b);
   const int t_start = p.seg_starts[seg] + (b - p.chunk_offsets[seg]) * CH;
   const int L = min(CH, p.seg_starts[seg + 1] - t_start);
   const int kh = h / (p.value_heads / p.key_heads);
@@ -284,53 +360,59 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   }
 }
 
-// Phase-A operands of the chunk at token cs (L tokens): W, Q (raw; scaled by e^G on use), the
-// 32-column U tile and G. One cp.async group (committed by the caller).
+// Phase-A operands of the chunk at token cs (L tokens): W, the SB-column U tile (at column
+// jbase), G and, FUSED_O, Q (raw; scaled by e^G on use). One cp.async group (committed by the
+// caller).
+template <int SB, bool FUSED_O>
 __device__ __forceinline__ void load_phase_a(const ChunkParams& p, float* Ws, float* Qs,
                                              float* Us, float* gam, int cs, int L, int h,
                                              int kh, int jbase, int tid) {
   const i64 hv = p.value_heads;
-  async_tile128(Ws, QK_LD, p.w_ws + ((i64)cs * hv + h) * DMAX, hv * DMAX, L, p.dk, true, tid);
-  async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
-                p.vec_qk != 0, tid);
-  const float* u0 = p.u_ws + ((i64)cs * hv + h) * DMAX;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int idx = tid + 256 * r, i = idx >> 3, c = (idx & 7) * 4;
-    const int bytes = i < L ? min(16, max(0, (p.dv - jbase - c) * 4)) : 0;
-    cp_async16(Us + i * S_LD + c, bytes > 0 ? u0 + i * hv * DMAX + jbase + c : u0, bytes);
-  }
+  async_tile<CH, DMAX>(Ws, QK_LD, p.w_ws + ((i64)cs * hv + h) * DMAX, hv * DMAX, L, p.dk, tid);
+  if constexpr (FUSED_O)
+    async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
+                  p.vec_qk != 0, tid);
+  async_tile<CH, SB>(Us, col_ld(SB), p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, L,
+                     p.dv - jbase, tid);
   if (tid < CH) {
     const float* g0 = p.gam_ws + (i64)cs * hv + h;
     cp_async4(gam + tid, tid < L ? g0 + tid * hv : g0, tid < L ? 4 : 0);
   }
 }
 
-// Phase-B operands: P (64 x 64, all written by the local kernel) and K (raw; scaled on use).
+// Phase-B operands: K (raw; scaled on use) and, FUSED_O, P (64 x 64, all written by the local
+// kernel).
+template <bool FUSED_O>
 __device__ __forceinline__ void load_phase_b(const ChunkParams& p, float* Ps, float* Ks,
                                              int chunk, int cs, int L, int h, int kh, int tid) {
-  const float* pw = p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH;
-#pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int idx = tid + 256 * r, i = idx >> 4, c = (idx & 15) * 4;
-    cp_async16(Ps + i * A_LD + c, pw + i * CH + c, 16);
-  }
+  if constexpr (FUSED_O)
+    async_tile<CH, CH>(Ps, A_LD, p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH, CH, CH,
+                       CH, tid);
   async_tile128(Ks, KS_LD, p.k + (i64)cs * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L, p.dk,
                 p.vec_qk != 0, tid);
 }
 
-__global__ void __launch_bounds__(256, 1) gdn_chunk_state_kernel(const ChunkParams p) {
+// Without FUSED_O two blocks fit an SM (at most 128 registers, smem 110 KiB at SB = 32), so
+// grids of up to 2 x #SM blocks (more heads, SB = 16) run in one wave.
+template <int SB, bool FUSED_O>
+__global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
+    gdn_chunk_state_kernel(const ChunkParams p) {
+  static_assert(SB == 16 || SB == 32, "state column tile");
+  static_assert(SB == 32 || !FUSED_O, "the fused output tiles are 32 columns wide");
+  constexpr int LD = col_ld(SB);
+  constexpr int NV = SB / 16;  // V' (and O) column tiles per warp
+  constexpr int NS = SB / 8;   // S column tiles per warp
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  float* Ws = smem;                  // [64][QK_LD]  W                      (phase A)
-  float* Qs = Ws + CH * QK_LD;       // [64][QK_LD]  Q                      (phase A)
-  float* Us = Qs + CH * QK_LD;       // [64][S_LD]   U column tile          (phase A)
-  float* gam = Us + CH * S_LD;       // [64]         G_i                    (phase A)
-  float* Ps = gam + CH;              // [64][A_LD]   P                      (phase B)
-  float* Ks = Ps + CH * A_LD;        // [64][KS_LD]  K                      (phase B)
-  float* Ss = Ks + CH * KS_LD;       // [128][S_LD]  S column tile
-  float* Vs = Ss + DMAX * S_LD;      // [64][S_LD]   V'
-  float* ek = Vs + CH * S_LD;        // [64]         e^{G_L - G_i} (0 past L)
+  float* Ws = smem;                                // [64][QK_LD]  W                (phase A)
+  float* Qs = Ws + CH * QK_LD;                     // [64][QK_LD]  Q, FUSED_O only  (phase A)
+  float* Us = Qs + (FUSED_O ? CH * QK_LD : 0);     // [64][LD]     U column tile    (phase A)
+  float* gam = Us + CH * LD;                       // [64]         G_i              (phase A)
+  float* Ps = gam + CH;                            // [64][A_LD]   P, FUSED_O only  (phase B)
+  float* Ks = Ps + (FUSED_O ? CH * A_LD : 0);      // [64][KS_LD]  K                (phase B)
+  float* Ss = Ks + CH * KS_LD;                     // [128][LD]    S column tile
+  float* Vs = Ss + DMAX * LD;                      // [64][LD]     V'
+  float* ek = Vs + CH * LD;                        // [64]         e^{G_L - G_i} (0 past L)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int seg = blockIdx.x, h = blockIdx.y, jbase = blockIdx.z * SB;
@@ -338,98 +420,97 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_state_kernel(const ChunkPara
   const int t0 = p.seg_starts[seg], t1 = p.seg_starts[seg + 1];
   if (t1 <= t0) return;
   float* S = p.state + (i64)p.seg_slots[seg] * p.state_ss + (i64)h * p.dk * p.dv;
+  const i64 hv = p.value_heads;
 
-  load_phase_a(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase, tid);
+  load_phase_a<SB, FUSED_O>(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase, tid);
   cp_async_commit();
-  for (int idx = tid; idx < DMAX * SB; idx += 256) {
-    const int d = idx >> 5, j = idx & 31;
-    Ss[d * S_LD + j] = (d < p.dk && jbase + j < p.dv) ? S[(i64)d * p.dv + jbase + j] : 0.0f;
+  for (unsigned idx = tid; idx < DMAX * SB; idx += 256) {
+    const int d = idx / SB, j = idx % SB;
+    Ss[d * LD + j] = (d < p.dk && jbase + j < p.dv) ? S[(i64)d * p.dv + jbase + j] : 0.0f;
   }
   __syncthreads();
-  // S rows 16 warp + g (+8), columns 8n + 2t (+1): accumulator fragments of 4 column tiles
-  float sacc[4][4];
+  // S rows 16 warp + g (+8), columns 8n + 2t (+1): accumulator fragments of NS column tiles
+  float sacc[NS][4];
 #pragma unroll
-  for (int n = 0; n < 4; ++n) {
-    const float2 s0 = *reinterpret_cast<const float2*>(Ss + (16 * warp + g) * S_LD + 8 * n + 2 * t);
+  for (int n = 0; n < NS; ++n) {
+    const float2 s0 = *reinterpret_cast<const float2*>(Ss + (16 * warp + g) * LD + 8 * n + 2 * t);
     const float2 s1 =
-        *reinterpret_cast<const float2*>(Ss + (16 * warp + g + 8) * S_LD + 8 * n + 2 * t);
+        *reinterpret_cast<const float2*>(Ss + (16 * warp + g + 8) * LD + 8 * n + 2 * t);
     sacc[n][0] = s0.x; sacc[n][1] = s0.y; sacc[n][2] = s1.x; sacc[n][3] = s1.y;
   }
-  const int ma = warp >> 1, na = 2 * (warp & 1);  // V' / O tile: rows 16 ma.., col tiles na, na+1
+  const int ma = warp >> 1, na = NV * (warp & 1);  // V' / O tile: rows 16 ma.., col tiles na..
 
   for (int cs = t0; cs < t1; cs += CH) {
     const int L = min(CH, t1 - cs);
     const int chunk = p.chunk_offsets[seg] + (cs - t0) / CH;
-    load_phase_b(p, Ps, Ks, chunk, cs, L, h, kh, tid);
+    load_phase_b<FUSED_O>(p, Ps, Ks, chunk, cs, L, h, kh, tid);
     cp_async_commit();
     cp_async_wait<1>();  // this chunk's phase-A operands (the group before)
     __syncthreads();
+    if constexpr (!FUSED_O)  // S entering this chunk, for the output kernel
+      store_tile<DMAX, SB>(p.s_ws + ((i64)chunk * hv + h) * DMAX * DMAX + jbase, DMAX, Ss, LD,
+                           p.dk, p.dv - jbase, tid);
 
-    // ---- phase A: V' = U - W S, O = (Q e^G) S ----
+    // ---- phase A: V' = U - W S (FUSED_O: and O = (Q e^G) S) ----
     const float g_last = gam[L - 1];
     if (tid < CH) ek[tid] = tid < L ? expf(g_last - gam[tid]) : 0.0f;
     const int r0 = 16 * ma + g;
-    const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
-    const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
-    float vacc[2][4], oacc[2][4];
+    float vacc[NV][4], oacc[NV][4];
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < NV; ++n) {
       const int c = 8 * (na + n) + 2 * t;
-      const float2 u0 = *reinterpret_cast<const float2*>(Us + r0 * S_LD + c);
-      const float2 u1 = *reinterpret_cast<const float2*>(Us + (r0 + 8) * S_LD + c);
+      const float2 u0 = *reinterpret_cast<const float2*>(Us + r0 * LD + c);
+      const float2 u1 = *reinterpret_cast<const float2*>(Us + (r0 + 8) * LD + c);
       vacc[n][0] = u0.x; vacc[n][1] = u0.y; vacc[n][2] = u1.x; vacc[n][3] = u1.y;
 #pragma unroll
       for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
     }
+    if constexpr (FUSED_O) {  // one pass over S's B fragments for both products
+      const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
+      const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
 #pragma unroll 4
-    for (int ks = 0; ks < DMAX / 8; ++ks) {
-      FragA fw, fq;
-      load_a(fw, Ws + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, -1.0f, -1.0f);
-      load_a(fq, Qs + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, eg0, eg1);
+      for (int ks = 0; ks < DMAX / 8; ++ks) {
+        FragA fw, fq;
+        load_a(fw, Ws + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, -1.0f, -1.0f);
+        load_a(fq, Qs + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, eg0, eg1);
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        FragB fs;
-        load_b(fs, Ss + 8 * ks * S_LD + 8 * (na + n), S_LD, g, t);
-        mma3(vacc[n], fw, fs);
-        mma3(oacc[n], fq, fs);
+        for (int n = 0; n < NV; ++n) {
+          FragB fs;
+          load_b(fs, Ss + 8 * ks * LD + 8 * (na + n), LD, g, t);
+          mma3(vacc[n], fw, fs);
+          mma3(oacc[n], fq, fs);
+        }
       }
+    } else {
+      mma_rows<NV, DMAX / 8>(vacc, Ws + 16 * ma * QK_LD, QK_LD, -1.0f, -1.0f, Ss + 8 * na, LD,
+                             g, t);
     }
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
+    for (int n = 0; n < NV; ++n) {
       const int c = 8 * (na + n) + 2 * t;
-      *reinterpret_cast<float2*>(Vs + r0 * S_LD + c) = make_float2(vacc[n][0], vacc[n][1]);
-      *reinterpret_cast<float2*>(Vs + (r0 + 8) * S_LD + c) = make_float2(vacc[n][2], vacc[n][3]);
+      *reinterpret_cast<float2*>(Vs + r0 * LD + c) = make_float2(vacc[n][0], vacc[n][1]);
+      *reinterpret_cast<float2*>(Vs + (r0 + 8) * LD + c) = make_float2(vacc[n][2], vacc[n][3]);
     }
-    cp_async_wait<0>();  // P, K
-    __syncthreads();     // V', ek, P, K visible; W, Q, U, G, S reads done
+    cp_async_wait<0>();  // K (and P)
+    __syncthreads();     // V', ek, K, P visible; W, Q, U, G, S reads done
     if (cs + CH < t1) {  // prefetch the next chunk's phase-A operands during phase B
-      load_phase_a(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h, kh, jbase, tid);
+      load_phase_a<SB, FUSED_O>(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h, kh,
+                                jbase, tid);
       cp_async_commit();
     }
 
-    // ---- phase B: O += P V' (store O); S = e^{G_L} S + (K e^{G_L - G})^T V' ----
-#pragma unroll 4
-    for (int ks = 0; ks < CH / 8; ++ks) {
-      FragA fp;
-      load_a(fp, Ps + 16 * ma * A_LD + 8 * ks, A_LD, g, t, 1.0f, 1.0f);
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        FragB fv;
-        load_b(fv, Vs + 8 * ks * S_LD + 8 * (na + n), S_LD, g, t);
-        mma3(oacc[n], fp, fv);
-      }
+    // ---- phase B: S = e^{G_L} S + (K e^{G_L - G})^T V' (FUSED_O: first O += P V', stored) ----
+    if constexpr (FUSED_O) {
+      mma_rows<NV, CH / 8>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
+      store_o<NV>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
+    } else {
+      // V' over this chunk's U rows: only this block read these columns of them, before phase A
+      store_tile<CH, SB>(p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, Vs, LD, L,
+                         p.dv - jbase, tid);
     }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = r0 + 8 * (r >> 1), col = jbase + 8 * (na + n) + 2 * t + (r & 1);
-        if (i < L && col < p.dv)
-          p.out[(i64)(cs + i) * p.out_rs + (i64)h * p.out_hs + col] = oacc[n][r];
-      }
     const float decay = expf(g_last);
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int n = 0; n < NS; ++n)
 #pragma unroll
       for (int r = 0; r < 4; ++r) sacc[n][r] *= decay;
 #pragma unroll 2
@@ -438,22 +519,73 @@ __global__ void __launch_bounds__(256, 1) gdn_chunk_state_kernel(const ChunkPara
       load_at(fk, Ks + 8 * ks * KS_LD + 16 * warp, KS_LD, g, t, ek[8 * ks + t],
               ek[8 * ks + t + 4]);
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
+      for (int n = 0; n < NS; ++n) {
         FragB fv;
-        load_b(fv, Vs + 8 * ks * S_LD + 8 * n, S_LD, g, t);
+        load_b(fv, Vs + 8 * ks * LD + 8 * n, LD, g, t);
         mma3(sacc[n], fk, fv);
       }
     }
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
-      float* s0 = Ss + (16 * warp + g) * S_LD + 8 * n + 2 * t;
+    for (int n = 0; n < NS; ++n) {
+      float* s0 = Ss + (16 * warp + g) * LD + 8 * n + 2 * t;
       *reinterpret_cast<float2*>(s0) = make_float2(sacc[n][0], sacc[n][1]);
-      *reinterpret_cast<float2*>(s0 + 8 * S_LD) = make_float2(sacc[n][2], sacc[n][3]);
+      *reinterpret_cast<float2*>(s0 + 8 * LD) = make_float2(sacc[n][2], sacc[n][3]);
     }
-    __syncthreads();  // S, and the P/K/V' buffers free for the next chunk
+    __syncthreads();  // S, and the K/P/V' buffers free for the next chunk
   }
-  for (int idx = tid; idx < DMAX * SB; idx += 256) {
-    const int d = idx >> 5, j = idx & 31;
-    if (d < p.dk && jbase + j < p.dv) S[(i64)d * p.dv + jbase + j] = Ss[d * S_LD + j];
+  store_tile<DMAX, SB>(S + jbase, p.dv, Ss, LD, p.dk, p.dv - jbase, tid);
+}
+
+// O = (Q e^G) S_c + P V' of chunk blockIdx.x, head blockIdx.y, columns 64 blockIdx.z.. (S_c:
+// s_ws, V': u_ws, both from gdn_chunk_state_kernel<SB, false>). Q, S_c and G load first, P and
+// V' behind them, during the Q S_c product.
+__global__ void __launch_bounds__(256, 2) gdn_chunk_output_kernel(const ChunkParams p) {
+  constexpr int LD = col_ld(OB);
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* Qs = smem;                 // [64][QK_LD]  Q
+  float* Ss = Qs + CH * QK_LD;      // [128][LD]    S_c column tile
+  float* Ps = Ss + DMAX * LD;       // [64][A_LD]   P
+  float* Vs = Ps + CH * A_LD;       // [64][LD]     V' column tile
+  float* gam = Vs + CH * LD;        // [64]         G_i (0 past L)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int b = blockIdx.x, h = blockIdx.y, jbase = blockIdx.z * OB;
+  if (b >= p.chunk_offsets[p.num_segs]) return;
+  const int seg = chunk_segment(p, b);
+  const int cs = p.seg_starts[seg] + (b - p.chunk_offsets[seg]) * CH;
+  const int L = min(CH, p.seg_starts[seg + 1] - cs);
+  const int kh = h / (p.value_heads / p.key_heads);
+  const i64 hv = p.value_heads;
+
+  async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
+                p.vec_qk != 0, tid);
+  async_tile<DMAX, OB>(Ss, LD, p.s_ws + ((i64)b * hv + h) * DMAX * DMAX + jbase, DMAX, p.dk,
+                       p.dv - jbase, tid);
+  if (tid < CH) {
+    const float* g0 = p.gam_ws + (i64)cs * hv + h;
+    cp_async4(gam + tid, tid < L ? g0 + tid * hv : g0, tid < L ? 4 : 0);
   }
+  cp_async_commit();
+  async_tile<CH, CH>(Ps, A_LD, p.p_ws + ((i64)b * hv + h) * CH * CH, CH, CH, CH, tid);
+  async_tile<CH, OB>(Vs, LD, p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, L,
+                     p.dv - jbase, tid);
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+
+  const int ma = warp >> 1, na = (OB / 16) * (warp & 1);  // rows 16 ma.., col tiles na..
+  const int r0 = 16 * ma + g;
+  const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
+  const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
+  float oacc[OB / 16][4];
+#pragma unroll
+  for (int n = 0; n < OB / 16; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
+  mma_rows<OB / 16, DMAX / 8>(oacc, Qs + 16 * ma * QK_LD, QK_LD, eg0, eg1, Ss + 8 * na, LD, g, t);
+  cp_async_wait<0>();  // P, V'
+  __syncthreads();
+  mma_rows<OB / 16, CH / 8>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
+  store_o<OB / 16>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
 }

@@ -1,40 +1,82 @@
 """Launcher for gdn_chunk.cu: `gdn_chunk_prefill`, the chunkwise (WY/UT, chunk 64) delta rule.
 
 Same operands and state update as `gdn.gdn_recurrence`; equal to it within fp32 rounding.
-Three launches: chunk offsets, per-chunk local terms (parallel over all chunks), then the
-state pass (sequential over each segment's chunks, parallel over heads and 32-column tiles of
-the state). Matrix products use tensor cores in 3xTF32 (split hi/lo operands, fp32
-accumulation: about fp32 accuracy); the state stays fp32. Intermediates live in a
-`ChunkWorkspace`: pass one sized for the largest prefill (allocated per call when None). Chunks
-start at each segment's first token, so splitting a prompt at multiples of 64 tokens reproduces
-the unsplit result exactly.
+Launches: chunk offsets; per-chunk local terms (parallel over all chunks); the state pass
+(sequential over each segment's chunks, parallel over heads and column tiles of the state); and,
+on the split path (default), the output for all chunks in parallel from the state entering each
+chunk. The fused path (``split_o=False``, NINFER_GDN_CHUNK_SPLIT_O=0) computes the output inside
+the state pass instead; both form every product the same way. Matrix products use tensor cores
+in 3xTF32 (split hi/lo operands, fp32 accumulation: about fp32 accuracy); the state stays fp32.
+Intermediates live in a `ChunkWorkspace`: pass one sized for the largest prefill (allocated per
+call when None). Chunks start at each segment's first token, so splitting a prompt at multiples
+of 64 tokens reproduces the unsplit result exactly.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 CHUNK = 64
 DMAX = 128
-SOURCE = KernelSource("gdn_chunk.cu", ("gdn_chunk_offsets_kernel", "gdn_chunk_local_kernel",
-                                       "gdn_chunk_state_kernel"))
+OUTPUT_COLS = 64  # OB in gdn_chunk.cu
+STATE_COLS_CHOICES = (16, 32)
+SPLIT_O = envs.gdn_chunk_split_o()
+STATE_COLS = envs.gdn_chunk_state_cols()
+SOURCE = KernelSource("gdn_chunk.cu", (
+    "gdn_chunk_offsets_kernel", "gdn_chunk_local_kernel", "gdn_chunk_state_kernel<32, true>",
+    *[f"gdn_chunk_state_kernel<{sb}, false>" for sb in STATE_COLS_CHOICES],
+    "gdn_chunk_output_kernel"))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "q", "k", "v", "g", "beta", "state", "seg_starts", "seg_slots", "out", "chunk_offsets",
-    "w_ws", "u_ws", "gam_ws", "p_ws")],
+    "w_ws", "u_ws", "gam_ws", "p_ws", "s_ws")],
     *[(f, "i64") for f in ("q_rs", "q_hs", "k_rs", "k_hs", "v_rs", "v_hs", "g_rs", "beta_rs",
                            "out_rs", "out_hs", "state_ss")],
     ("key_heads", "i32"), ("value_heads", "i32"), ("dk", "i32"), ("dv", "i32"),
     ("num_segs", "i32"), ("max_chunks", "i32"), ("vec_qk", "i32"), ("pad_", "i32"))
-assert _PARAMS.itemsize == 232
-LOCAL_SMEM = (2 * CHUNK * 132 + CHUNK * 68 + 2 * CHUNK) * 4
-# W, Q [64][132]; U [64][40]; G [64]; P [64][68]; K [64][136]; S [128][40]; V' [64][40]; [64]
-STATE_SMEM = (2 * CHUNK * 132 + CHUNK * 40 + CHUNK + CHUNK * 68 + CHUNK * 136 + DMAX * 40
-              + CHUNK * 40 + CHUNK) * 4
+assert _PARAMS.itemsize == 240
+_QK_LD, _KS_LD, _A_LD = 132, 136, 68
+
+
+def _col_ld(cols: int) -> int:
+    return cols + 8  # col_ld in gdn_chunk.cu
+
+
+LOCAL_SMEM = (2 * CHUNK * _QK_LD + CHUNK * _A_LD + 2 * CHUNK) * 4
+# Q [64][132]; S_c [128][72]; P [64][68]; V' [64][72]; G [64]
+OUTPUT_SMEM = (CHUNK * _QK_LD + (DMAX + CHUNK) * _col_ld(OUTPUT_COLS) + CHUNK * _A_LD
+               + CHUNK) * 4
+
+
+@dataclasses.dataclass(frozen=True)
+class StateLaunch:
+    """The state-pass instance: name expression, state columns per block, dynamic smem bytes."""
+
+    kernel: str
+    cols: int
+    smem: int
+
+
+@functools.cache
+def state_launch(split_o: bool, state_cols: int) -> StateLaunch:
+    """The state kernel of the split path with `state_cols` columns per block, or the fused one
+    (32 columns; `state_cols` ignored)."""
+    cols = state_cols if split_o else 32
+    C.require(cols in STATE_COLS_CHOICES, "state_cols", f"must be one of {STATE_COLS_CHOICES}")
+    ld = _col_ld(cols)
+    # W [64][132]; (fused: Q [64][132]); U [64][ld]; G [64]; (fused: P [64][68]); K [64][136];
+    # S [128][ld]; V' [64][ld]; e^{G_L - G} [64]
+    floats = (CHUNK * _QK_LD * (1 if split_o else 2) + CHUNK * ld + CHUNK
+              + (0 if split_o else CHUNK * _A_LD) + CHUNK * _KS_LD + DMAX * ld + CHUNK * ld
+              + CHUNK)
+    return StateLaunch(f"gdn_chunk_state_kernel<{cols}, {'false' if split_o else 'true'}>", cols,
+                       floats * 4)
 
 
 def max_chunks(n_tokens: int, n_segments: int) -> int:
@@ -47,9 +89,10 @@ class ChunkWorkspace:
     """Intermediates of gdn_chunk_prefill for up to `max_tokens` tokens and `max_segments`."""
 
     w: object        # f32 [max_tokens, Hv, 128]
-    u: object        # f32 [max_tokens, Hv, 128]
+    u: object        # f32 [max_tokens, Hv, 128]  U; the split path overwrites it with V'
     gam: object      # f32 [max_tokens, Hv]
     p: object        # f32 [max_chunks, Hv, 64, 64]
+    s: object        # f32 [max_chunks, Hv, 128, 128]  state entering each chunk (split path)
     offsets: object  # i32 [max_segments + 1]
 
     @classmethod
@@ -60,12 +103,14 @@ class ChunkWorkspace:
                    cp.empty((max_tokens, value_heads, DMAX), dtype=np.float32),
                    cp.empty((max_tokens, value_heads), dtype=np.float32),
                    cp.empty((nb, value_heads, CHUNK, CHUNK), dtype=np.float32),
+                   cp.empty((nb, value_heads, DMAX, DMAX), dtype=np.float32),
                    cp.empty(max_segments + 1, dtype=np.int32))
 
     def fits(self, n_tokens: int, n_segments: int, value_heads: int) -> bool:
+        nb = max_chunks(n_tokens, n_segments)
         return (self.w.shape[0] >= n_tokens and self.w.shape[1] == value_heads
                 and self.offsets.shape[0] >= n_segments + 1
-                and self.p.shape[0] >= max_chunks(n_tokens, n_segments))
+                and self.p.shape[0] >= nb and self.s.shape[0] >= nb)
 
 
 def _prepare_smem(fn, nbytes: int) -> None:
@@ -74,12 +119,20 @@ def _prepare_smem(fn, nbytes: int) -> None:
 
 
 def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
-                      workspace: ChunkWorkspace | None = None) -> None:
-    """Chunkwise gated delta rule over segments (operands as `gdn_recurrence`; dk, dv <= 128)."""
+                      workspace: ChunkWorkspace | None = None, split_o: bool | None = None,
+                      state_cols: int | None = None) -> None:
+    """Chunkwise gated delta rule over segments (operands as `gdn_recurrence`; dk, dv <= 128).
+
+    split_o: output in a parallel kernel after the state pass (True) or inside it (False);
+    state_cols: state columns per block of the split state pass (16 or 32). None: SPLIT_O and
+    STATE_COLS (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS, read at import).
+    """
     f = O.recurrence_operands(q, k, v, g, beta, state, seg_starts, seg_slots, out)
     n = f.pop("n")
     C.require(f["dk"] <= DMAX and f["dv"] <= DMAX, "q", f"dk, dv must be <= {DMAX}")
-    segs, heads = f["num_segs"], f["value_heads"]
+    split_o = SPLIT_O if split_o is None else split_o
+    config = state_launch(split_o, STATE_COLS if state_cols is None else state_cols)
+    segs, heads, dv = f["num_segs"], f["value_heads"], f["dv"]
     if n == 0 or segs == 0:
         return
     if workspace is None:
@@ -92,14 +145,19 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
         f[st] % 4 == 0 for st in ("q_rs", "q_hs", "k_rs", "k_hs"))
     params = C.pack(_PARAMS, **f, chunk_offsets=C.ptr(workspace.offsets),
                     w_ws=C.ptr(workspace.w), u_ws=C.ptr(workspace.u),
-                    gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p), max_chunks=nb,
-                    vec_qk=int(vec_qk), pad_=0)
+                    gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p),
+                    s_ws=C.ptr(workspace.s), max_chunks=nb, vec_qk=int(vec_qk), pad_=0)
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
-    local = get_function(SOURCE, "gdn_chunk_local_kernel")
-    _prepare_smem(local, LOCAL_SMEM)
-    launch(local, (nb, heads), (256,), (params,), shared_mem=LOCAL_SMEM, name="gdn_chunk_local")
-    state_fn = get_function(SOURCE, "gdn_chunk_state_kernel")
-    _prepare_smem(state_fn, STATE_SMEM)
-    launch(state_fn, (segs, heads, (f["dv"] + 31) // 32), (256,), (params,),
-           shared_mem=STATE_SMEM, name="gdn_chunk_state")
+    _launch("gdn_chunk_local_kernel", (nb, heads), LOCAL_SMEM, params, "gdn_chunk_local")
+    _launch(config.kernel, (segs, heads, -(-dv // config.cols)), config.smem, params,
+            "gdn_chunk_state")
+    if split_o:
+        _launch("gdn_chunk_output_kernel", (nb, heads, -(-dv // OUTPUT_COLS)),
+                OUTPUT_SMEM, params, "gdn_chunk_output")
+
+
+def _launch(kernel: str, grid: tuple, smem: int, params, name: str) -> None:
+    fn = get_function(SOURCE, kernel)
+    _prepare_smem(fn, smem)
+    launch(fn, grid, (256,), (params,), shared_mem=smem, name=name)

@@ -109,10 +109,10 @@ def gdn_inputs(rng, n, hk, hv, dk, dv, g_scale=0.3):
 
 
 def assert_chunk_prefill_splits_bitwise(rng, n, hk, hv, dk, dv, cuts, g_scale, *, slots: int,
-                                        contiguous_split_state: bool) -> None:
+                                        contiguous_split_state: bool, **path) -> None:
     """gdn_chunk_prefill of n tokens in the last of `slots` state slots, whole and cut at `cuts`
     (the second run's state a contiguous copy, or a slot-strided one): output and final state
-    bitwise equal."""
+    bitwise equal. `path`: gdn_chunk_prefill's split_o / state_cols (default: the module's)."""
     from ninfer.kernels_cuda import gdn as kgdn
     from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 
@@ -127,12 +127,12 @@ def assert_chunk_prefill_splits_bitwise(rng, n, hk, hv, dk, dv, cuts, g_scale, *
     slot = dev(np.array([slots - 1], np.int32))
     whole = poisoned((n, hv, dv))
     kgdn.gdn_chunk_prefill(*[dev(a) for a in (q, k, v, g, beta)], st_whole,
-                           dev(np.array([0, n], np.int32)), slot, whole, workspace=ws)
+                           dev(np.array([0, n], np.int32)), slot, whole, workspace=ws, **path)
     split = poisoned((n, hv, dv))
     bounds = (0,) + tuple(cuts) + (n,)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         kgdn.gdn_chunk_prefill(*[dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
                                dev(np.array([0, hi - lo], np.int32)), slot, split[lo:hi],
-                               workspace=ws)
+                               workspace=ws, **path)
     assert_same_bits(split, whole, "output")
     assert_same_bits(st_split, st_whole, "state")

@@ -1,13 +1,16 @@
 """Chunkwise GDN prefill (tensor-core 3xTF32 state pass) against the float64 recurrence oracle:
 odd segment lengths (T not a multiple of 64, a 1-token and an empty segment), nonzero initial
 state, Hv = 2 Hk, padded head dims, unaligned (4-byte copy) q / k views, untouched slots, and
-bitwise split invariance at multiples of 64 tokens."""
+bitwise split invariance at multiples of 64 tokens; each on the fused path (output inside the
+state pass) and the split path (output kernel after it, 32- and 16-column state tiles), and the
+two paths against each other."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from ninfer.kernels_cuda import gdn as kgdn
+from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 from ninfer.ops import reference as ref
 
 from cuda_testutil import (TOL_F32, assert_chunk_prefill_splits_bitwise, assert_close,
@@ -15,6 +18,10 @@ from cuda_testutil import (TOL_F32, assert_chunk_prefill_splits_bitwise, assert_
                            slot_strided)
 
 pytestmark = pytest.mark.gpu
+
+PATHS = {"fused": dict(split_o=False), "split32": dict(split_o=True, state_cols=32),
+         "split16": dict(split_o=True, state_cols=16)}
+TOL_PATHS = 1e-5  # split vs fused: the same products in the same order (expected bitwise)
 
 
 def _unaligned(a: np.ndarray):
@@ -25,6 +32,16 @@ def _unaligned(a: np.ndarray):
     return dev(parent)[:, :, 3:3 + d]
 
 
+def _poisoned_workspace(n: int, segs: int, hv: int) -> ChunkWorkspace:
+    """A workspace whose float buffers are all NaN: a read of anything not written this call
+    (a stale S_c or V' row, a padded column) poisons the output."""
+    ws = ChunkWorkspace.allocate(n, segs, hv)
+    for a in (ws.w, ws.u, ws.gam, ws.p, ws.s):
+        a.fill(np.nan)
+    return ws
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("hk,hv,dk,dv,g_scale,aligned", [
     (2, 4, 128, 128, 0.05, True),
     (2, 4, 128, 128, 0.3, True),
@@ -32,7 +49,7 @@ def _unaligned(a: np.ndarray):
     (2, 4, 128, 100, 0.1, False),
     (1, 2, 37, 33, 0.1, False),
 ])
-def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned):
+def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path):
     lengths, slots = (130, 1, 0, 77, 64, 200), (3, 0, 6, 1, 4, 2)
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
@@ -43,13 +60,14 @@ def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned):
     qd, kd = (dev(q), dev(k)) if aligned else (_unaligned(q), _unaligned(k))
     out = poisoned((n, hv, dv))
     kgdn.gdn_chunk_prefill(qd, kd, dev(v), dev(g), dev(beta), st_d, dev(starts),
-                           dev(seg_slots), out)
+                           dev(seg_slots), out, **PATHS[path])
     assert_close(out, exp_out, TOL_F32, "chunk output")
     assert_close(st_d, exp_state, TOL_F32, "chunk state")
     assert_same_bits(host(st_d)[5], untouched, "slot outside every segment")
 
 
-def test_chunk_prefill_matches_recurrence_kernel_long(rng):
+@pytest.mark.parametrize("path", PATHS)
+def test_chunk_prefill_matches_recurrence_kernel_long(rng, path):
     """Many chunks (state carried over 16 chunks) against the token-by-token kernel."""
     hk, hv, dk, dv, n = 2, 4, 128, 128, 1000
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
@@ -59,12 +77,46 @@ def test_chunk_prefill_matches_recurrence_kernel_long(rng):
     args = [dev(a) for a in (q, k, v, g, beta)]
     out_rec, out_chunk = poisoned((n, hv, dv)), poisoned((n, hv, dv))
     kgdn.gdn_recurrence(*args, st_rec, dev(starts), dev(seg_slots), out_rec)
-    kgdn.gdn_chunk_prefill(*args, st_chunk, dev(starts), dev(seg_slots), out_chunk)
+    kgdn.gdn_chunk_prefill(*args, st_chunk, dev(starts), dev(seg_slots), out_chunk,
+                           **PATHS[path])
     assert_close(out_chunk, host(out_rec), TOL_F32, "chunk vs recurrence output")
     assert_close(st_chunk, host(st_rec), TOL_F32, "chunk vs recurrence state")
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
-def test_chunk_prefill_split_bitwise(rng, cuts):
+def test_chunk_prefill_split_bitwise(rng, cuts, path):
     assert_chunk_prefill_splits_bitwise(rng, 301, 2, 4, 128, 128, cuts, 0.1, slots=2,
-                                        contiguous_split_state=True)
+                                        contiguous_split_state=True, **PATHS[path])
+
+
+@pytest.mark.parametrize("state_cols", (32, 16))
+@pytest.mark.parametrize("hk,hv,dk,dv,lengths", [
+    (2, 4, 128, 128, (1000,)),                 # 16 chunks carried
+    (2, 4, 128, 100, (64, 300, 5)),            # two output column tiles, the second partial
+    (1, 2, 37, 33, (130, 1, 0, 77, 64, 200)),  # padded head dims, 1-token and empty segments
+])
+def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths):
+    """The split path (state pass storing S per chunk and V', then the parallel output kernel)
+    against the fused one (output inside the state pass) on NaN-poisoned workspaces: output and
+    state within TOL_PATHS of each other, and both within TOL_F32 of float64."""
+    slots = tuple(reversed(range(len(lengths))))
+    starts, seg_slots = segments(lengths, slots)
+    n = int(starts[-1])
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
+    st_h, st_fused, _ = slot_strided(rng, len(lengths), (hv, dk, dv), scale=0.1)
+    _, st_split, _ = slot_strided(rng, len(lengths), (hv, dk, dv), scale=0.1)
+    st_split[...] = st_fused
+    args = [dev(a) for a in (q, k, v, g, beta)]
+    out_fused, out_split = poisoned((n, hv, dv)), poisoned((n, hv, dv))
+    kgdn.gdn_chunk_prefill(*args, st_fused, dev(starts), dev(seg_slots), out_fused,
+                           workspace=_poisoned_workspace(n, len(lengths), hv), split_o=False)
+    kgdn.gdn_chunk_prefill(*args, st_split, dev(starts), dev(seg_slots), out_split,
+                           workspace=_poisoned_workspace(n, len(lengths), hv), split_o=True,
+                           state_cols=state_cols)
+    exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
+    for what, out, st in (("fused", out_fused, st_fused), ("split", out_split, st_split)):
+        assert_close(out, exp_out, TOL_F32, f"{what} output")
+        assert_close(st, exp_state, TOL_F32, f"{what} state")
+    assert_close(out_split, host(out_fused), TOL_PATHS, "split vs fused output")
+    assert_close(st_split, host(st_fused), TOL_PATHS, "split vs fused state")
