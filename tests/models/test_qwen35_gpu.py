@@ -39,9 +39,12 @@ def fp32_case(request, tmp_path_factory):
     return build_case(tmp_path_factory.mktemp(request.param), request.param)
 
 
-@pytest.fixture(scope="module")
-def bf16_case(tmp_path_factory):
-    return build_case(tmp_path_factory.mktemp("bf16"), "tiny-dense", dtype="bfloat16")
+@pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
+def bf16_case(request, tmp_path_factory):
+    """bf16 weights: the tensor-core GEMVs; for the MoE model also the decode MoE path (fused
+    routing + grouping, tensor-core experts, the shared expert's add inside the combine)."""
+    return build_case(tmp_path_factory.mktemp("bf16-" + request.param), request.param,
+                      dtype="bfloat16")
 
 
 def test_fp32_prompt_logits_match_transformers(fp32_case):
