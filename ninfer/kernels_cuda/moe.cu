@@ -1,8 +1,10 @@
 // moe.cu: MoE routing and routed experts.
 //
-// moe_route_kernel: one block per token (threads >= E, one expert each): fp32 softmax over all
-//   E experts, then K rounds of block argmax (larger p, then lower id), weights renormalised by
-//   their fp32 sum in pick order.
+// moe_route_kernel<J>: one warp per token (lane: experts lane + 32 j, j < J): fp32 softmax over
+//   all E experts, then K rounds of warp argmax (larger p, then lower id), weights renormalised
+//   by their fp32 sum in pick order (moe_route_row).
+//   moe_route_group_kernel<J>: the routing of all N tokens and moe_group_kernel's grouping in
+//   one block (decode: one launch instead of two).
 // Decode / capturable path (reads only the selected experts' weights, each once per call):
 //   moe_group_kernel: one block; sorts the N*K (token, slot) pairs by (expert, pair) and cuts
 //     each expert's run into groups of <= NT pairs (group_expert[g], group_pairs[g][8], -1
@@ -17,7 +19,8 @@
 //     cores (mma_gemv.cuh), groups of up to 8 pairs as the mma's 8 columns. SWIGLU=1: a warp's
 //     16-row A tile is gate rows m0..m0+7 over up rows m0..m0+7, so each lane holds the gate and
 //     the up value of the same (row, pair) after the split sum. Splits of K as in linear.cu.
-//   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)].
+//   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)],
+//     optionally + sigmoid(gate[n]) * shared[n] (the gated shared expert).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
 //   moe_gather_kernel<OT>: x rows -> per-expert padded blocks (cast to the weights' type);
 //   moe_swiglu_kernel<OT>: act = silu(g) * u over the padded blocks (cast to OT).
@@ -27,62 +30,81 @@
 #define MOE_GROUP 8  // group_pairs row stride (max NT)
 #define MMA_U 4
 
-__global__ void __launch_bounds__(1024) moe_route_kernel(const float* __restrict__ logits,
-                                                         i64 logits_rs, int experts, int top_k,
-                                                         float* __restrict__ w_out, i64 w_rs,
-                                                         int* __restrict__ ids_out, i64 ids_rs) {
-  __shared__ float scratch[32];
-  __shared__ float red_v[32];
-  __shared__ int red_i[32];
-  __shared__ float picked_p[64];
-  __shared__ int picked_id[64];
-  const i64 n = blockIdx.x;
-  const int e = threadIdx.x;
-  const bool ok = e < experts;
-  const float l = ok ? logits[n * logits_rs + e] : -NINFER_INF;
-  const float m = block_max(l, scratch);
-  const float ex = ok ? expf(l - m) : 0.0f;
-  const float total = block_sum(ex, scratch);
-  float p = ok ? ex / total : -1.0f;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = blockDim.x >> 5;
+// One row's routing on one warp; lane holds experts e = 32 j + lane (j < J, 32 J >= E).
+// Arithmetic (fixed, whatever the launch shape): m = max of the logits; p_e = expf(l_e - m) /
+// total, where total adds, for j = 0, 1, ... in order starting from 0, the warp butterfly sum
+// (common.cuh warp_sum) of the lanes' values of j (0 for e >= E); then K picks of the largest p
+// (ties: lower id; a total order on finite p, so the reduction order cannot change a pick) and
+// w_k = p_k / (the picked p summed in pick order). These are the sums of the former kernel with
+// one thread per expert in a block of 32 ceil(E / 32) threads (block_sum), so its results are
+// kept bitwise. A row whose p are NaN (a NaN or +inf logit, or all -inf) picks experts 0..K-1
+// with NaN weights, like the CPU kernel (the former kernel repeated expert 0, which
+// moe_combine_kernel cannot take). Writes w[k], ids[k] (k < K) and, when s_ids is not null,
+// s_ids[k] = ids[k].
+template <int J>
+__device__ __forceinline__ void moe_route_row(const float* __restrict__ l, int experts,
+                                              int top_k, int lane, float* __restrict__ w,
+                                              int* __restrict__ ids, int* s_ids) {
+  const int used = (experts + 31) >> 5;  // j < used hold experts (the former kernel's warps)
+  float p[J];
+  float m = -NINFER_INF;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    p[j] = 32 * j + lane < experts ? l[32 * j + lane] : -NINFER_INF;
+    m = fmaxf(m, p[j]);
+  }
+  m = warp_max(m);
+  float total = 0.0f;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    p[j] = 32 * j + lane < experts ? expf(p[j] - m) : 0.0f;
+    if (j < used) total += warp_sum(p[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const float q = p[j] / total;
+    p[j] = 32 * j + lane < experts ? (q == q ? q : 0.0f) : -1.0f;  // -1: never picked
+  }
+  float sum = 0.0f, p0 = 0.0f, p1 = 0.0f;  // the picks k = lane (p0, id0) and k = lane + 32
+  int id0 = 0, id1 = 0;
   for (int k = 0; k < top_k; ++k) {
-    float bv = p;
-    int bi = ok ? e : 0x7fffffff;
+    float bv = p[0];
+    int bi = lane;
+#pragma unroll
+    for (int j = 1; j < J; ++j)
+      if (p[j] > bv) { bv = p[j]; bi = 32 * j + lane; }  // ids rise with j: ties keep the lower
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
-    if (lane == 0) { red_v[warp] = bv; red_i[warp] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      float v = red_v[0];
-      int id = red_i[0];
-      for (int w = 1; w < nwarps; ++w)
-        if (red_v[w] > v || (red_v[w] == v && red_i[w] < id)) { v = red_v[w]; id = red_i[w]; }
-      picked_p[k] = v;
-      picked_id[k] = id;
-    }
-    __syncthreads();
-    if (e == picked_id[k]) p = -1.0f;  // taken
+    sum += bv;
+    if (k == lane) { p0 = bv; id0 = bi; }
+    if (k == lane + 32) { p1 = bv; id1 = bi; }
+#pragma unroll
+    for (int j = 0; j < J; ++j)
+      if (32 * j + lane == bi) p[j] = -1.0f;  // taken
   }
-  if (threadIdx.x == 0) {
-    float sum = 0.0f;
-    for (int k = 0; k < top_k; ++k) sum += picked_p[k];
-    for (int k = 0; k < top_k; ++k) {
-      w_out[n * w_rs + k] = picked_p[k] / sum;
-      ids_out[n * ids_rs + k] = picked_id[k];
-    }
+  if (lane < top_k) {
+    w[lane] = p0 / sum;
+    ids[lane] = id0;
+    if (s_ids) s_ids[lane] = id0;
+  }
+  if (lane + 32 < top_k) {
+    w[lane + 32] = p1 / sum;
+    ids[lane + 32] = id1;
+    if (s_ids) s_ids[lane + 32] = id1;
   }
 }
 
-// ids: [N, K] contiguous; pairs p = n*K + k. chunk = NT (<= MOE_GROUP). n_pairs <= 1024.
-__global__ void __launch_bounds__(1024) moe_group_kernel(const int* __restrict__ ids, int n_pairs,
-                                                         int chunk, int* __restrict__ group_expert,
-                                                         int* __restrict__ group_pairs,
-                                                         int* __restrict__ num_groups) {
+// The group tables of the pairs p < n_pairs (ids[p]: pair p's expert; every thread of the block
+// calls, blockDim.x a multiple of 32 in [n_pairs, 1024]): pairs sorted by (expert, pair), each
+// expert's run cut into groups of <= chunk (<= MOE_GROUP) pairs.
+__device__ __forceinline__ void moe_group_block(const int* __restrict__ ids, int n_pairs,
+                                                int chunk, int* __restrict__ group_expert,
+                                                int* __restrict__ group_pairs,
+                                                int* __restrict__ num_groups) {
   __shared__ int sorted[1024];
   __shared__ int scan[32];
   const int t = threadIdx.x;
@@ -124,6 +146,44 @@ __global__ void __launch_bounds__(1024) moe_group_kernel(const int* __restrict__
     if (boundary) group_expert[gid] = pe;
   }
   if (t == blockDim.x - 1) *num_groups = base + incl;
+}
+
+// One warp per row, blockDim.x / 32 rows per block.
+template <int J>
+__global__ void __launch_bounds__(256) moe_route_kernel(const float* __restrict__ logits,
+                                                        i64 logits_rs, int n_rows, int experts,
+                                                        int top_k, float* __restrict__ w_out,
+                                                        i64 w_rs, int* __restrict__ ids_out,
+                                                        i64 ids_rs) {
+  const i64 n = (i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (n >= n_rows) return;
+  moe_route_row<J>(logits + n * logits_rs, experts, top_k, threadIdx.x & 31, w_out + n * w_rs,
+                   ids_out + n * ids_rs, nullptr);
+}
+
+// ids: [N, K] contiguous; pairs p = n*K + k. chunk = NT (<= MOE_GROUP). n_pairs <= 1024.
+__global__ void __launch_bounds__(1024) moe_group_kernel(const int* __restrict__ ids, int n_pairs,
+                                                         int chunk, int* __restrict__ group_expert,
+                                                         int* __restrict__ group_pairs,
+                                                         int* __restrict__ num_groups) {
+  moe_group_block(ids, n_pairs, chunk, group_expert, group_pairs, num_groups);
+}
+
+// moe_route_kernel then moe_group_kernel in one block (warp w of W routes rows w, w + W, ...; the
+// ids reach the grouping through shared memory). blockDim.x: a multiple of 32 in
+// [n_rows * top_k, 1024].
+template <int J>
+__global__ void __launch_bounds__(1024) moe_route_group_kernel(
+    const float* __restrict__ logits, i64 logits_rs, int n_rows, int experts, int top_k,
+    float* __restrict__ w_out, i64 w_rs, int* __restrict__ ids_out, i64 ids_rs, int chunk,
+    int* __restrict__ group_expert, int* __restrict__ group_pairs, int* __restrict__ num_groups) {
+  __shared__ int s_ids[1024];
+  const int lane = threadIdx.x & 31;
+  for (int n = threadIdx.x >> 5; n < n_rows; n += blockDim.x >> 5)
+    moe_route_row<J>(logits + (i64)n * logits_rs, experts, top_k, lane, w_out + (i64)n * w_rs,
+                     ids_out + (i64)n * ids_rs, s_ids + n * top_k);
+  __syncthreads();
+  moe_group_block(s_ids, n_rows * top_k, chunk, group_expert, group_pairs, num_groups);
 }
 
 struct MoeGemvParams {
@@ -227,7 +287,10 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
 }
 
 // out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or
-// the pair itself when pair_row is null. Grid (N, ceil(H / 256)), 256 threads, one column each.
+// the pair itself when pair_row is null; then, when `shared` is not null, out[n, :] +=
+// sigmoid(gate[n]) * shared[n, :] with elementwise.cu SigmoidScaleAdd's expression, so the result
+// is bitwise that of moe_combine then sigmoid_scale_add. Grid (N, ceil(H / 256)), 256 threads,
+// one column each.
 // The top_k ids of a row are distinct: pair k goes to position rank(k) = #{k' : id[k'] < id[k]},
 // computed by top_k threads in parallel (a serial sort on one thread waited on ~30 dependent
 // global loads, 23 us per launch at the 35B-A3B shape).
@@ -236,7 +299,11 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
                                                           const int* __restrict__ ids,
                                                           const float* __restrict__ w, i64 w_rs,
                                                           int top_k, int hidden,
-                                                          float* __restrict__ out, i64 out_rs) {
+                                                          const float* __restrict__ shared,
+                                                          i64 shared_rs,
+                                                          const float* __restrict__ gate,
+                                                          i64 gate_rs, float* __restrict__ out,
+                                                          i64 out_rs) {
   __shared__ int s_id[64];
   __shared__ i64 s_row[64];  // y row offset (elements) of the pair at each rank
   __shared__ float s_w[64];  // its weight
@@ -257,6 +324,7 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
   if (j >= hidden) return;
   float acc = 0.0f;
   for (int i = 0; i < top_k; ++i) acc += s_w[i] * y[s_row[i] + j];
+  if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
   out[n * out_rs + j] = acc;
 }
 

@@ -1,6 +1,7 @@
-"""Launchers for moe.cu: `moe_route` and `moe_experts` (docs/ops.md).
+"""Launchers for moe.cu: `moe_route`, `moe_experts` and `moe_block` (docs/ops.md).
 
-`moe_experts` has two paths:
+`moe_experts` (and `moe_block`, which adds the routing and the gated shared expert) has two
+paths:
 - grouped GEMV (capturable, batch invariant, reads each selected expert's weights once per
   group of <= 8 rows): N <= GEMV_MAX_ROWS, or while capturing, or `batch_invariant=True`;
   intermediates live in a `MoeWorkspace` (allocated per call when None); bf16 weights with
@@ -24,6 +25,9 @@ from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, mma_splits, row
 GEMV_MAX_ROWS = 32
 MAX_PAIRS = 1024  # moe_group_kernel: one block
 GROUP_STRIDE = 8
+ROUTE_J = (1, 2, 4, 8, 16, 32)  # moe_route_kernel<J>: experts per lane (E <= 32 J)
+ROUTE_GROUP_J = (1, 2, 4, 8, 16)  # moe_route_group_kernel<J> (1024 threads: <= 64 registers)
+ROUTE_ROWS_PER_BLOCK = 8  # moe_route_kernel: one warp per row
 
 
 def _swiglu_rows(nt: int) -> int:
@@ -31,7 +35,9 @@ def _swiglu_rows(nt: int) -> int:
 
 
 SOURCE = KernelSource("moe.cu", tuple(
-    ["moe_route_kernel", "moe_group_kernel", "moe_combine_kernel"]
+    [f"moe_route_kernel<{j}>" for j in ROUTE_J]
+    + [f"moe_route_group_kernel<{j}>" for j in ROUTE_GROUP_J]
+    + ["moe_group_kernel", "moe_combine_kernel"]
     + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>"]
@@ -46,20 +52,38 @@ assert _GEMV.itemsize == 112
 
 
 def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
-    """Softmax over E experts (fp32), the top_k largest (ties to the lower id), renormalised."""
+    """Softmax over E experts (fp32), the top_k largest (ties to the lower id), renormalised.
+    logits: f32[N, E] with a contiguous last axis (rows may be strided)."""
+    n, experts = _check_route(logits, top_k, weights_out, ids_out)
+    if n == 0:
+        return
+    warps = min(n, ROUTE_ROWS_PER_BLOCK)
+    launch(get_function(SOURCE, f"moe_route_kernel<{_route_j(experts, ROUTE_J)}>"),
+           ((n + warps - 1) // warps,), (32 * warps,), _route_args(logits, top_k, weights_out,
+                                                              ids_out), name="moe_route")
+
+
+def _check_route(logits, top_k, weights_out, ids_out) -> tuple[int, int]:
     C.device_array(logits, "logits", dtype=np.float32, ndim=2)
     n, experts = logits.shape
     C.require(1 <= top_k <= min(experts, 64), "top_k", f"must be in [1, {min(experts, 64)}]")
-    C.require(experts <= 1024, "logits", f"{experts} experts > 1024")
+    C.require(experts <= 32 * ROUTE_J[-1], "logits", f"{experts} experts > {32 * ROUTE_J[-1]}")
     C.device_array(weights_out, "weights_out", dtype=np.float32, shape=(n, top_k))
     C.device_array(ids_out, "ids_out", dtype=np.int32, shape=(n, top_k))
-    if n == 0:
-        return
-    threads = max(32, (experts + 31) // 32 * 32)
-    launch(get_function(SOURCE, "moe_route_kernel"), (n,), (threads,),
-           (logits, np.int64(C.row_stride(logits, "logits")), np.int32(experts),
+    return n, experts
+
+
+def _route_j(experts: int, choices: tuple[int, ...]) -> int | None:
+    """The smallest J in `choices` with 32 J >= experts (None: none fits)."""
+    return next((j for j in choices if 32 * j >= experts), None)
+
+
+def _route_args(logits, top_k, weights_out, ids_out) -> tuple:
+    """(logits, logits_rs, n_rows, experts, top_k, w_out, w_rs, ids_out, ids_rs)."""
+    n, experts = logits.shape
+    return (logits, np.int64(C.row_stride(logits, "logits")), np.int32(n), np.int32(experts),
             np.int32(top_k), weights_out, np.int64(C.row_stride(weights_out, "weights_out")),
-            ids_out, np.int64(C.row_stride(ids_out, "ids_out"))), name="moe_route")
+            ids_out, np.int64(C.row_stride(ids_out, "ids_out")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +137,83 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
     C.device_array(out, "out", dtype=np.float32, shape=(n, hidden))
     if n == 0:
         return
+    if _gemv_path(n, top_k, batch_invariant):
+        ws = _workspace(workspace, n, top_k, hidden, inter)
+        use_mma, nt = _gemv_plan(x, gu, dn, kind)
+        _group(ids, nt, ws)
+        _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws, None)
+    else:
+        _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out, None)
+
+
+def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
+              shared_gate=None, workspace: MoeWorkspace | None = None,
+              batch_invariant: bool = False) -> None:
+    """`moe_route(logits, top_k, weights_out, ids_out)`, `moe_experts(x, gate_up, down, ids_out,
+    weights_out, out)` and, with `shared` f32[N, H] and `shared_gate` f32[N, 1] (rows strided),
+    out += sigmoid(shared_gate) * shared, bitwise equal to those ops (and `sigmoid_scale_add`).
+    Grouped-GEMV path: the routing and the grouping are one launch and the shared add runs in
+    the combine (4 launches instead of 6)."""
+    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    n, hidden = x.shape
+    gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
+    C.require(logits.shape[:1] == (n,) and logits.shape[1:] == (experts,), "logits",
+              f"expected [{n}, {experts}], got {list(logits.shape)}")
+    _check_route(logits, top_k, weights_out, ids_out)
+    C.contiguous(ids_out, "ids_out")
+    C.device_array(out, "out", dtype=np.float32, shape=(n, hidden))
+    gated = _gated_shared(shared, shared_gate, n, hidden)
+    if n == 0:
+        return
+    if not _gemv_path(n, top_k, batch_invariant):
+        moe_route(logits, top_k, weights_out, ids_out)
+        _experts_prefill(x, gu, dn, kind, experts, inter, ids_out, weights_out, out, gated)
+        return
+    ws = _workspace(workspace, n, top_k, hidden, inter)
+    use_mma, nt = _gemv_plan(x, gu, dn, kind)
+    j = _route_j(experts, ROUTE_GROUP_J)
+    if j is None:
+        moe_route(logits, top_k, weights_out, ids_out)
+        _group(ids_out, nt, ws)
+    else:
+        # a warp per row (up to 32 warps) and at least a thread per pair
+        warps = max(min(n, 32), -(-n * top_k // 32))
+        launch(get_function(SOURCE, f"moe_route_group_kernel<{j}>"), (1,), (32 * warps,),
+               _route_args(logits, top_k, weights_out, ids_out)
+               + (np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
+               name="moe_route_group")
+    _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
+                  gated)
+
+
+def _gated_shared(shared, gate, n: int, hidden: int) -> tuple | None:
+    """moe_combine_kernel's (shared, shared_rs, gate, gate_rs) arguments, or None."""
+    if shared is None and gate is None:
+        return None
+    C.require(shared is not None and gate is not None, "shared",
+              "shared and shared_gate go together")
+    C.device_array(shared, "shared", dtype=np.float32, shape=(n, hidden))
+    C.device_array(gate, "shared_gate", dtype=np.float32, shape=(n, 1))
+    gate_rs = C.estrides(gate)[0] if n > 1 else 1
+    return shared, np.int64(C.row_stride(shared, "shared")), gate, np.int64(gate_rs)
+
+
+def _gemv_path(n: int, top_k: int, batch_invariant: bool) -> bool:
+    """The grouped-GEMV path (else the eager cuBLAS prefill, which a capture cannot take)."""
     capturing = C.cupy().cuda.get_current_stream().is_capturing()
     pairs = n * top_k
     if (n <= GEMV_MAX_ROWS or capturing or batch_invariant) and pairs <= MAX_PAIRS:
-        _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, workspace)
-    else:
-        C.require(not capturing, "x", f"{pairs} pairs > {MAX_PAIRS} cannot run inside a graph")
-        _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out)
+        return True
+    C.require(not capturing, "x", f"{pairs} pairs > {MAX_PAIRS} cannot run inside a graph")
+    return False
+
+
+def _workspace(ws: MoeWorkspace | None, n: int, top_k: int, hidden: int,
+               inter: int) -> MoeWorkspace:
+    if ws is None:
+        ws = MoeWorkspace.allocate(n, top_k, hidden, inter)
+    C.require(ws.fits(n * top_k, hidden, inter), "workspace", f"too small for {n * top_k} pairs")
+    return ws
 
 
 def _gemv_aligned(w, kind, w_rs, w_es, x, x_rs, k) -> bool:
@@ -128,20 +222,27 @@ def _gemv_aligned(w, kind, w_rs, w_es, x, x_rs, k) -> bool:
             and C.aligned(x) and x_rs % 4 == 0)
 
 
-def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> None:
-    n, hidden = x.shape
-    top_k = ids.shape[1]
-    pairs = n * top_k
-    if ws is None:
-        ws = MoeWorkspace.allocate(n, top_k, hidden, inter)
-    C.require(ws.fits(pairs, hidden, inter), "workspace", f"too small for {pairs} pairs")
+def _gemv_plan(x, gu, dn, kind) -> tuple[bool, int]:
+    """(tensor-core kernels?, pairs per group NT) of the grouped-GEMV path."""
     x_rs = C.row_stride(x, "x")
     use_mma = kind is C.WKind.BF16 and all(
         C.aligned(w) and w.shape[2] % 8 == 0 for w in (gu, dn)) and C.aligned(x) and x_rs % 4 == 0
-    nt = GROUP_STRIDE if use_mma else rows_tile(min(n, GROUP_STRIDE))
+    return use_mma, GROUP_STRIDE if use_mma else rows_tile(min(x.shape[0], GROUP_STRIDE))
+
+
+def _group(ids, nt: int, ws: MoeWorkspace) -> None:
     launch(get_function(SOURCE, "moe_group_kernel"), (1,), (1024,),
-           (ids, np.int32(pairs), np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
-           name="moe_group")
+           (ids, np.int32(ids.size), np.int32(nt), ws.group_expert, ws.group_pairs,
+            ws.num_groups), name="moe_group")
+
+
+def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws,
+                  gated) -> None:
+    """The two expert stages and the combine over the groups already in `ws`."""
+    hidden = x.shape[1]
+    top_k = ids.shape[1]
+    pairs = ids.size
+    x_rs = C.row_stride(x, "x")
     stages = (  # (weights, x, x_rs, x_by_pair, out, m, k, swiglu)
         (gu, x, x_rs, 0, ws.act, inter, hidden, 1),
         (dn, ws.act, inter, 1, ws.y, hidden, inter, 0))
@@ -169,18 +270,20 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, ids, weights, out, ws) -> Non
                         up_offset=inter, x_by_pair=by_pair, experts=experts)
         fn = get_function(SOURCE, f"moe_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}, {swiglu}>")
         launch(fn, ((m + r - 1) // r, pairs), (32 * splits,), (params,), name="moe_gemv")
-    _combine(ws.y, hidden, None, ids, weights, out)
+    _combine(ws.y, hidden, None, ids, weights, out, gated)
 
 
-def _combine(y, y_rs, pair_row, ids, weights, out) -> None:
+def _combine(y, y_rs, pair_row, ids, weights, out, gated) -> None:
     n, hidden = out.shape
+    shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
     launch(get_function(SOURCE, "moe_combine_kernel"), (n, (hidden + 255) // 256), (256,),
            (y, np.int64(y_rs), pair_row, ids, weights,
             np.int64(C.row_stride(weights, "weights")), np.int32(ids.shape[1]),
-            np.int32(hidden), out, np.int64(C.row_stride(out, "out"))), name="moe_combine")
+            np.int32(hidden)) + shared_args + (out, np.int64(C.row_stride(out, "out"))),
+           name="moe_combine")
 
 
-def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None:
+def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out, gated) -> None:
     cp = C.cupy()
     n, hidden = x.shape
     top_k = ids.shape[1]
@@ -215,4 +318,4 @@ def _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out) -> None
     _cublas.gemm_strided_batched_ex(
         _cublas.OP_T, _cublas.OP_N, hidden, max_c, inter, C.ptr(dn), dtype, inter, hidden * inter,
         C.ptr(act), dtype, inter, max_c * inter, C.ptr(y), hidden, max_c * hidden, experts)
-    _combine(y, hidden, pair_row, ids, weights, out)
+    _combine(y, hidden, pair_row, ids, weights, out, gated)

@@ -1,4 +1,4 @@
-"""CPU kernels for `moe_route` and `moe_experts`.
+"""CPU kernels for `moe_route`, `moe_experts` and `moe_block` (those two and the shared add).
 
 moe_experts groups the (row, k) pairs by expert so every selected expert's weights are read once
 per call; the products run through `_matmul.grouped_matmul` (the kernel `linear` uses), so each
@@ -10,23 +10,26 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ninfer.kernels_numba_cpu._layout import rows3
 from ninfer.kernels_numba_cpu._matmul import chunks_for, grouped_matmul
 from ninfer.kernels_numba_cpu._prim import F0, silu
 from ninfer.kernels_numba_cpu._threads import launch
+from ninfer.kernels_numba_cpu.elementwise import sigmoid_scale_add
 
 
 @njit(parallel=True, cache=True, fastmath=False)
-def _route_kernel(logits, top_k, weights_out, ids_out):
-    n, n_exp = logits.shape
+def _route_kernel(logits, rs, n, n_exp, top_k, weights_out, ids_out):
+    """logits: flat buffer, row t at t * rs."""
     for t in prange(n):
-        m = logits[t, 0]
+        row = t * rs
+        m = logits[row]
         for e in range(1, n_exp):
-            if logits[t, e] > m:
-                m = logits[t, e]
+            if logits[row + e] > m:
+                m = logits[row + e]
         p = np.empty(n_exp, np.float32)
         total = F0
         for e in range(n_exp):
-            p[e] = np.exp(logits[t, e] - m)
+            p[e] = np.exp(logits[row + e] - m)
             total += p[e]
         for e in range(n_exp):
             p[e] = p[e] / total
@@ -113,9 +116,21 @@ def _combine(y, pair_of, ids, weights, out):
 
 
 def moe_route(logits, top_k, weights_out, ids_out) -> None:
-    if logits.shape[0] == 0:
+    n, n_exp = logits.shape
+    if n == 0:
         return
-    launch(_route_kernel, logits.size * (2 + int(top_k)), logits, int(top_k), weights_out, ids_out)
+    buf, rs, _ = rows3(logits)
+    launch(_route_kernel, logits.size * (2 + int(top_k)), buf, rs, n, n_exp, int(top_k),
+           weights_out, ids_out)
+
+
+def moe_block(x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=None,
+              shared_gate=None) -> None:
+    """moe_route, moe_experts, then sigmoid_scale_add of the shared expert (the ops in turn)."""
+    moe_route(logits, top_k, weights_out, ids_out)
+    moe_experts(x, gate_up, down, ids_out, weights_out, out)
+    if shared is not None:
+        sigmoid_scale_add(out, shared, shared_gate)
 
 
 def moe_experts(x, gate_up, down, ids, weights, out) -> None:

@@ -1,9 +1,12 @@
-"""MoE ops: `moe_route` (softmax, top-k, renormalise) and `moe_experts` (docs/ops.md)."""
+"""MoE ops: `moe_route` (softmax, top-k, renormalise), `moe_experts` and `moe_block` (the two
+plus the gated shared expert's add; docs/ops.md)."""
 from __future__ import annotations
 
 from ninfer.core.dtypes import DType
 from ninfer.ops import _checks as check
 from ninfer.ops._backend import backend_of
+
+_ROWS = check.Layout.ROWS
 
 
 def supports(weight_dtype: DType) -> bool:
@@ -12,13 +15,10 @@ def supports(weight_dtype: DType) -> bool:
 
 def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
     """Softmax over all E experts in fp32, the top_k largest (largest first, ties to the lower
-    id), renormalised to sum 1. logits: f32[N, E]; weights_out: f32[N, K]; ids_out: i32[N, K]."""
+    id), renormalised to sum 1. logits: f32[N, E] rows strided; weights_out: f32[N, K];
+    ids_out: i32[N, K]."""
     backend = backend_of(logits, weights_out, ids_out)
-    n, e = check.array("moe_route", "logits", logits, check.F32, (None, None))
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
-        raise ValueError(f"moe_route: top_k must be an int in [1, {e}], got {top_k!r}")
-    check.array("moe_route", "weights_out", weights_out, check.F32, (n, top_k))
-    check.array("moe_route", "ids_out", ids_out, check.I32, (n, top_k))
+    _check_route("moe_route", logits, top_k, weights_out, ids_out)
     check.kernels(backend, "moe").moe_route(logits, top_k, weights_out, ids_out)
 
 
@@ -28,14 +28,51 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
     e = ids[n, k], terms added in ascending expert id. x: f32[N, H]; gate_up: Weight[E, 2Im, H];
     down: Weight[E, H, Im]; ids: i32[N, K]; weights: f32[N, K]; out: f32[N, H] (overwritten)."""
     backend = backend_of(x, gate_up, down, ids, weights, out)
-    n, h = check.array("moe_experts", "x", x, check.F32, (None, None))
-    e, two_im, _ = check.weight("moe_experts", "gate_up", gate_up, (None, None, h))
-    if two_im % 2:
-        raise ValueError(f"moe_experts: gate_up has an odd number of rows ({two_im})")
-    check.weight("moe_experts", "down", down, (e, h, two_im // 2))
-    _, k = check.array("moe_experts", "ids", ids, check.I32, (n, None))
-    check.array("moe_experts", "weights", weights, check.F32, (n, k))
-    check.array("moe_experts", "out", out, check.F32, (n, h))
+    _check_experts("moe_experts", x, gate_up, down, ids, weights, out)
     check.kernels(backend, "moe").moe_experts(x, gate_up, down, ids, weights, out,
                                               **check.scratch(backend, workspace=workspace,
                                                              batch_invariant=batch_invariant or None))
+
+
+def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
+              shared_gate=None, workspace=None, batch_invariant: bool = False) -> None:
+    """`moe_route(logits, top_k, weights_out, ids_out)`, then `moe_experts(x, gate_up, down,
+    ids_out, weights_out, out)`, then (when `shared` is given) `sigmoid_scale_add(out, shared,
+    shared_gate)`: bitwise those ops' results, in fewer launches on CUDA. logits: f32[N, E] rows
+    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither)."""
+    backend = backend_of(x, logits, gate_up, down, weights_out, ids_out, out)
+    _check_route("moe_block", logits, top_k, weights_out, ids_out)
+    n, h = _check_experts("moe_block", x, gate_up, down, ids_out, weights_out, out)
+    if logits.shape != (n, gate_up.shape[0]):
+        raise ValueError(f"moe_block: logits must have shape [{n}, {gate_up.shape[0]}], "
+                         f"got {list(logits.shape)}")
+    if (shared is None) != (shared_gate is None):
+        raise ValueError("moe_block: shared and shared_gate go together")
+    if shared is not None:
+        backend_of(x, shared, shared_gate)
+        check.array("moe_block", "shared", shared, check.F32, (n, h))
+        check.array("moe_block", "shared_gate", shared_gate, check.F32, (n, 1), _ROWS)
+    check.kernels(backend, "moe").moe_block(
+        x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
+        shared_gate=shared_gate, **check.scratch(backend, workspace=workspace,
+                                                 batch_invariant=batch_invariant or None))
+
+
+def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:
+    n, e = check.array(op, "logits", logits, check.F32, (None, None), _ROWS)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= e:
+        raise ValueError(f"{op}: top_k must be an int in [1, {e}], got {top_k!r}")
+    check.array(op, "weights_out", weights_out, check.F32, (n, top_k))
+    check.array(op, "ids_out", ids_out, check.I32, (n, top_k))
+
+
+def _check_experts(op: str, x, gate_up, down, ids, weights, out) -> tuple[int, int]:
+    n, h = check.array(op, "x", x, check.F32, (None, None))
+    e, two_im, _ = check.weight(op, "gate_up", gate_up, (None, None, h))
+    if two_im % 2:
+        raise ValueError(f"{op}: gate_up has an odd number of rows ({two_im})")
+    check.weight(op, "down", down, (e, h, two_im // 2))
+    _, k = check.array(op, "ids", ids, check.I32, (n, None))
+    check.array(op, "weights", weights, check.F32, (n, k))
+    check.array(op, "out", out, check.F32, (n, h))
+    return n, h

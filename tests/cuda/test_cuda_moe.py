@@ -1,17 +1,22 @@
-"""MoE on the GPU: routing (ids exact, weights vs float64), routed experts on the grouped-GEMV
-path (reads only the selected experts) and the cuBLAS prefill path, batch invariance."""
+"""MoE on the GPU: routing (ids exact, weights vs float64, bitwise the former kernel), routed
+experts on the grouped-GEMV path (reads only the selected experts) and the cuBLAS prefill path,
+batch invariance, and moe_block (routing, experts and the gated shared expert) bitwise equal to
+the separate ops, eagerly and replayed from a CUDA graph."""
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
 
 from ninfer import ops
 from ninfer.core.dtypes import DType
+from ninfer.core.tensor import Weight
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (DTYPES, TOL_BF16_X, assert_close, assert_same_bits, dev, host,
-                           poisoned, randn, weight_pair)
+from cuda_testutil import (DTYPES, TOL_BF16_X, TOL_F32, assert_close, assert_same_bits, cp, dev,
+                           host, poisoned, randn, weight_pair)
 
 pytestmark = pytest.mark.gpu
 
@@ -75,3 +80,266 @@ def test_moe_experts_batch_invariance(rng):
         part = poisoned((len(rows), hidden))
         kmoe.moe_experts(x[rows], gu_d, dn_d, ids[rows], w[rows], part, workspace=ws)
         assert_same_bits(part, batch[rows], f"rows {rows}")
+
+
+# The block-per-row routing kernel that the warp-per-row moe_route_kernel replaced, verbatim (but
+# for its name): the bitwise reference of the new kernel.
+_FORMER_ROUTE = r'''
+extern "C" __global__ void __launch_bounds__(1024) former_route(const float* __restrict__ logits,
+                                                              i64 logits_rs, int experts, int top_k,
+                                                              float* __restrict__ w_out, i64 w_rs,
+                                                              int* __restrict__ ids_out, i64 ids_rs) {
+  __shared__ float scratch[32];
+  __shared__ float red_v[32];
+  __shared__ int red_i[32];
+  __shared__ float picked_p[64];
+  __shared__ int picked_id[64];
+  const i64 n = blockIdx.x;
+  const int e = threadIdx.x;
+  const bool ok = e < experts;
+  const float l = ok ? logits[n * logits_rs + e] : -NINFER_INF;
+  const float m = block_max(l, scratch);
+  const float ex = ok ? expf(l - m) : 0.0f;
+  const float total = block_sum(ex, scratch);
+  float p = ok ? ex / total : -1.0f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  for (int k = 0; k < top_k; ++k) {
+    float bv = p;
+    int bi = ok ? e : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) { red_v[warp] = bv; red_i[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float v = red_v[0];
+      int id = red_i[0];
+      for (int w = 1; w < nwarps; ++w)
+        if (red_v[w] > v || (red_v[w] == v && red_i[w] < id)) { v = red_v[w]; id = red_i[w]; }
+      picked_p[k] = v;
+      picked_id[k] = id;
+    }
+    __syncthreads();
+    if (e == picked_id[k]) p = -1.0f;  // taken
+  }
+  if (threadIdx.x == 0) {
+    float sum = 0.0f;
+    for (int k = 0; k < top_k; ++k) sum += picked_p[k];
+    for (int k = 0; k < top_k; ++k) {
+      w_out[n * w_rs + k] = picked_p[k] / sum;
+      ids_out[n * ids_rs + k] = picked_id[k];
+    }
+  }
+}
+'''
+
+
+@functools.cache
+def _former_route_fn():
+    from ninfer.kernels_cuda._loader import BASE_OPTIONS, PACKAGE_DIR, expand_source
+
+    code = expand_source(PACKAGE_DIR / "common.cuh") + _FORMER_ROUTE
+    return cp().RawModule(code=code, options=BASE_OPTIONS).get_function("former_route")
+
+
+def _former_route(logits, top_k):
+    n, experts = logits.shape
+    w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+    _former_route_fn()((n,), (max(32, (experts + 31) // 32 * 32),),
+                       (logits, np.int64(logits.strides[0] // 4), np.int32(experts),
+                        np.int32(top_k), w, np.int64(top_k), ids, np.int64(top_k)))
+    return w, ids
+
+
+def _route_logits(rng, n, experts):
+    """Host logits: random rows, then a row of many exact ties and a row of equal values."""
+    logits = randn(rng, (n, experts), 2.0)
+    logits[1] = rng.integers(-3, 3, experts) * 0.5
+    logits[2] = 0.25
+    return logits
+
+
+@pytest.mark.parametrize("experts,top_k", [(256, 8), (60, 5), (512, 10), (1000, 64), (32, 32),
+                                           (7, 3), (300, 9)])
+def test_moe_route_equals_former_kernel_bitwise(rng, experts, top_k):
+    """Ids and weights bitwise equal to the former block-per-row kernel, ids equal to the float64
+    reference (ties to the lower id), on strided rows."""
+    n = 13
+    host_logits = _route_logits(rng, n, experts)
+    parent = dev(randn(rng, (n, experts + 3)))
+    logits = parent[:, 1:experts + 1]
+    logits[...] = dev(host_logits)
+    w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+    ops.moe_route(logits, top_k, w, ids)
+    former_w, former_ids = _former_route(logits, top_k)
+    assert_same_bits(ids, former_ids, "ids")
+    assert_same_bits(w, former_w, "weights")
+    exp_w, exp_ids = ref.moe_route(host_logits, top_k)
+    np.testing.assert_array_equal(host(ids), exp_ids)
+    assert_close(w, exp_w, 1e-6)
+
+
+def test_moe_route_rows_without_a_softmax(rng):
+    """A NaN or +inf logit, or only -inf: experts 0..K-1 with NaN weights (as on the CPU); the
+    other rows are unaffected."""
+    n, experts, top_k = 5, 256, 8
+    logits = randn(rng, (n, experts), 2.0)
+    logits[1, 77] = np.nan
+    logits[2, 3] = np.inf
+    logits[3] = -np.inf
+    w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+    ops.moe_route(dev(logits), top_k, w, ids)
+    w, ids = host(w), host(ids)
+    for r in (1, 2, 3):
+        assert ids[r].tolist() == list(range(top_k)), r
+        assert np.all(np.isnan(w[r])), r
+    exp_w, exp_ids = ref.moe_route(logits[[0, 4]], top_k)
+    np.testing.assert_array_equal(ids[[0, 4]], exp_ids)
+    assert_close(w[[0, 4]], exp_w, 1e-6)
+
+
+@pytest.mark.parametrize("rows_kernel", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_router_and_shared_gate_in_one_linear_are_bitwise_unchanged(rng, monkeypatch, dtype,
+                                                                    rows_kernel):
+    """Decode (N <= 8, the GEMV): linear over [router; shared_gate] gives each column exactly what
+    the two separate linears gave (the 35B-A3B shape: E = 256, H = 2048)."""
+    from ninfer.kernels_cuda import linear as klinear
+
+    monkeypatch.setattr(klinear, "GEMV_ROWS", rows_kernel)
+    experts, hidden = 256, 2048
+    both_h, _ = weight_pair(rng, (experts + 1, hidden), dtype, hidden ** -0.5)
+    router = Weight(dev(both_h.data[:experts]), dtype)
+    gate = Weight(dev(both_h.data[experts:]), dtype)
+    both = Weight(dev(both_h.data), dtype)
+    for n in (1, 2, 3, 5, 8):
+        x = dev(randn(rng, (n, hidden)))
+        fused, lone, lone_gate = poisoned((n, experts + 1)), poisoned((n, experts)), poisoned((n, 1))
+        ops.linear(x, both, fused)
+        ops.linear(x, router, lone)
+        ops.linear(x, gate, lone_gate)
+        assert_same_bits(fused[:, :experts], lone, f"router logits, n={n}")
+        assert_same_bits(fused[:, experts:], lone_gate, f"gate logit, n={n}")
+
+
+def _block_inputs(rng, dtype, n, experts, hidden=136, inter=40):
+    gu_h, gu_d = weight_pair(rng, (experts, 2 * inter, hidden), dtype, scale=hidden ** -0.5)
+    dn_h, dn_d = weight_pair(rng, (experts, hidden, inter), dtype, scale=inter ** -0.5)
+    x = dev(randn(rng, (n, hidden)))
+    logits = dev(randn(rng, (n, experts + 1), 2.0))  # [router logits | shared gate logit]
+    shared = dev(randn(rng, (n, hidden)))
+    return (gu_h, gu_d), (dn_h, dn_d), x, logits, shared
+
+
+def _separate_ops(x, logits, top_k, gu, dn, shared, **kw):
+    n, experts = logits.shape[0], logits.shape[1] - 1
+    w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, x.shape[1]))
+    ops.moe_route(logits[:, :experts], top_k, w, ids)
+    ops.moe_experts(x, gu, dn, ids, w, out, **kw)
+    if shared is not None:
+        ops.sigmoid_scale_add(out, shared, logits[:, experts:])
+    return w, ids, out
+
+
+def _moe_block(x, logits, top_k, gu, dn, shared, **kw):
+    n, experts = logits.shape[0], logits.shape[1] - 1
+    w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, x.shape[1]))
+    gate = logits[:, experts:] if shared is not None else None
+    ops.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                  shared_gate=gate, **kw)
+    return w, ids, out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,batch_invariant", [(1, False), (3, False), (8, False), (20, False),
+                                               (70, False), (70, True)])
+@pytest.mark.parametrize("experts", [64, 256, 300, 600])  # route J = 2, 8, 16, 32 (unfused)
+def test_moe_block_equals_the_separate_ops_bitwise(rng, dtype, n, batch_invariant, experts):
+    """moe_block (fused routing + grouping; shared add in the combine) vs moe_route, moe_experts,
+    sigmoid_scale_add: weights, ids and output bitwise equal, on the grouped-GEMV path (f32 FMA
+    and tensor-core kernels) and the cuBLAS prefill path (n = 70)."""
+    top_k = 8
+    (gu_h, gu), (dn_h, dn), x, logits, shared = _block_inputs(rng, dtype, n, experts)
+    kw = dict(batch_invariant=True) if batch_invariant else {}
+    got = _moe_block(x, logits, top_k, gu, dn, shared, **kw)
+    want = _separate_ops(x, logits, top_k, gu, dn, shared, **kw)
+    for g, e, what in zip(got, want, ("weights", "ids", "out")):
+        assert_same_bits(g, e, what)
+    w, ids, out = (host(a) for a in got)
+    gate = host(logits)[:, experts:].astype(np.float64)
+    expect = (ref.moe_experts(host(x), gu_h, dn_h, ids, w)
+              + host(shared) / (1.0 + np.exp(-gate)))
+    prefill_bf16 = dtype is DType.BFLOAT16 and n > kmoe.GEMV_MAX_ROWS and not batch_invariant
+    assert_close(out, expect, TOL_BF16_X if prefill_bf16 else TOL_F32)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_block_without_shared_equals_route_and_experts(rng, dtype):
+    (_, gu), (_, dn), x, logits, _ = _block_inputs(rng, dtype, 5, 256)
+    got = _moe_block(x, logits, 8, gu, dn, None)
+    want = _separate_ops(x, logits, 8, gu, dn, None)
+    for g, e, what in zip(got, want, ("weights", "ids", "out")):
+        assert_same_bits(g, e, what)
+
+
+@pytest.mark.parametrize("experts", [256, 600])
+def test_fused_route_grouping_equals_the_group_kernel(rng, experts):
+    """The group tables moe_route_group_kernel leaves in the workspace equal moe_group_kernel's
+    (experts = 600: routing and grouping are separate launches)."""
+    n, top_k, hidden, inter = 8, 8, 136, 40
+    (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts)
+    ws_block = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+    ws_group = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+    for ws in (ws_block, ws_group):
+        for a in (ws.group_expert, ws.group_pairs, ws.num_groups):
+            a.fill(-7)
+    w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+    out = poisoned((n, hidden))
+    kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, workspace=ws_block)
+    kmoe.moe_experts(x, gu, dn, ids, w, poisoned((n, hidden)), workspace=ws_group)
+    groups = int(host(ws_group.num_groups)[0])
+    assert 1 <= groups <= n * top_k
+    assert_same_bits(ws_block.num_groups, ws_group.num_groups, "num_groups")
+    assert_same_bits(ws_block.group_expert[:groups], ws_group.group_expert[:groups], "experts")
+    assert_same_bits(ws_block.group_pairs[:groups * 8], ws_group.group_pairs[:groups * 8], "pairs")
+
+
+def test_moe_block_graph_replay_equals_eager(rng):
+    """Captured in a CUDA graph (workspace preallocated) and replayed on new inputs in the same
+    buffers: bitwise the eager result."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    n, experts, top_k, hidden, inter = 4, 256, 8, 136, 40
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts)
+        ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+        w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
+
+        def step():
+            ops.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                          shared_gate=logits[:, experts:], workspace=ws)
+
+        step()  # compiles outside the capture
+        ctx.synchronize()
+        graph = CudaGraph("moe_block")
+        with graph.capture(ctx.stream):
+            step()
+        for _ in range(2):
+            x[...] = dev(randn(rng, (n, hidden)))
+            logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
+            shared[...] = dev(randn(rng, (n, hidden)))
+            for a in (w, ids, out):
+                a.fill(-7 if a.dtype == np.int32 else np.nan)
+            graph.launch(ctx.stream)
+            ctx.synchronize()
+            replay = [a.copy() for a in (w, ids, out)]
+            step()
+            ctx.synchronize()
+            for g, e, what in zip(replay, (w, ids, out), ("weights", "ids", "out")):
+                assert_same_bits(g, e, what)
+        graph.destroy()

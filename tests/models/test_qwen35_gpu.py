@@ -44,6 +44,16 @@ def bf16_case(tmp_path_factory):
     return build_case(tmp_path_factory.mktemp("bf16"), "tiny-dense", dtype="bfloat16")
 
 
+@pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
+def bf16_any_case(request, tmp_path_factory):
+    """bf16 weights (tensor-core GEMVs), dense and MoE (the MoE path of moe_block: fused routing
+    + grouping, tensor-core experts, the shared expert's add inside the combine), for the
+    bitwise-equality tests. (The comparison with transformers stays dense: the cuBLAS prefill's
+    bf16 activations could flip a near-tied routing choice of the tiny random MoE.)"""
+    return build_case(tmp_path_factory.mktemp("bf16-" + request.param), request.param,
+                      dtype="bfloat16")
+
+
 def test_fp32_prompt_logits_match_transformers(fp32_case):
     program = gpu_program(fp32_case)
     (prompt,) = prompts(fp32_case.vocab_size, [50], seed=1)
@@ -80,9 +90,9 @@ def test_bf16_greedy_64_matches_exact_reference(bf16_case):
     assert rel_err(np.stack(gen.logits), ref) < 2e-2
 
 
-def test_batched_equals_single_and_graph_equals_eager(bf16_case):
-    program = gpu_program(bf16_case)
-    plist = prompts(bf16_case.vocab_size, [3, 17, 30, 9], seed=4)
+def test_batched_equals_single_and_graph_equals_eager(bf16_any_case):
+    program = gpu_program(bf16_any_case)
+    plist = prompts(bf16_any_case.vocab_size, [3, 17, 30, 9], seed=4)
     sp = SamplingParams(temperature=0.9, top_p=0.95, seed=7)
     batched = generate(program, plist, 16, sampling=sp)
     for p, b in zip(plist, batched):
@@ -128,15 +138,15 @@ def test_prefill_graph_replay_equals_eager(tmp_path):
 
 
 @pytest.mark.parametrize("chunk", [64, 128])
-def test_chunked_prefill_equals_whole(bf16_case, chunk):
+def test_chunked_prefill_equals_whole(bf16_any_case, chunk):
     """With batch-invariant prefill GEMMs, chunking changes nothing: same tokens and logits.
     (The default cuBLAS prefill rounds activations to bf16 for tensor cores and its kernels
     depend on the row count, so there only the tokens of a real model are stable.)"""
-    (prompt,) = prompts(bf16_case.vocab_size, [200], seed=5)
+    (prompt,) = prompts(bf16_any_case.vocab_size, [200], seed=5)
     opts = dict(batch_invariant_prefill=True)
-    (whole,) = generate(gpu_program(bf16_case, prefill_chunk=256, **opts), [prompt], 24,
+    (whole,) = generate(gpu_program(bf16_any_case, prefill_chunk=256, **opts), [prompt], 24,
                         keep_logits=True)
-    (chunked,) = generate(gpu_program(bf16_case, prefill_chunk=chunk, **opts), [prompt], 24,
+    (chunked,) = generate(gpu_program(bf16_any_case, prefill_chunk=chunk, **opts), [prompt], 24,
                           keep_logits=True)
     assert chunked.tokens == whole.tokens
     np.testing.assert_array_equal(np.stack(chunked.logits), np.stack(whole.logits))

@@ -1,15 +1,16 @@
-"""moe_route (softmax, top-k, ties, renormalisation) and moe_experts (oracle, batch invariance,
-bitwise agreement with the dense linear path)."""
+"""moe_route (softmax, top-k, ties, renormalisation, strided rows, rows without a softmax),
+moe_experts (oracle, batch invariance, bitwise agreement with the dense linear path) and
+moe_block (bitwise the separate ops)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from ninfer.core.tensor import Weight
-from ninfer.ops import linear, moe_experts, moe_route, swiglu
+from ninfer.ops import linear, moe_block, moe_experts, moe_route, sigmoid_scale_add, swiglu
 from ninfer.ops import reference as ref
 
-from .helpers import DTYPES, assert_close, assert_same_bits, poisoned, randn, weight
+from .helpers import DTYPES, assert_close, assert_same_bits, poisoned, randn, rows_view, weight
 
 E, H, IM, K = 7, 37, 11, 3
 
@@ -32,6 +33,51 @@ def test_moe_route_ties_go_to_the_lower_id():
     moe_route(logits, 2, w_out, ids_out)
     assert ids_out.tolist() == [[1, 2]]
     assert_close(w_out, [[0.5, 0.5]], 1e-7)
+
+
+def test_moe_route_reads_strided_rows(rng):
+    logits = rows_view(rng, (6, E), scale=2.0)
+    w_out, ids_out = poisoned((6, K)), poisoned((6, K), np.int32)
+    moe_route(logits, K, w_out, ids_out)
+    w_ref, ids_ref = poisoned((6, K)), poisoned((6, K), np.int32)
+    moe_route(np.ascontiguousarray(logits), K, w_ref, ids_ref)
+    assert_same_bits(ids_out, ids_ref, "ids")
+    assert_same_bits(w_out, w_ref, "weights")
+
+
+def test_moe_route_rows_without_a_softmax(rng):
+    """A NaN or +inf logit, or only -inf: experts 0..K-1 with NaN weights."""
+    logits = randn(rng, (4, E), scale=2.0)
+    logits[0, 4] = np.nan
+    logits[1, 0] = np.inf
+    logits[2] = -np.inf
+    w_out, ids_out = poisoned((4, K)), poisoned((4, K), np.int32)
+    moe_route(logits, K, w_out, ids_out)
+    assert ids_out[:3].tolist() == [list(range(K))] * 3
+    assert np.all(np.isnan(w_out[:3]))
+    assert np.array_equal(ids_out[3:], ref.moe_route(logits[3:], K)[1])
+
+
+@pytest.mark.parametrize("with_shared", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_moe_block_equals_the_separate_ops_bitwise(rng, dtype, with_shared):
+    n = 5
+    x = randn(rng, (n, H))
+    gate_up = weight(rng, (E, 2 * IM, H), dtype, scale=0.3)
+    down = weight(rng, (E, H, IM), dtype, scale=0.3)
+    logits = randn(rng, (n, E + 1), scale=2.0)  # [router logits | shared gate logit]
+    shared = randn(rng, (n, H)) if with_shared else None
+    gate = logits[:, E:] if with_shared else None
+    w, ids, out = poisoned((n, K)), poisoned((n, K), np.int32), poisoned((n, H))
+    moe_block(x, logits[:, :E], K, gate_up, down, w, ids, out, shared=shared, shared_gate=gate)
+    w2, ids2, out2 = poisoned((n, K)), poisoned((n, K), np.int32), poisoned((n, H))
+    moe_route(logits[:, :E], K, w2, ids2)
+    moe_experts(x, gate_up, down, ids2, w2, out2)
+    if with_shared:
+        sigmoid_scale_add(out2, shared, gate)
+    assert_same_bits(ids, ids2, "ids")
+    assert_same_bits(w, w2, "weights")
+    assert_same_bits(out, out2, "out")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -85,6 +131,12 @@ def test_moe_checks(rng):
     with pytest.raises(ValueError, match="expert id outside"):
         moe_experts(randn(rng, (1, H)), gate_up, down, np.array([[E]], np.int32),
                     np.ones((1, 1), np.float32), poisoned((1, H)))
+    args = (randn(rng, (1, H)), randn(rng, (1, E)), K, gate_up, down, poisoned((1, K)),
+            poisoned((1, K), np.int32), poisoned((1, H)))
+    with pytest.raises(ValueError, match="go together"):
+        moe_block(*args, shared=randn(rng, (1, H)))
+    with pytest.raises(ValueError, match="logits must have shape"):
+        moe_block(args[0], randn(rng, (1, E + 1)), *args[2:])
     with pytest.raises(ValueError, match="down must have shape"):
         moe_experts(randn(rng, (1, H)), gate_up, weight(rng, (E, H, IM + 1), DTYPES[0]),
                     np.array([[0]], np.int32), np.ones((1, 1), np.float32), poisoned((1, H)))

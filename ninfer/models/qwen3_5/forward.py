@@ -262,15 +262,12 @@ class Qwen35Forward:
         self._linear(act, down, out)
 
     def _moe(self, w: MoEParams, x, out) -> None:
-        ws, n = self.ws, x.shape[0]
-        logits = ws.router_logits[:n]
-        self._linear(x, w.router, logits)
-        weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
-        ops.moe_route(logits, self.cfg.num_experts_per_tok, weights, ids)
-        ops.moe_experts(x, w.experts_gate_up, w.experts_down, ids, weights, out,
-                        batch_invariant=self.kws.batch_invariant, **self.kws.kw(self.kws.moe))
+        ws, n, e = self.ws, x.shape[0], self.cfg.num_experts
+        logits = ws.router_logits[:n]  # [router logits | shared-expert gate logit]
+        self._linear(x, w.router_gate, logits)
         shared = ws.shared_out[:n]
         self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
-        gate = ws.shared_gate_logit[:n]
-        self._linear(x, w.shared_gate, gate)
-        ops.sigmoid_scale_add(out, shared, gate)
+        ops.moe_block(x, logits[:, :e], self.cfg.num_experts_per_tok, w.experts_gate_up,
+                      w.experts_down, ws.moe_weights[:n], ws.moe_ids[:n], out, shared=shared,
+                      shared_gate=logits[:, e:], batch_invariant=self.kws.batch_invariant,
+                      **self.kws.kw(self.kws.moe))

@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 
 from ninfer.artifact import Artifact
+from ninfer.core.dtypes import DType, to_float32
 from ninfer.core.tensor import Weight
 from ninfer.errors import ArtifactError
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
@@ -49,12 +50,11 @@ class DenseMLPParams:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class MoEParams:
-    router: Weight  # [E, H]
+    router_gate: Weight  # [E + 1, H]: rows [router (E) | shared-expert gate (1)], one GEMV
     experts_gate_up: Weight  # [E, 2*Im, H]
     experts_down: Weight  # [E, H, Im]
     shared_gate_up: Weight  # [2*Is, H]
     shared_down: Weight  # [H, Is]
-    shared_gate: Weight  # [1, H]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,8 +114,10 @@ class _Binder:
                 raise ArtifactError(f"parameter {logical!r} has shape {w.shape}, expected {shape}")
         return w
 
-    def fused(self, logicals: list[str]) -> Weight:
-        """One Weight whose row blocks are `logicals` in order (a view when stored fused)."""
+    def fused(self, logicals: list[str], *, widen: bool = False) -> Weight:
+        """One Weight whose row blocks are `logicals` in order (a view when stored fused).
+
+        Members of different dtypes raise, or with `widen` are all widened to float32 (exact)."""
         bindings = [self.artifact.binding(n) for n in logicals]
         parent = bindings[0].object
         contiguous = all(b.object == parent and b.rows is not None for b in bindings) and all(
@@ -125,7 +127,9 @@ class _Binder:
             return self._object(parent).rows(bindings[0].rows[0], bindings[-1].rows[1])
         parts = [self.artifact.weight(n) for n in logicals]
         dtypes = {p.dtype for p in parts}
-        if len(dtypes) != 1:
+        if len(dtypes) != 1 and widen:
+            parts = [Weight(to_float32(np.asarray(p.data), p.dtype), DType.FLOAT32) for p in parts]
+        elif len(dtypes) != 1:
             raise ArtifactError(f"projections {logicals} mix dtypes {sorted(d.value for d in dtypes)}")
         raw = np.concatenate([np.asarray(p.data) for p in parts], axis=0)
         return Weight(self.place(raw), parts[0].dtype)
@@ -159,13 +163,13 @@ def bind_parameters(artifact: Artifact, cfg: Qwen35Config, place: Place) -> Para
         mlp = p + "mlp."
         if cfg.is_moe:
             ffn: DenseMLPParams | MoEParams = MoEParams(
-                router=b.weight(mlp + "gate.weight"),
+                router_gate=b.fused([mlp + "gate.weight", mlp + "shared_expert_gate.weight"],
+                                    widen=True),
                 experts_gate_up=b.weight(mlp + "experts.gate_up_proj"),
                 experts_down=b.weight(mlp + "experts.down_proj"),
                 shared_gate_up=b.fused([mlp + "shared_expert.gate_proj.weight",
                                         mlp + "shared_expert.up_proj.weight"]),
                 shared_down=b.weight(mlp + "shared_expert.down_proj.weight"),
-                shared_gate=b.weight(mlp + "shared_expert_gate.weight"),
             )
         else:
             ffn = DenseMLPParams(

@@ -69,10 +69,10 @@ def random_parameters(cfg: Qwen35Config, *, xp=np, seed: int = 0,
             e, im, is_ = (cfg.num_experts, cfg.moe_intermediate_size,
                           cfg.shared_expert_intermediate_size)
             ffn: DenseMLPParams | MoEParams = MoEParams(
-                router=d.linear(e, h), experts_gate_up=d.weight((e, 2 * im, h), h ** -0.5),
+                router_gate=d.linear(e + 1, h),
+                experts_gate_up=d.weight((e, 2 * im, h), h ** -0.5),
                 experts_down=d.weight((e, h, im), im ** -0.5),
-                shared_gate_up=d.linear(2 * is_, h), shared_down=d.linear(h, is_),
-                shared_gate=d.linear(1, h))
+                shared_gate_up=d.linear(2 * is_, h), shared_down=d.linear(h, is_))
         else:
             i = cfg.intermediate_size
             ffn = DenseMLPParams(gate_up=d.linear(2 * i, h), down=d.linear(h, i))

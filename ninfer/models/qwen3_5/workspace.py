@@ -74,11 +74,10 @@ class Workspace:
         self._ffn_act = xp.empty(n * sizes.ffn_inner, f32)
         if cfg.is_moe:
             k = cfg.num_experts_per_tok
-            self.router_logits = xp.empty((n, cfg.num_experts), f32)
+            self.router_logits = xp.empty((n, cfg.num_experts + 1), f32)  # | shared-gate logit
             self.moe_weights = xp.empty((n, k), f32)
             self.moe_ids = xp.empty((n, k), np.int32)
             self.shared_out = xp.empty((n, h), f32)
-            self.shared_gate_logit = xp.empty((n, 1), f32)
         # final norm + lm_head for the sampled rows
         self.final_normed = xp.empty((max_logit_rows, h), f32)
         self.logits = xp.empty((max_logit_rows, cfg.vocab_size), f32)
