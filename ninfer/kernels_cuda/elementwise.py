@@ -1,7 +1,10 @@
 """Launchers for elementwise.cu: sigmoid_mul, swiglu, sigmoid_scale_add, add_inplace.
 
 Contracts: docs/ops.md. All operands are f32 CuPy arrays on the executing device, 2-D with a
-contiguous last axis (rows may be strided). Launch on CuPy's current stream; no allocation.
+contiguous last axis (rows may be strided), except that `sigmoid_mul` and `swiglu` may write
+uint16 bf16 bits: the f32 result rounded to nearest even, bit for bit what `linear.to_bf16` makes
+of the f32 output (the operand of a cuBLAS bf16 GEMM). Launch on CuPy's current stream; no
+allocation.
 """
 from __future__ import annotations
 
@@ -11,7 +14,11 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _OPS = ("SigmoidMul", "SiluMul", "SigmoidScaleAdd", "Add")
-SOURCE = KernelSource("elementwise.cu", tuple(f"ew_kernel<{op}>" for op in _OPS))
+_BF16_OUT_OPS = ("SigmoidMul", "SiluMul")
+_OUT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "unsigned short"}
+SOURCE = KernelSource("elementwise.cu", tuple(
+    [f"ew_kernel<{op}, float>" for op in _OPS]
+    + [f"ew_kernel<{op}, unsigned short>" for op in _BF16_OUT_OPS]))
 _PARAMS = C.struct(("a", "ptr"), ("b", "ptr"), ("c", "ptr"), ("out", "ptr"), ("a_rs", "i64"),
                    ("b_rs", "i64"), ("c_rs", "i64"), ("out_rs", "i64"), ("c_cs", "i64"),
                    ("m", "i32"), ("pad", "i32"))
@@ -19,9 +26,16 @@ assert _PARAMS.itemsize == 80
 _THREADS = 256
 
 
-def _matrix(x, name, n=None, m=None):
-    C.device_array(x, name, dtype=np.float32, ndim=2, shape=(n, m))
+def _matrix(x, name, n=None, m=None, dtype=np.float32):
+    C.device_array(x, name, dtype=dtype, ndim=2, shape=(n, m))
     return C.row_stride(x, name)
+
+
+def _out_dtype(out):
+    """float32, or uint16 (bf16 bits) for the ops that may write the operand of a bf16 GEMM."""
+    C.require(getattr(out, "dtype", None) in _OUT_TYPES, "out",
+              f"dtype {getattr(out, 'dtype', None)}, expected float32 or uint16 (bf16 bits)")
+    return out.dtype
 
 
 def _run(op: str, a, b, out, c=None, c_rs=0, c_cs=0) -> None:
@@ -31,25 +45,27 @@ def _run(op: str, a, b, out, c=None, c_rs=0, c_cs=0) -> None:
     params = C.pack(_PARAMS, a=C.ptr(a), b=C.ptr(b), c=C.ptr(c) if c is not None else 0,
                     out=C.ptr(out), a_rs=C.row_stride(a, "a"), b_rs=C.row_stride(b, "b"),
                     c_rs=c_rs, out_rs=C.row_stride(out, "out"), c_cs=c_cs, m=m)
-    launch(get_function(SOURCE, f"ew_kernel<{op}>"), (n, (m + _THREADS - 1) // _THREADS),
-           (_THREADS,), (params,), name=op)
+    fn = get_function(SOURCE, f"ew_kernel<{op}, {_OUT_TYPES[out.dtype]}>")
+    launch(fn, (n, (m + _THREADS - 1) // _THREADS), (_THREADS,), (params,), name=op)
 
 
 def sigmoid_mul(x, gate, out) -> None:
-    """out = x * sigmoid(gate); x, out f32[N,M]; gate f32[N,M] rows strided; out may be x."""
+    """out = x * sigmoid(gate); x f32[N,M]; gate f32[N,M] rows strided; out f32[N,M] (may be
+    x) or bf16 bits [N,M] (must not overlap x or gate)."""
     n, m = x.shape if x.ndim == 2 else (None, None)
     _matrix(x, "x")
     _matrix(gate, "gate", n, m)
-    _matrix(out, "out", n, m)
+    _matrix(out, "out", n, m, _out_dtype(out))
     _run("SigmoidMul", x, gate, out)
 
 
 def swiglu(gate_up, out) -> None:
-    """out = silu(gate_up[:, :I]) * gate_up[:, I:]; gate_up f32[N,2I], out f32[N,I]."""
+    """out = silu(gate_up[:, :I]) * gate_up[:, I:]; gate_up f32[N,2I], out f32 or bf16 bits
+    [N,I]."""
     _matrix(gate_up, "gate_up")
     n, two_i = gate_up.shape
     C.require(two_i % 2 == 0, "gate_up", f"width {two_i} is not even")
-    _matrix(out, "out", n, two_i // 2)
+    _matrix(out, "out", n, two_i // 2, _out_dtype(out))
     half = two_i // 2
     _run("SiluMul", gate_up[:, :half], gate_up[:, half:], out)
 
