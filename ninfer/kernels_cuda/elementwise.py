@@ -16,9 +16,10 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 _OPS = ("SigmoidMul", "SiluMul", "SigmoidScaleAdd", "Add")
 _BF16_OUT_OPS = ("SigmoidMul", "SiluMul")
 _OUT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "unsigned short"}
+_VECS = (1, 4)
 SOURCE = KernelSource("elementwise.cu", tuple(
-    [f"ew_kernel<{op}, float>" for op in _OPS]
-    + [f"ew_kernel<{op}, unsigned short>" for op in _BF16_OUT_OPS]))
+    [f"ew_kernel<{op}, float, {vec}>" for op in _OPS for vec in _VECS]
+    + [f"ew_kernel<{op}, unsigned short, {vec}>" for op in _BF16_OUT_OPS for vec in _VECS]))
 _PARAMS = C.struct(("a", "ptr"), ("b", "ptr"), ("c", "ptr"), ("out", "ptr"), ("a_rs", "i64"),
                    ("b_rs", "i64"), ("c_rs", "i64"), ("out_rs", "i64"), ("c_cs", "i64"),
                    ("m", "i32"), ("pad", "i32"))
@@ -38,15 +39,25 @@ def _out_dtype(out):
     return out.dtype
 
 
+def _vec(m: int, a, a_rs: int, b, b_rs: int, out, out_rs: int) -> int:
+    """4 when every row of a, b and out can be read / written 4 elements at a time, else 1."""
+    ok = (m % 4 == 0 and a_rs % 4 == 0 and b_rs % 4 == 0 and out_rs % 4 == 0
+          and C.aligned(a) and C.aligned(b) and C.aligned(out, 4 * out.itemsize))
+    return 4 if ok else 1
+
+
 def _run(op: str, a, b, out, c=None, c_rs=0, c_cs=0) -> None:
     n, m = out.shape
     if n == 0 or m == 0:
         return
+    a_rs, b_rs, out_rs = C.row_stride(a, "a"), C.row_stride(b, "b"), C.row_stride(out, "out")
     params = C.pack(_PARAMS, a=C.ptr(a), b=C.ptr(b), c=C.ptr(c) if c is not None else 0,
-                    out=C.ptr(out), a_rs=C.row_stride(a, "a"), b_rs=C.row_stride(b, "b"),
-                    c_rs=c_rs, out_rs=C.row_stride(out, "out"), c_cs=c_cs, m=m)
-    fn = get_function(SOURCE, f"ew_kernel<{op}, {_OUT_TYPES[out.dtype]}>")
-    launch(fn, (n, (m + _THREADS - 1) // _THREADS), (_THREADS,), (params,), name=op)
+                    out=C.ptr(out), a_rs=a_rs, b_rs=b_rs, c_rs=c_rs, out_rs=out_rs, c_cs=c_cs,
+                    m=m)
+    vec = _vec(m, a, a_rs, b, b_rs, out, out_rs)
+    fn = get_function(SOURCE, f"ew_kernel<{op}, {_OUT_TYPES[out.dtype]}, {vec}>")
+    per_block = _THREADS * vec
+    launch(fn, (n, (m + per_block - 1) // per_block), (_THREADS,), (params,), name=op)
 
 
 def sigmoid_mul(x, gate, out) -> None:

@@ -82,7 +82,7 @@ def test_gated_rms_norm_bf16_out(rng, dtype, hv, dv):
     assert_rne_of(bits, f32, "gated_rms_norm")
 
 
-@pytest.mark.parametrize("n,m", [(1, 5), (13, 333), (21, 4099)])
+@pytest.mark.parametrize("n,m", [(1, 5), (13, 333), (21, 4099), (7, 4096)])  # 4096: 4-wide
 def test_sigmoid_mul_and_swiglu_bf16_out(rng, n, m):
     x = dev(randn(rng, (n, m), 3.0))
     _, gate = rows_view(rng, (n, m), pad=3, scale=3.0)
