@@ -215,17 +215,26 @@ def sampling(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def norms(ctx: BenchContext, cp) -> list[Measure]:
-    from ninfer.kernels_cuda.norm import add_rms_norm
+    """add_rms_norm at decode and prefill-chunk rows (f32 out, and the bf16 operand out of the
+    prefill), and the GDN output norm of a prefill chunk (one warp per head row)."""
+    from ninfer.kernels_cuda.norm import add_rms_norm, gated_rms_norm
 
     h = ctx.shape.hidden
     out = []
-    for n in (1, 8):
+    for n, out_dtype in ((1, cp.float32), (8, cp.float32), (512, cp.float32), (512, cp.uint16)):
         res, x = f32_random(cp, (n, h)), f32_random(cp, (n, h))
         w = Weight(bf16_random(cp, (h,), 0.1), DType.BFLOAT16)
-        y = cp.empty_like(x)
-        out.append(Measure("add_rms_norm", f"N={n} H={h}",
+        y = cp.empty((n, h), dtype=out_dtype)
+        out.append(Measure("add_rms_norm", f"N={n} H={h} out={np.dtype(out_dtype).name}",
                            ctx.time(lambda i: add_rms_norm(res, x, w, 1e-6, y)),
-                           bytes=4 * n * h * 4))
+                           bytes=n * h * (12 + y.itemsize)))
+    n, hv, dv = 512, ctx.shape.value_heads, ctx.shape.dv
+    x, z = f32_random(cp, (n, hv, dv)), f32_random(cp, (n, hv, dv))
+    w = Weight(bf16_random(cp, (dv,), 0.1), DType.BFLOAT16)
+    y = cp.empty((n, hv, dv), dtype=cp.uint16)
+    out.append(Measure("gated_rms_norm", f"N={n} Hv={hv} dv={dv} out=uint16",
+                       ctx.time(lambda i: gated_rms_norm(x, z, w, 1e-6, y)),
+                       bytes=n * hv * dv * (8 + 2)))
     return out
 
 

@@ -6,7 +6,7 @@
 // for KV head g = h - A:          page slot of (row_seq[n], row_pos[n]) <- rope(rms_zc(k[n, g],
 //                                 k_norm)) and v[n, g], cast to KT (a page id outside
 //                                 [0, num_pages) is skipped, as kv_write does).
-// The arithmetic is that of norm_kernel<WT, RMS_ZC, NV> with the same T (thread i holds
+// The arithmetic is that of norm_kernel<WT, float, RMS_ZC, NV, T, RB> (thread i holds
 // elements i + j*T, j ascending; block_sum), then rope_kernel's rotation (fp32 sincosf), so the
 // result equals rms_norm -> rope -> kv_write bit for bit.
 #include "common.cuh"

@@ -12,7 +12,9 @@ Two paths:
   bf16 copy of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None,
   which a graph capture does not allow) with fp32 accumulation and fp32 output; f32 weights use
   fp32 gemmEx (no TF32). Its results depend on cuBLAS's algorithm choice for the shape and on
-  x's rounding to bf16.
+  x's rounding to bf16. x may also arrive as that bf16 copy already (uint16 [N, K] C-contiguous,
+  written by the kernel that produced x): then nothing is converted, and the GEMM reads the same
+  operand bits at the same leading dimension K, so `out` is bitwise what the f32 x gives.
 """
 from __future__ import annotations
 
@@ -169,26 +171,41 @@ def linear_swiglu(x, gate_up, out) -> None:
     _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
 
-def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
-    """out f32[N,M] = x f32[N,K] (rows strided) @ weight[M,K]^T (f32 or bf16).
+def takes_cublas(n: int, batch_invariant: bool) -> bool:
+    """Whether `linear` with n rows runs the cuBLAS GEMM (else the batch-invariant GEMV)."""
+    return n > GEMV_MAX_ROWS and not batch_invariant
 
-    `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of x on the cuBLAS
-    path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV kernel
-    for any N.
+
+def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
+    """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
+
+    x: f32 (rows strided), or bf16 bits (uint16, C-contiguous) when the call takes the cuBLAS
+    path with bf16 weights (`takes_cublas`), which rounds an f32 x to exactly those bits.
+    `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of an f32 x on the
+    cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
+    kernel for any N.
     """
-    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    bf16_x = getattr(x, "dtype", None) == np.uint16
+    C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
     n, k = x.shape
     w, kind = C.weight_array(weight, "weight")
     C.require(w.ndim == 2 and w.shape[1] == k, "weight", f"shape {w.shape}, expected [M, {k}]")
     m = w.shape[0]
     C.device_array(out, "out", dtype=np.float32, ndim=2, shape=(n, m))
     x_rs, w_rs, out_rs = C.row_stride(x, "x"), C.row_stride(w, "weight"), C.row_stride(out, "out")
+    cublas = takes_cublas(n, batch_invariant)
+    if bf16_x:
+        C.require(kind is C.WKind.BF16 and cublas, "x",
+                  f"bf16 x is read only by the cuBLAS path (bf16 weights, N > {GEMV_MAX_ROWS}, "
+                  f"not batch invariant); got {kind.name} weights, N = {n}, "
+                  f"batch_invariant={batch_invariant}")
+        C.contiguous(x, "x")
     if n == 0 or m == 0:
         return
     if k == 0:
         out.fill(0)
         return
-    if n <= GEMV_MAX_ROWS or batch_invariant:
+    if not cublas:
         launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)
         return
     _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
@@ -204,18 +221,26 @@ def to_bf16(x, x_rs: int, n: int, k: int, out) -> None:
            (x, np.int64(x_rs), np.int32(n), np.int32(k), out), name="f32_to_bf16")
 
 
+def _bf16_operand(x, x_rs, n, k, workspace):
+    """x as bf16 bits [N, K] rows K apart: x itself when it is bf16 already, else its RNE copy
+    in `workspace` (or a pool allocation outside a capture)."""
+    if x.dtype == np.uint16:
+        return x
+    if workspace is None:
+        C.require(not C.cupy().cuda.get_current_stream().is_capturing(), "workspace",
+                  "a bf16 linear with more than GEMV_MAX_ROWS rows inside a graph capture "
+                  "needs a preallocated workspace")
+        workspace = C.cupy().empty(n * k, dtype=np.uint16)
+    C.device_array(workspace, "workspace", dtype=np.uint16)
+    C.require(workspace.size >= n * k and workspace.flags.c_contiguous, "workspace",
+              f"needs >= {n * k} contiguous uint16 elements")
+    to_bf16(x, x_rs, n, k, workspace)
+    return workspace
+
+
 def _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace) -> None:
     if kind is C.WKind.BF16:
-        if workspace is None:
-            C.require(not C.cupy().cuda.get_current_stream().is_capturing(), "workspace",
-                      "a bf16 linear with more than GEMV_MAX_ROWS rows inside a graph capture "
-                      "needs a preallocated workspace")
-            workspace = C.cupy().empty(n * k, dtype=np.uint16)
-        C.device_array(workspace, "workspace", dtype=np.uint16)
-        C.require(workspace.size >= n * k and workspace.flags.c_contiguous, "workspace",
-                  f"needs >= {n * k} contiguous uint16 elements")
-        to_bf16(x, x_rs, n, k, workspace)
-        b_ptr, b_ld, dtype = C.ptr(workspace), k, _cublas.R_16BF
+        b_ptr, b_ld, dtype = C.ptr(_bf16_operand(x, x_rs, n, k, workspace)), k, _cublas.R_16BF
     else:
         b_ptr, b_ld, dtype = C.ptr(x), x_rs, _cublas.R_32F
     # Column-major view: out^T [M, N] = (w as K x M)^T @ (x as K x N).

@@ -1,7 +1,9 @@
 """Launchers for norm.cu: rms_norm, add_rms_norm, gated_rms_norm, l2norm_heads (docs/ops.md).
 
 Inputs are f32 CuPy arrays, 2-D `[N, D]` or 3-D `[N, heads, D]` with a contiguous last axis and
-arbitrary row/head strides; the norm runs over the last axis. Weights are f32 or bf16.
+arbitrary row/head strides; the norm runs over the last axis. Weights are f32 or bf16. `out` is
+f32, or (every mode but L2) uint16 holding bf16 bits: the f32 result rounded to nearest even,
+bit for bit what `linear.to_bf16` makes of the f32 output (the operand of a cuBLAS bf16 GEMM).
 """
 from __future__ import annotations
 
@@ -12,13 +14,26 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 RMS, RMS_ZC, GATED, L2, ADD_RMS_ZC = range(5)
 _NV = (0, 1, 2, 4, 8, 16)
+WARP_ROWS = 4  # rows per block when one warp holds a row (RB)
+MAX_WARP_VALUES = 8  # values per lane of a warp-held row: (T / 32) * NV
+# every (NV, T, RB) that `launch_shape` returns for some D >= 1
+_SHAPES = ((1, 32, 4), (1, 64, 4), (1, 128, 4), (1, 256, 4), (2, 256, 1), (4, 256, 1),
+           (8, 256, 1), (16, 256, 1), (8, 1024, 1), (0, 1024, 1))
+_OUT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "unsigned short"}
+_BF16_OUT_MODES = (RMS, RMS_ZC, GATED, ADD_RMS_ZC)
 SOURCE = KernelSource("norm.cu", tuple(
-    f"norm_kernel<{k.ctype}, {mode}, {nv}>" for k in C.WKind for mode in range(5) for nv in _NV))
+    f"norm_kernel<{k.ctype}, {ot}, {mode}, {nv}, {t}, {rb}>" for k in C.WKind
+    for ot in _OUT_TYPES.values() for mode in range(5) for nv, t, rb in _SHAPES
+    if ot == "float" or mode in _BF16_OUT_MODES))
+# one block per row for the shapes that run one warp per row (tests: both layouts, same bits)
+REFERENCE_SOURCE = KernelSource("norm.cu", tuple(
+    f"norm_kernel<{k.ctype}, float, {mode}, {nv}, {t}, 1>" for k in C.WKind for mode in range(5)
+    for nv, t, rb in _SHAPES if rb > 1))
 _PARAMS = C.struct(("x", "ptr"), ("z", "ptr"), ("residual", "ptr"), ("w", "ptr"), ("out", "ptr"),
                    ("x_rs", "i64"), ("x_hs", "i64"), ("z_rs", "i64"), ("z_hs", "i64"),
                    ("r_rs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("heads", "i32"),
-                   ("dim", "i32"), ("eps", "f32"), ("scale", "f32"))
-assert _PARAMS.itemsize == 112
+                   ("dim", "i32"), ("eps", "f32"), ("scale", "f32"), ("rows", "i64"))
+assert _PARAMS.itemsize == 120
 
 
 def block_threads(dim: int) -> int:
@@ -38,18 +53,40 @@ def elements_per_thread(dim: int) -> int:
     return 0 if nv == 16 and threads > 256 else nv
 
 
-def _rows(x, name: str):
-    """(N, heads, D, row stride, head stride) of a 2-D or 3-D f32 operand."""
-    C.device_array(x, name, dtype=np.float32, ndim=(2, 3))
+def launch_shape(dim: int) -> tuple[int, int, int]:
+    """(NV, T, RB) of norm_kernel for rows of D = dim: NV elements per thread of the T-thread
+    reduction order (functions of D only), RB = rows per block (1: a block per row; WARP_ROWS:
+    a warp per row, when a lane can hold the (T / 32) * NV values)."""
+    nv, threads = elements_per_thread(dim), block_threads(dim)
+    warp = nv > 0 and (threads // 32) * nv <= MAX_WARP_VALUES
+    return nv, threads, WARP_ROWS if warp else 1
+
+
+def _rows(x, name: str, dtype=np.float32):
+    """(N, heads, D, row stride, head stride) of a 2-D or 3-D operand."""
+    C.device_array(x, name, dtype=dtype, ndim=(2, 3))
     st = C.inner_contiguous(x, name, 1)
     if x.ndim == 2:
         return x.shape[0], 1, x.shape[1], st[0], 0
     return x.shape[0], x.shape[1], x.shape[2], st[0], st[1]
 
 
-def _launch(mode: int, x, out, weight=None, z=None, residual=None, eps=0.0, scale=1.0):
+def _out_type(out, mode: int) -> str:
+    """The kernel's OT spelling for `out`: float32, or uint16 (bf16 bits) in every mode but L2."""
+    C.device_array(out, "out")
+    allowed = _OUT_TYPES if mode in _BF16_OUT_MODES else {np.dtype(np.float32): "float"}
+    found = allowed.get(out.dtype)
+    C.require(found is not None, "out",
+              f"dtype {out.dtype}, expected {' or '.join(map(str, allowed))}")
+    return found
+
+
+def _launch(mode: int, x, out, weight=None, z=None, residual=None, eps=0.0, scale=1.0,
+            reference_layout: bool = False):
+    """`reference_layout` (tests, f32 out): one block per row even where a warp holds a row."""
     n, heads, dim, x_rs, x_hs = _rows(x, "x")
-    n2, heads2, dim2, o_rs, o_hs = _rows(out, "out")
+    out_type = _out_type(out, mode)
+    n2, heads2, dim2, o_rs, o_hs = _rows(out, "out", out.dtype)
     C.require((n2, heads2, dim2) == (n, heads, dim), "out",
               f"shape {tuple(out.shape)} does not match x {tuple(x.shape)}")
     z_rs = z_hs = r_rs = 0
@@ -71,24 +108,37 @@ def _launch(mode: int, x, out, weight=None, z=None, residual=None, eps=0.0, scal
     params = C.pack(_PARAMS, x=C.ptr(x), z=C.ptr(z) if z is not None else 0,
                     residual=C.ptr(residual) if residual is not None else 0, w=w_ptr,
                     out=C.ptr(out), x_rs=x_rs, x_hs=x_hs, z_rs=z_rs, z_hs=z_hs, r_rs=r_rs,
-                    out_rs=o_rs, out_hs=o_hs, heads=heads, dim=dim, eps=eps, scale=scale)
-    fn = get_function(SOURCE, f"norm_kernel<{kind.ctype}, {mode}, {elements_per_thread(dim)}>")
-    launch(fn, (n * heads,), (block_threads(dim),), (params,), name=f"norm[{mode}]")
+                    out_rs=o_rs, out_hs=o_hs, heads=heads, dim=dim, eps=eps, scale=scale,
+                    rows=n * heads)
+    nv, threads, rb = launch_shape(dim)
+    source = SOURCE
+    if reference_layout and rb > 1:
+        C.require(out_type == "float", "out", "the reference layout writes f32")
+        source, rb = REFERENCE_SOURCE, 1
+    fn = get_function(source, f"norm_kernel<{kind.ctype}, {out_type}, {mode}, {nv}, {threads}, "
+                              f"{rb}>")
+    if rb == 1:
+        launch(fn, (n * heads,), (threads,), (params,), name=f"norm[{mode}]")
+    else:
+        launch(fn, (-(-n * heads // rb),), (32 * rb,), (params,), name=f"norm[{mode}]")
 
 
 def rms_norm(x, weight, eps: float, out, *, zero_centered: bool) -> None:
-    """y = x / sqrt(mean(x^2) + eps) * (1 + w if zero_centered else w); `out` may be `x`."""
+    """y = x / sqrt(mean(x^2) + eps) * (1 + w if zero_centered else w); `out` (f32 or bf16
+    bits) may be `x` when f32."""
     _launch(RMS_ZC if zero_centered else RMS, x, out, weight=weight, eps=float(eps))
 
 
 def add_rms_norm(residual, x, weight, eps: float, out) -> None:
-    """residual += x (in place), then out = zero-centred rms_norm(residual). All f32[N,H]."""
+    """residual += x (in place), then out = zero-centred rms_norm(residual). residual, x
+    f32[N,H]; out f32 or bf16 bits [N,H]."""
     C.require(residual.ndim == 2 and x.ndim == 2, "residual", "expects 2-D [N, H] operands")
     _launch(ADD_RMS_ZC, x, out, weight=weight, residual=residual, eps=float(eps))
 
 
 def gated_rms_norm(x, z, weight, eps: float, out) -> None:
-    """Per head: y = w * (x / sqrt(mean(x^2) + eps)) * silu(z); x, z, out f32[N,Hv,dv]."""
+    """Per head: y = w * (x / sqrt(mean(x^2) + eps)) * silu(z); x, z f32[N,Hv,dv]; out f32 or
+    bf16 bits [N,Hv,dv]."""
     _launch(GATED, x, out, weight=weight, z=z, eps=float(eps))
 
 

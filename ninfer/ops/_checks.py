@@ -18,6 +18,7 @@ from ninfer.core.tensor import Weight
 from ninfer.ops._backend import Backend
 
 F32 = np.dtype(np.float32)
+BF16_BITS = np.dtype(np.uint16)  # bf16 activations as raw patterns (CUDA operands of bf16 GEMMs)
 I32 = np.dtype(np.int32)
 I64 = np.dtype(np.int64)
 U64 = np.dtype(np.uint64)
@@ -42,6 +43,18 @@ def array(op: str, name: str, a, dtype: np.dtype, shape: Sequence[int | None],
     _shape(op, name, tuple(a.shape), shape)
     _layout(op, name, a, layout)
     return tuple(a.shape)
+
+
+def f32_or_bf16(op: str, name: str, a, backend: Backend, shape: Sequence[int | None],
+                layout: Layout = Layout.CONTIGUOUS) -> tuple[int, ...]:
+    """Check an activation that is f32 (with `layout`), or on CUDA bf16 bits (uint16,
+    C-contiguous): the f32 values rounded to nearest even, as the cuBLAS GEMMs read them."""
+    if getattr(a, "dtype", None) == BF16_BITS:
+        if backend is not Backend.CUDA:
+            raise TypeError(f"{op}: a bf16 (uint16) {name} is CUDA-only; the CPU backend "
+                            "computes in f32")
+        return array(op, name, a, BF16_BITS, shape)
+    return array(op, name, a, F32, shape, layout)
 
 
 def weight(op: str, name: str, w, shape: Sequence[int | None]) -> tuple[int, ...]:

@@ -11,16 +11,30 @@ def supports(weight_dtype: DType) -> bool:
     return weight_dtype in check.WEIGHT_DTYPES
 
 
+def reads_bf16_x(rows: int, weight, *, batch_invariant: bool = False) -> bool:
+    """Whether `linear` with `rows` rows and this weight rounds x to bf16 (nearest even) before
+    multiplying: CUDA, bf16 weight, the cuBLAS path. Exactly then x may be passed as those bf16
+    bits (uint16) instead, with bitwise the same `out`."""
+    if weight.dtype is not DType.BFLOAT16 or backend_of(weight) is not Backend.CUDA:
+        return False
+    return check.kernels(Backend.CUDA, "linear").takes_cublas(rows, batch_invariant)
+
+
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out[N, M] = x[N, K] @ weight[M, K]^T.
 
-    x: f32, rows strided (last axis contiguous); weight: Weight (f32 or bf16), C-contiguous;
-    out: f32[N, M] C-contiguous, written, must not alias x. Batch invariant: each out[n, m]
-    depends only on x[n] and weight[m].
+    x: f32, rows strided (last axis contiguous), or bf16 bits (uint16, C-contiguous) where
+    `reads_bf16_x` holds; weight: Weight (f32 or bf16), C-contiguous; out: f32[N, M]
+    C-contiguous, written, must not alias x. Batch invariant: each out[n, m] depends only on
+    x[n] and weight[m].
     """
     backend = backend_of(x, weight, out)
-    n, k = check.array("linear", "x", x, check.F32, (None, None), check.Layout.ROWS)
+    n, k = check.f32_or_bf16("linear", "x", x, backend, (None, None), check.Layout.ROWS)
     m, _ = check.weight("linear", "weight", weight, (None, k))
+    if x.dtype == check.BF16_BITS and not reads_bf16_x(n, weight, batch_invariant=batch_invariant):
+        raise TypeError(f"linear: a bf16 x needs the cuBLAS path (bf16 weight, more rows than "
+                        f"the GEMV takes, not batch invariant); got a {weight.dtype.value} "
+                        f"weight, {n} rows, batch_invariant={batch_invariant}")
     check.array("linear", "out", out, check.F32, (n, m))
     check.kernels(backend, "linear").linear(x, weight, out,
                                             **check.scratch(backend, workspace=workspace,

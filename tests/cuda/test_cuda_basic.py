@@ -137,6 +137,37 @@ def test_elementwise_ops(rng):
     assert_close(acc_d, ref.add_inplace(acc_h, y_h), 1e-7)
 
 
+@pytest.mark.parametrize("out_dtype", [np.float32, np.uint16])
+def test_elementwise_vector_path_equals_scalar_path(rng, out_dtype):
+    """Rows of 4096 aligned elements take the 4-wide kernel; the same values one element past an
+    aligned base take the scalar one: bitwise equal outputs (f32 and bf16 bits)."""
+    from ninfer.kernels_cuda import elementwise as kew
+
+    n, m = 5, 4096
+    x_h, g_h = randn(rng, (n, m), 3.0), randn(rng, (n, m), 3.0)
+    assert kew._vec(m, dev(x_h), m, dev(g_h), m, poisoned((n, m)), m) == 4
+    assert kew._vec(m, dev(x_h)[:, 1:], m, dev(g_h), m, poisoned((n, m)), m) == 1
+    for op in ("sigmoid_mul", "swiglu"):
+        outs = []
+        for shift in (0, 1):
+            # the operands and the output start `shift` elements into their buffers
+            a = dev(np.concatenate([np.zeros((n, shift), np.float32), x_h], 1))[:, shift:]
+            b = dev(np.concatenate([np.zeros((n, shift), np.float32), g_h], 1))[:, shift:]
+            out = dev(np.full((n, m + shift), 0xFFFF if out_dtype == np.uint16 else np.nan,
+                              out_dtype))[:, shift:]
+            if op == "sigmoid_mul":
+                kew.sigmoid_mul(a, b, out)
+            else:
+                gu = dev(np.concatenate([np.zeros((n, shift), np.float32), x_h, g_h], 1))
+                kew.swiglu(gu[:, shift:], out)
+            outs.append(host(out))
+        assert_same_bits(outs[0], outs[1], op)
+        if out_dtype == np.float32:
+            assert np.isfinite(outs[0]).all()
+        else:
+            assert (outs[0] != 0xFFFF).all()
+
+
 def test_rejects_operand_on_wrong_backend(rng):
     from ninfer.errors import InvalidInput
     from ninfer.kernels_cuda.elementwise import add_inplace

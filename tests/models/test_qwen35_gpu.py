@@ -159,3 +159,37 @@ def test_cuda_and_cpu_backends_agree(fp32_case):
     (cpu,) = generate(open_program(fp32_case), [prompt], 32, keep_logits=True)
     assert gpu.tokens == cpu.tokens
     assert rel_err(np.stack(gpu.logits), np.stack(cpu.logits)) < 1e-4
+
+
+@pytest.mark.parametrize("preset", ["tiny-dense", "tiny-moe"])
+def test_bf16_operands_equal_f32_operands(tmp_path, monkeypatch, preset):
+    """Prefill GEMM inputs written as bf16 by their producers (norms, SwiGLU, gates) give
+    bitwise the logits and tokens of f32 inputs converted before cuBLAS: full 32-token chunks
+    (dense: the captured prefill graph), partial chunks of > 8 rows (cuBLAS, eager) and of <= 8
+    (GEMV, f32), and the scoring path (lm_head on cuBLAS)."""
+    from ninfer.kernels_cuda import linear as klinear
+
+    conversions = []
+    to_bf16 = klinear.to_bf16
+    monkeypatch.setattr(klinear, "to_bf16", lambda *a: conversions.append(a[3]) or to_bf16(*a))
+    case = build_case(tmp_path, preset, dtype="bfloat16", overrides=dict(head_dim=64))
+    # prefill covers all but the last prompt token: 6 full chunks + 7 rows, 4 + 2, 1 + 31
+    plist = prompts(case.vocab_size, [200, 131, 64], seed=9)
+    runs = {}
+    for bf16_operands in (True, False):
+        program = gpu_program(case, prefill_chunk=32, page_size=16)
+        program.backend.prefill_kws.bf16_operands = bf16_operands
+        conversions.clear()
+        gens = generate(program, plist, 12, keep_logits=True)
+        scored = program.prompt_logits(plist[2])
+        runs[bf16_operands] = gens, scored, len(conversions)
+        if preset == "tiny-dense":
+            assert program.backend.prefill_graph is not None, "no prefill graph was captured"
+    (on, on_scored, on_conversions), (off, off_scored, off_conversions) = runs[True], runs[False]
+    for a, b in zip(on, off):
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))
+    np.testing.assert_array_equal(on_scored, off_scored)
+    assert off_conversions > on_conversions
+    if preset == "tiny-dense":  # every dense prefill GEMM input is written as bf16
+        assert on_conversions == 0

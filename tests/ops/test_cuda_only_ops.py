@@ -21,3 +21,29 @@ def test_gdn_decode_fused_rejects_cpu_arrays():
     a = np.ones((1, 4), np.float32)
     with pytest.raises(TypeError, match="gdn_decode_fused is a CUDA-only op"):
         ops.gdn_decode_fused(a, a, a, a, a, a, a, a, np.zeros(1, np.int32), a, a, 1e-6, a)
+
+
+def test_bf16_activations_are_cuda_only():
+    """uint16 (bf16 bits) activations exist only for the CUDA cuBLAS GEMMs' operands."""
+    from ninfer.core.dtypes import DType
+    from ninfer.core.tensor import Weight
+    from ninfer.ops.linear import reads_bf16_x
+
+    x = np.ones((9, 8), np.float32)
+    bits = np.zeros((9, 8), np.uint16)
+    w = Weight(np.zeros((8,), np.uint16), DType.BFLOAT16)
+    w2 = Weight(np.zeros((4, 8), np.uint16), DType.BFLOAT16)
+    match = "bf16 .* is CUDA-only"
+    with pytest.raises(TypeError, match=match):
+        ops.rms_norm(x, w, 1e-6, bits, zero_centered=True)
+    with pytest.raises(TypeError, match=match):
+        ops.add_rms_norm(x.copy(), x, w, 1e-6, bits)
+    with pytest.raises(TypeError, match=match):
+        ops.gated_rms_norm(x.reshape(9, 1, 8), x.reshape(9, 1, 8), w, 1e-6, bits.reshape(9, 1, 8))
+    with pytest.raises(TypeError, match=match):
+        ops.sigmoid_mul(x, x, bits)
+    with pytest.raises(TypeError, match=match):
+        ops.swiglu(np.ones((9, 16), np.float32), bits)
+    with pytest.raises(TypeError, match=match):
+        ops.linear(bits, w2, np.zeros((9, 4), np.float32))
+    assert not reads_bf16_x(100, w2)

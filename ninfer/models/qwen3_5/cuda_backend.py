@@ -131,8 +131,8 @@ class CudaBackend(BackendStores):
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
                 chunked_gdn_prefill=True, fused_attention_prep=True,
-                flash_prefill=True, batch_invariant=batch_invariant_prefill)
-            self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp)
+                flash_prefill=True, batch_invariant=batch_invariant_prefill, bf16_operands=True)
+            self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp, bf16_operands=True)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,
                                                  self.states, xp=cp, kernel_ws=self.prefill_kws)
@@ -338,7 +338,7 @@ class CudaBackend(BackendStores):
         t = len(token_ids)
         out = np.empty((t, self.cfg.vocab_size), np.float32)
         with self.device.activate():
-            ws = Workspace(self.cfg, chunk, chunk, xp=cp)
+            ws = Workspace(self.cfg, chunk, chunk, xp=cp, bf16_operands=True)
             fwd = Qwen35Forward(self.cfg, self.params, ws, self.kv, self.states, xp=cp,
                                 kernel_ws=dataclasses.replace(self.prefill_kws))
             rows = _DeviceRows.allocate(cp, chunk)

@@ -19,6 +19,7 @@ import numpy as np
 from ninfer import ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
+from ninfer.ops.linear import reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -52,6 +53,13 @@ def rope_tables(cfg: Qwen35Config) -> tuple[np.ndarray, np.ndarray]:
     return inv_freq, axis
 
 
+def _mixer_input(layer: LayerParams):
+    """The weight of the one linear reading a layer's mixer input (its input projection)."""
+    if layer.kind is LayerType.LINEAR_ATTENTION:
+        return layer.mixer.in_proj
+    return layer.mixer.qkv_proj
+
+
 @dataclasses.dataclass
 class KernelWorkspaces:
     """Backend scratch the ops need beyond the activation buffers (CUDA; all None on the CPU).
@@ -59,7 +67,11 @@ class KernelWorkspaces:
     `fused_gdn_decode`: a step whose rows are all single-token segments runs each GDN layer as
     one `gdn_decode_fused` op; `chunked_gdn_prefill`: multi-token segments use the chunkwise
     (WY) delta rule instead of the token-by-token recurrence; `fused_attention_prep`: q/k norms,
-    rope, the KV write and the gate copy of an attention layer run as one `attn_prep` op.
+    rope, the KV write and the gate copy of an attention layer run as one `attn_prep` op;
+    `bf16_operands`: where a linear rounds its x to bf16 anyway (`ops.linear.reads_bf16_x`: the
+    CUDA cuBLAS path), the op producing x writes those bf16 bits into the Workspace's
+    `operand_bf16` (which must exist) instead of f32: bitwise the same results, without the
+    conversion launch and with half the bytes written.
     """
 
     attention: object = None
@@ -74,6 +86,7 @@ class KernelWorkspaces:
     fused_swiglu: bool = False  # bf16 gate_up projections as one linear_swiglu op (decode)
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
+    bf16_operands: bool = False
 
     def kw(self, value) -> dict:
         return {} if value is None else {"workspace": value}
@@ -111,6 +124,8 @@ class Qwen35Forward:
     def __init__(self, cfg: Qwen35Config, params: Parameters, ws: Workspace, kv_pool, states,
                  xp=np, kernel_ws: KernelWorkspaces | None = None):
         self.kws = kernel_ws or KernelWorkspaces()
+        if self.kws.bf16_operands and not ws.has_bf16_operands:
+            raise ValueError("bf16_operands needs a Workspace built with bf16_operands=True")
         self.xp = xp
         self.cfg = cfg
         self.params = params
@@ -131,21 +146,25 @@ class Qwen35Forward:
     def __call__(self, ctx: StepContext):
         """Returns logits f32[rows in ctx.logit_rows, V] (a workspace view), or None for no rows."""
         cfg, p, ws, n = self.cfg, self.params, self.ws, ctx.n
-        h, x, out = ws.hidden[:n], ws.normed[:n], ws.block_out[:n]
+        h, out = ws.hidden[:n], ws.block_out[:n]
         ops.embedding(ctx.ids, p.embed, h)
+        x = self._normed(n, _mixer_input(p.layers[0]))
         ops.rms_norm(h, p.layers[0].input_norm, cfg.rms_norm_eps, x, zero_centered=True)
         for i, layer in enumerate(p.layers):
             self._mixer(i, layer, x, out, ctx)
+            x = self._normed(n, self._ffn_input(layer.ffn))
             ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
             self._ffn(layer.ffn, x, out)
             if i + 1 < len(p.layers):
+                x = self._normed(n, _mixer_input(p.layers[i + 1]))
                 ops.add_rms_norm(h, out, p.layers[i + 1].input_norm, cfg.rms_norm_eps, x)
         ops.add_inplace(h, out)
         rows = ctx.logit_rows
         b = rows.stop - rows.start
         if b == 0:
             return None
-        normed, logits = ws.final_normed[:b], ws.logits[:b]
+        normed = self._x_buffer(b, cfg.hidden_size, p.lm_head, ws.final_normed[:b])
+        logits = ws.logits[:b]
         ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
         self._linear(normed, p.lm_head, logits)
         return logits
@@ -153,6 +172,29 @@ class Qwen35Forward:
     def _linear(self, x, weight, out) -> None:
         ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant,
                    **self.kws.kw(self.kws.linear_bf16))
+
+    # -- where linear inputs are written -------------------------------------------------------
+    def _x_buffer(self, rows: int, width: int, weight, f32_buffer):
+        """The buffer the producer of `linear(x, weight)`'s x writes: the bf16 operand buffer
+        when that linear rounds x to bf16 anyway (same result bits), else `f32_buffer`.
+        `weight` None: x has other readers, which need f32."""
+        if (weight is not None and self.kws.bf16_operands
+                and reads_bf16_x(rows, weight, batch_invariant=self.kws.batch_invariant)):
+            return self.ws.operand_bf16(rows, width)
+        return f32_buffer
+
+    def _normed(self, rows: int, weight):
+        return self._x_buffer(rows, self.cfg.hidden_size, weight, self.ws.normed[:rows])
+
+    def _ffn_input(self, w: DenseMLPParams | MoEParams):
+        """The weight of the one linear reading the FFN input, or None: an MoE input also feeds
+        the router, the experts and the shared expert; the fused SwiGLU reads f32."""
+        if isinstance(w, DenseMLPParams) and not self._fused_swiglu(w.gate_up):
+            return w.gate_up
+        return None
+
+    def _fused_swiglu(self, gate_up) -> bool:
+        return self.kws.fused_swiglu and gate_up.dtype is DType.BFLOAT16
 
     def _mixer(self, i: int, layer: LayerParams, x, out, ctx: StepContext) -> None:
         if layer.kind is LayerType.LINEAR_ATTENTION:
@@ -199,9 +241,10 @@ class Qwen35Forward:
         else:
             ops.gdn_recurrence(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
                                ctx.seg_starts, ctx.seg_slots, core)
-        y = ws.gdn_normed[:n]
-        ops.gated_rms_norm(core, z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps, y)
-        self._linear(y.reshape(n, vd), w.out_proj, out)
+        y = self._x_buffer(n, vd, w.out_proj, ws.gdn_normed[:n].reshape(n, vd))
+        ops.gated_rms_norm(core, z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps,
+                           y.reshape(n, hv, dv))
+        self._linear(y, w.out_proj, out)
 
     # -- gated full attention ----------------------------------------------------------------
     def _gated_attention(self, a_idx: int, w: AttentionParams, x, out, ctx: StepContext) -> None:
@@ -237,8 +280,9 @@ class Qwen35Forward:
             ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
                                 ctx.row_pos, d ** -0.5, attn, **self.kws.kw(self.kws.attention))
         flat = attn.reshape(n, a * d)
-        ops.sigmoid_mul(flat, gate.reshape(n, a * d), flat)
-        self._linear(flat, w.o_proj, out)
+        gated = self._x_buffer(n, a * d, w.o_proj, flat)  # in place when f32
+        ops.sigmoid_mul(flat, gate.reshape(n, a * d), gated)
+        self._linear(gated, w.o_proj, out)
 
     # -- FFN -----------------------------------------------------------------------------------
     def _ffn(self, w: DenseMLPParams | MoEParams, x, out) -> None:
@@ -250,14 +294,14 @@ class Qwen35Forward:
     def _swiglu_mlp(self, gate_up, down, x, out) -> None:
         n = x.shape[0]
         inner = gate_up.shape[0] // 2
-        if self.kws.fused_swiglu and gate_up.dtype is DType.BFLOAT16:
+        if self._fused_swiglu(gate_up):
             act = self.ws.ffn_act(n, inner)
             ops.linear_swiglu(x, gate_up, act)
             self._linear(act, down, out)
             return
         gu = self.ws.proj(n, 2 * inner)
         self._linear(x, gate_up, gu)
-        act = self.ws.ffn_act(n, inner)
+        act = self._x_buffer(n, inner, down, self.ws.ffn_act(n, inner))
         ops.swiglu(gu, act)
         self._linear(act, down, out)
 

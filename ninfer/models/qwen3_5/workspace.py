@@ -41,9 +41,12 @@ class Workspace:
     """Activation buffers for up to `max_rows` rows and `max_logit_rows` sampled rows.
 
     `xp` is numpy (CPU backend) or cupy (CUDA backend). All float buffers are float32.
+    `bf16_operands`: also allocate `operand_bf16`, where the producer of a linear's x writes it
+    as bf16 bits when the linear rounds x to bf16 anyway (CUDA prefill GEMMs).
     """
 
-    def __init__(self, cfg: Qwen35Config, max_rows: int, max_logit_rows: int, xp=np):
+    def __init__(self, cfg: Qwen35Config, max_rows: int, max_logit_rows: int, xp=np,
+                 bf16_operands: bool = False):
         f32 = np.float32
         sizes = ProjectionSizes.of(cfg)
         n, h = max_rows, cfg.hidden_size
@@ -81,6 +84,11 @@ class Workspace:
         # final norm + lm_head for the sampled rows
         self.final_normed = xp.empty((max_logit_rows, h), f32)
         self.logits = xp.empty((max_logit_rows, cfg.vocab_size), f32)
+        # one operand is live at a time: each is read by the linear right after its producer
+        self._operand_bf16 = None
+        if bf16_operands:
+            width = max(h, cfg.linear_value_dim, a * d, sizes.ffn_inner)
+            self._operand_bf16 = xp.empty(max(n, max_logit_rows) * width, np.uint16)
 
     def proj(self, rows: int, width: int):
         """Contiguous [rows, width] output buffer of an input projection."""
@@ -89,6 +97,15 @@ class Workspace:
     def ffn_act(self, rows: int, width: int):
         """Contiguous [rows, width] buffer of the SwiGLU activation."""
         return self._ffn_act[: rows * width].reshape(rows, width)
+
+    @property
+    def has_bf16_operands(self) -> bool:
+        return self._operand_bf16 is not None
+
+    def operand_bf16(self, rows: int, width: int):
+        """Contiguous uint16 [rows, width] buffer (bf16 bits) of a linear's x: the normed hidden
+        state, the GDN or attention output, or the SwiGLU activation."""
+        return self._operand_bf16[: rows * width].reshape(rows, width)
 
 
 class StepInputs:
