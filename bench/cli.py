@@ -53,6 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--output", type=int, default=256)
     v.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens per prefill step (default: the engine's CUDA default)")
+    v.add_argument("--rounds", type=int, default=1,
+                   help="run the sweep this many times, levels interleaved; report medians")
     v.add_argument("--json", metavar="OUT")
     return parser
 
@@ -112,10 +114,12 @@ def _model_bench(args) -> int:
                 raise ValueError("--prompt must be >= 1 and --output >= 2")
             if args.prefill_chunk is not None and args.prefill_chunk < 1:
                 raise ValueError("--prefill-chunk must be >= 1")
+            if args.rounds < 1:
+                raise ValueError("--rounds must be >= 1")
             from bench.serve_sim import run_serve_sim
 
             return run_serve_sim(shape, levels, args.prompt, args.output, args.json,
-                                 args.prefill_chunk)
+                                 args.prefill_chunk, args.rounds)
         if args.command == "decode":
             batches = [int(b) for b in args.batch.split(",") if b.strip()]
             if not batches or min(batches) < 1 or max(batches) > 8:

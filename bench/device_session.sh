@@ -36,7 +36,8 @@ if [ "$MODE" = dev ]; then
   #   TESTS="test_cuda_linear ..."  kernel test files;  MODEL=1  the exact model oracle;
   #   DECODE="9b 35b-a3b"  decode benchmarks;  PREFILL=1  9B prefill 8192 with transformers;
   #   PREFILL_HF=1 adds transformers to the prefill run;  KERNELS="linear paged_attention ..."  kernel microbenchmarks (9B shape);
-  #   SERVE="9b"  serve-sim at C=1,4,8 (a shape may repeat; SERVE_CHUNK=N sets --prefill-chunk);
+  #   SERVE="9b"  serve-sim at C=1,4,8 (a shape may repeat; SERVE_CHUNK=N sets --prefill-chunk,
+  #   SERVE_ROUNDS=R --rounds);  PREFILL_ENVS="..."  the 9B prefills once more per variable;
   #   PROFILE=1  ncu breakdown of the decode step (B=1 and 8; PROFILE_SHAPES="9b 35b-a3b", default 9b);
   #   DECODE_ENVS="NINFER_GEMV_ROWS=1 ..."  the 9B decode once more per variable (A/B of a flag);
   #   KERNEL_ENVS="..."  the kernel benchmarks once more per variable;
@@ -64,6 +65,10 @@ if [ "$MODE" = dev ]; then
   if [ -n "${PREFILL:-}" ]; then
     run prefill_9b 200 python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 ${PREFILL_HF:+--hf} --json "$OUT/prefill_9b.json"
   fi
+  for e in ${PREFILL_ENVS:-}; do  # the 9B prefills once more per variable (A/B of a flag)
+    run "prefill_9b_c1024_$e" 120 env "$e" python3 -m bench.cli prefill --shape 9b --tokens 1024 --chunk 1024 --json "$OUT/prefill_9b_c1024_$e.json"
+    run "prefill_9b_$e" 200 env "$e" python3 -m bench.cli prefill --shape 9b --tokens 8192 --chunk 2048 --json "$OUT/prefill_9b_$e.json"
+  done
   if [ -n "${KERNELS:-}" ]; then
     run kernels_9b 200 python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS} --json "$OUT/kernels_9b.json"
   fi
@@ -73,7 +78,7 @@ if [ "$MODE" = dev ]; then
   i=0
   for s in ${SERVE:-}; do
     i=$((i + 1))
-    run "serve_${s}_$i" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 ${SERVE_CHUNK:+--prefill-chunk $SERVE_CHUNK} --json "$OUT/serve_${s}_$i.json"
+    run "serve_${s}_$i" 300 python3 -m bench.cli serve-sim --shape "$s" --concurrency 1,4,8 --prompt 1024 --output 256 ${SERVE_CHUNK:+--prefill-chunk $SERVE_CHUNK} --rounds "${SERVE_ROUNDS:-1}" --json "$OUT/serve_${s}_$i.json"
   done
   if [ -n "${PROFILE_PREFILL:-}" ]; then  # host vs GPU of eager prefill chunks + ncu breakdown
     run prefill_gate_512 150 python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 --cprofile

@@ -33,6 +33,7 @@ def test_unknown_shape_is_one_line_error(capsys):
     (["prefill", "--shape", "9b", "--tokens", "0"], ">= 1"),
     (["serve-sim", "--concurrency", "9"], "1..8"),
     (["serve-sim", "--output", "1"], "--output"),
+    (["serve-sim", "--rounds", "0"], "--rounds"),
 ])
 def test_whole_model_benchmarks_reject_bad_arguments(capsys, argv, message):
     assert cli.main(argv) == 2
