@@ -177,7 +177,7 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
     cfg, raw, arch = shape_config(shape, tokens + 1)
     params = random_parameters(cfg, xp=cp, seed=1)
     device, backend = _build(cfg, params, 1, tokens, prefill_chunk=chunk)
-    backend.use_graphs = not eager  # full chunks replay the prefill graph unless --eager
+    backend.use_graphs = not eager  # chunks replay the prefill graphs unless --eager
     slot = backend.allocate_slot()
     backend.set_block_table(slot, backend.pages.allocate(-(-(tokens + 1) // backend.kv.page_size)))
     ids = np.random.default_rng(3).integers(0, cfg.vocab_size, tokens).tolist()
@@ -207,7 +207,7 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
     flops = _prefill_flops(params, cfg, tokens)
     floor_ms = flops / (ceilings.matmul_tflops * 1e12) * 1e3
     result = dict(shape=shape.name, tokens=tokens, chunk=chunk, eager=eager,
-                  prefill_graph=backend.prefill_graph is not None,
+                  prefill_graph=bool(backend.prefill_graphs) and not eager,
                   ceilings=dataclasses.asdict(ceilings),
                   ours=[dict(ms=ms, issue_ms=issue_ms, tokens_per_s=tokens / (ms / 1e3),
                              flops=flops, floor_ms=floor_ms, matmul_ratio=floor_ms / ms)])

@@ -64,8 +64,9 @@ struct PrefillParams {
   int pos0;
   int num_tiles;  // ceil(L * G / BM)
   float qscale;   // scale * log2(e)
-  // non-null: {block-table row, pos0} read on the device (a graph-replayed prompt chunk); `bt`
-  // is then the table's base and `pos0` is ignored
+  // non-null: {block-table row, pos0, live rows} read on the device (a graph-replayed prompt
+  // chunk); `bt` is then the table's base, `pos0` is ignored and only the first min(rows, live
+  // rows) rows are computed (the others are padding of the captured chunk size: not written)
   const int* segment;
   i64 bt_rs;
 };
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(2 * BM)
   if (p.segment != nullptr) {
     p.bt += (i64)__ldg(p.segment) * p.bt_rs;
     p.pos0 = __ldg(p.segment + 1);
+    p.rows = max(0, min(p.rows, __ldg(p.segment + 2)));
   }
   constexpr int THREADS = 2 * BM;   // BM / 16 warps
   constexpr int LDS = D + 8;        // shared row stride in bf16 elements
@@ -164,6 +166,7 @@ __global__ void __launch_bounds__(2 * BM)
   const int G = p.group;
   const int total = p.rows * G;
   const int r_base = tile * BM;
+  if (r_base >= total) return;  // a tile of padding rows only (live rows from `segment`)
   const int kmax = p.pos0 + (min(r_base + BM, total) - 1) / G;  // last key the tile needs
   const int n_blocks = kmax / BN + 1;
 

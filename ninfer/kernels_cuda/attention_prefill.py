@@ -66,10 +66,11 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
     already be in the pages (the chunk's own keys included); query head h reads KV head
     h // (A // Hkv). Rows whose keys reach an invalid page id (outside [0, P)) come out NaN.
 
-    `segment`: optional int32[2] device array {seq, pos0}; the kernel then reads the row and
-    the first position from it when it runs (a CUDA graph replays one capture for chunks of any
-    sequence and position). `seq` and `pos0` are still checked here, against the capture's
-    values; whoever rewrites `segment` before a replay checks the new ones.
+    `segment`: optional int32[3] device array {seq, pos0, live}; the kernel then reads the row,
+    the first position and the live row count from it when it runs (a CUDA graph replays one
+    capture for chunks of any sequence, position and length up to L): rows >= live are padding,
+    neither computed nor written. `seq` and `pos0` are still checked here, against the
+    capture's values; whoever rewrites `segment` before a replay checks the new ones.
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     C.require(kind is C.WKind.BF16, "k_pages",
@@ -100,7 +101,7 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
     C.require(isinstance(scale, (int, float, np.floating)) and math.isfinite(scale), "scale",
               f"{scale!r} is not a finite number")
     if segment is not None:
-        C.contiguous(C.device_array(segment, "segment", dtype=np.int32, shape=(2,)), "segment")
+        C.contiguous(C.device_array(segment, "segment", dtype=np.int32, shape=(3,)), "segment")
     if n == 0:
         return
     group = q_heads // kv_heads

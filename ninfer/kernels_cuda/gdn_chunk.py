@@ -2,10 +2,11 @@
 
 Same operands and state update as `gdn.gdn_recurrence`; equal to it within fp32 rounding.
 Launches: chunk offsets; per-chunk local terms (parallel over all chunks); the state pass
-(sequential over each segment's chunks, parallel over heads and column tiles of the state); and,
-on the split path (default), the output for all chunks in parallel from the state entering each
-chunk. The fused path (``split_o=False``, NINFER_GDN_CHUNK_SPLIT_O=0) computes the output inside
-the state pass instead; both form every product the same way. Matrix products use tensor cores
+(sequential over each segment's chunks, parallel over heads and column tiles of the state),
+which on the fused path (the default) also computes the output. The split path
+(``split_o=True``, NINFER_GDN_CHUNK_SPLIT_O=1; slower on the H200) stores the state entering each
+chunk and computes the output for all chunks in parallel after the state pass; both form every
+product the same way. Matrix products use tensor cores
 in 3xTF32 (split hi/lo operands, fp32 accumulation: about fp32 accuracy); the state stays fp32.
 Intermediates live in a `ChunkWorkspace`: pass one sized for the largest prefill (allocated per
 call when None). Chunks start at each segment's first token, so splitting a prompt at multiples
@@ -92,25 +93,29 @@ class ChunkWorkspace:
     u: object        # f32 [max_tokens, Hv, 128]  U; the split path overwrites it with V'
     gam: object      # f32 [max_tokens, Hv]
     p: object        # f32 [max_chunks, Hv, 64, 64]
-    s: object        # f32 [max_chunks, Hv, 128, 128]  state entering each chunk (split path)
+    s: object        # f32 [max_chunks, Hv, 128, 128] state entering each chunk, or None
     offsets: object  # i32 [max_segments + 1]
 
     @classmethod
-    def allocate(cls, max_tokens: int, max_segments: int, value_heads: int):
+    def allocate(cls, max_tokens: int, max_segments: int, value_heads: int, *,
+                 chunk_states: bool = True):
+        """chunk_states=False leaves out `s` (only the split path reads it; 64 KiB per chunk and
+        head)."""
         cp = C.cupy()
         nb = max_chunks(max_tokens, max_segments)
         return cls(cp.empty((max_tokens, value_heads, DMAX), dtype=np.float32),
                    cp.empty((max_tokens, value_heads, DMAX), dtype=np.float32),
                    cp.empty((max_tokens, value_heads), dtype=np.float32),
                    cp.empty((nb, value_heads, CHUNK, CHUNK), dtype=np.float32),
-                   cp.empty((nb, value_heads, DMAX, DMAX), dtype=np.float32),
+                   cp.empty((nb, value_heads, DMAX, DMAX), dtype=np.float32)
+                   if chunk_states else None,
                    cp.empty(max_segments + 1, dtype=np.int32))
 
-    def fits(self, n_tokens: int, n_segments: int, value_heads: int) -> bool:
+    def fits(self, n_tokens: int, n_segments: int, value_heads: int, split_o: bool) -> bool:
         nb = max_chunks(n_tokens, n_segments)
         return (self.w.shape[0] >= n_tokens and self.w.shape[1] == value_heads
-                and self.offsets.shape[0] >= n_segments + 1
-                and self.p.shape[0] >= nb and self.s.shape[0] >= nb)
+                and self.offsets.shape[0] >= n_segments + 1 and self.p.shape[0] >= nb
+                and (not split_o or (self.s is not None and self.s.shape[0] >= nb)))
 
 
 def _prepare_smem(fn, nbytes: int) -> None:
@@ -136,8 +141,8 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     if n == 0 or segs == 0:
         return
     if workspace is None:
-        workspace = ChunkWorkspace.allocate(n, segs, heads)
-    C.require(workspace.fits(n, segs, heads), "workspace",
+        workspace = ChunkWorkspace.allocate(n, segs, heads, chunk_states=split_o)
+    C.require(workspace.fits(n, segs, heads, split_o), "workspace",
               f"too small for {n} tokens, {segs} segments, {heads} heads")
     nb = max_chunks(n, segs)
     # 16-byte cp.async of q / k rows needs 16-byte aligned bases and strides (else 4-byte copies)
@@ -146,7 +151,8 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     params = C.pack(_PARAMS, **f, chunk_offsets=C.ptr(workspace.offsets),
                     w_ws=C.ptr(workspace.w), u_ws=C.ptr(workspace.u),
                     gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p),
-                    s_ws=C.ptr(workspace.s), max_chunks=nb, vec_qk=int(vec_qk), pad_=0)
+                    s_ws=C.ptr(workspace.s) if split_o else 0, max_chunks=nb,
+                    vec_qk=int(vec_qk), pad_=0)
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
     _launch("gdn_chunk_local_kernel", (nb, heads), LOCAL_SMEM, params, "gdn_chunk_local")

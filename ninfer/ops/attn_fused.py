@@ -55,8 +55,8 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
     query at position pos0 + i of block-table row `seq` and attends keys 0..pos0+i (already in
     the bf16 pages). Within ~1e-5 of `paged_attention` (q and p enter the bf16 mma as hi + lo
     terms); each row's result depends only on its position and the keys (chunking invariant).
-    `segment`: optional int32[2] device copy of (seq, pos0) that the kernel reads when it runs
-    (graph-replayed prompt chunks)."""
+    `segment`: optional int32[3] device copy of (seq, pos0, live rows) that the kernel reads
+    when it runs (graph-replayed prompt chunks; rows >= live are padding, left unwritten)."""
     backend = backend_of(q, k_pages, v_pages, block_tables, out)
     if backend is not Backend.CUDA:
         raise TypeError("paged_prefill_attention is a CUDA-only op (use paged_attention)")
@@ -64,6 +64,6 @@ def paged_prefill_attention(q, k_pages, v_pages, block_tables, seq: int, pos0: i
                           _ROWS)
     check.array("paged_prefill_attention", "out", out, check.F32, (n, a, d), _ROWS)
     if segment is not None:
-        check.array("paged_prefill_attention", "segment", segment, check.I32, (2,))
+        check.array("paged_prefill_attention", "segment", segment, check.I32, (3,))
     check.kernels(backend, "attention_prefill").paged_prefill_attention(
         q, k_pages, v_pages, block_tables, seq, pos0, scale, out, segment=segment)

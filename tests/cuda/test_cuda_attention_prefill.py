@@ -116,21 +116,24 @@ def test_chunked_prefill_bitwise_equals_whole(rng, heads, hkv, d, page_size):
 
 
 def test_segment_read_on_device_equals_host_segment(rng):
-    """`segment` (what a replayed prefill graph uses): the kernel takes the block-table row and
-    first position from the device array, not from the host arguments it was launched with."""
+    """`segment` (what a replayed prefill graph uses): the kernel takes the block-table row,
+    first position and live row count from the device array, not from the host arguments it was
+    launched with; rows past the live count (padding of the captured size) stay unwritten."""
     heads, hkv, d, page_size, length, pos0 = 16, 4, 256, 16, 45, 70
     kp, vp, bt = (dev(a) for a in _setup(rng, hkv, d, page_size, pos0 + length))
     q = dev(randn(rng, (length, heads, d)))
     direct = poisoned((length, heads, d))
     kpf.paged_prefill_attention(q, kp, vp, bt, SEQ, pos0, d ** -0.5, direct)
-    via_device = poisoned((length, heads, d))
-    segment = dev(np.array([SEQ, pos0], np.int32))
-    # host values of another (valid) chunk: decoy row 0 at position 0
-    kpf.paged_prefill_attention(q, kp, vp, bt, 0, 0, d ** -0.5, via_device, segment=segment)
-    assert_same_bits(via_device, direct, "segment from the device")
+    for live in (length, 33, 1):
+        via_device = poisoned((length, heads, d))
+        segment = dev(np.array([SEQ, pos0, live], np.int32))
+        # host values of another (valid) chunk: decoy row 0 at position 0
+        kpf.paged_prefill_attention(q, kp, vp, bt, 0, 0, d ** -0.5, via_device, segment=segment)
+        assert_same_bits(via_device[:live], direct[:live], f"segment from the device, {live=}")
+        assert np.isnan(host(via_device[live:])).all(), f"padding rows written, {live=}"
     with pytest.raises(InvalidInput, match="segment"):
         kpf.paged_prefill_attention(q, kp, vp, bt, SEQ, pos0, d ** -0.5, via_device,
-                                    segment=dev(np.array([SEQ, pos0, 0], np.int32)))
+                                    segment=dev(np.array([SEQ, pos0], np.int32)))
 
 
 def test_invalid_page_gives_nan_rows(rng):

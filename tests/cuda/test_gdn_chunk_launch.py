@@ -14,8 +14,8 @@ SM_SMEM, BLOCK_SMEM_MAX, RESERVED = 228 * 1024, 227 * 1024, 1024
 
 def test_split_o_flag(monkeypatch):
     monkeypatch.delenv("NINFER_GDN_CHUNK_SPLIT_O", raising=False)
-    assert envs.gdn_chunk_split_o() is True
-    for raw, want in (("1", True), ("0", False), ("", True)):
+    assert envs.gdn_chunk_split_o() is False
+    for raw, want in (("1", True), ("0", False), ("", False)):
         monkeypatch.setenv("NINFER_GDN_CHUNK_SPLIT_O", raw)
         assert envs.gdn_chunk_split_o() is want, raw
 

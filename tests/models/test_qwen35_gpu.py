@@ -106,25 +106,37 @@ def test_batched_equals_single_and_graph_equals_eager(bf16_any_case):
 
 
 def test_prefill_graph_replay_equals_eager(tmp_path):
-    """Full prompt chunks after the first replay one captured prefill graph (its segment is
-    read on the device): tokens and logits bitwise equal to launching every chunk eagerly.
-    (Head dim 64 and 16-token pages: what the flash prefill attention, and so the graph, takes.)"""
+    """Prompt chunks replay the prefill graphs captured at start-up, padded to the smallest
+    bucket that holds them (their segment and live row count are read on the device): tokens
+    and logits bitwise equal to launching every padded chunk eagerly. (Head dim 64 and 16-token
+    pages: what the flash prefill attention, and so the graphs, take.)"""
     case = build_case(tmp_path, "tiny-dense", dtype="bfloat16", overrides=dict(head_dim=64))
-    # prefill covers all but the last prompt token (the first decode step feeds it): 6, 4 and 1
-    # full 32-token chunks
+    # prefill covers all but the last prompt token (the first decode step feeds it): 6 full
+    # 32-token chunks + 7 rows, 4 + 2, 1 + 31
     plist = prompts(case.vocab_size, [200, 131, 64], seed=8)
     graphed = gpu_program(case, prefill_chunk=32, page_size=16)
-    assert graphed.backend.prefill_graphs_ok
+    backend = graphed.backend
+    assert backend.prefill_graphs_ok and backend.prefill_buckets == (32, 16)
+    assert set(backend.prefill_graphs) == {32, 16}, "prefill graphs not captured at start-up"
     with_graph = generate(graphed, plist, 16, keep_logits=True)
-    assert graphed.backend.prefill_graph is not None, "no prefill graph was captured"
-    # the first full chunk runs eagerly and captures; the other ten replay
-    assert graphed.backend.prefill_graph.num_launches == 6 + 4 + 1 - 1
+    # 32 rows: 6 + 4 + 1 full chunks and the 31-row tail; 16 rows: the 7- and 2-row tails
+    assert backend.prefill_graphs[32].num_launches == 12
+    assert backend.prefill_graphs[16].num_launches == 2
     eager_program = gpu_program(case, prefill_chunk=32, page_size=16)
     eager_program.backend.use_graphs = False
     eager = generate(eager_program, plist, 16, keep_logits=True)
     for g, e in zip(with_graph, eager):
         assert g.tokens == e.tokens
         np.testing.assert_array_equal(np.stack(g.logits), np.stack(e.logits))
+    # padding changes no live row beyond rounding (cuBLAS kernels depend on the row count, and
+    # tails of <= 8 rows take the f32 GEMV unpadded): the first step's logits (after the whole
+    # prompt) without padding agree within bf16 rounding
+    unpadded = gpu_program(case, prefill_chunk=32, page_size=16)
+    unpadded.backend.prefill_buckets = ()
+    unpadded.backend.use_graphs = False
+    plain = generate(unpadded, plist, 1, keep_logits=True)
+    for g, u in zip(with_graph, plain):
+        assert rel_err(g.logits[0], u.logits[0]) < 2e-2
     # the scoring path runs the same flash prefill on its own rows (segment from the host). Its
     # cuBLAS GEMMs round activations to bf16, which moves this tiny random model's logits ~5%
     # from the CPU backend's; a wrong segment (other rows' keys, other positions) moves them O(1)
@@ -164,9 +176,9 @@ def test_cuda_and_cpu_backends_agree(fp32_case):
 @pytest.mark.parametrize("preset", ["tiny-dense", "tiny-moe"])
 def test_bf16_operands_equal_f32_operands(tmp_path, monkeypatch, preset):
     """Prefill GEMM inputs written as bf16 by their producers (norms, SwiGLU, gates) give
-    bitwise the logits and tokens of f32 inputs converted before cuBLAS: full 32-token chunks
-    (dense: the captured prefill graph), partial chunks of > 8 rows (cuBLAS, eager) and of <= 8
-    (GEMV, f32), and the scoring path (lm_head on cuBLAS)."""
+    bitwise the logits and tokens of f32 inputs converted before cuBLAS: full and partial
+    32-token chunks (dense: the prefill graphs, chunks padded to 32 or 16 rows; MoE: eager,
+    partial chunks of <= 8 rows on the f32 GEMV), and the scoring path (lm_head on cuBLAS)."""
     from ninfer.kernels_cuda import linear as klinear
 
     conversions = []
@@ -179,12 +191,14 @@ def test_bf16_operands_equal_f32_operands(tmp_path, monkeypatch, preset):
     for bf16_operands in (True, False):
         program = gpu_program(case, prefill_chunk=32, page_size=16)
         program.backend.prefill_kws.bf16_operands = bf16_operands
+        program.backend.destroy_graphs()  # recapture: the graphs hold the mode of their capture
+        program.backend.capture_graphs()
         conversions.clear()
         gens = generate(program, plist, 12, keep_logits=True)
         scored = program.prompt_logits(plist[2])
         runs[bf16_operands] = gens, scored, len(conversions)
         if preset == "tiny-dense":
-            assert program.backend.prefill_graph is not None, "no prefill graph was captured"
+            assert program.backend.prefill_graphs, "no prefill graph was captured"
     (on, on_scored, on_conversions), (off, off_scored, off_conversions) = runs[True], runs[False]
     for a, b in zip(on, off):
         assert a.tokens == b.tokens

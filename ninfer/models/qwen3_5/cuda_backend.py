@@ -2,11 +2,12 @@
 
 Same methods as `CpuBackend` (the Program does not know which one it drives). Differences:
 - a step runs its decode rows by replaying the captured graph of exactly B rows
-  (B = 1..max_batch) and its prefill chunk (cuBLAS GEMMs, chunkwise GDN) by replaying the prefill
-  graph when the chunk is full-size and the model allows one (dense, flash prefill attention; the
-  graph is captured after the first full chunk), else eagerly; inputs reach the graphs through
-  fixed device buffers (ids, positions, slots, the chunk's segment, sampling parameters), never
-  as graph keys;
+  (B = 1..max_batch) and its prefill chunk (cuBLAS GEMMs, chunkwise GDN) by replaying a prefill
+  graph when the model allows one (dense, flash prefill attention): the chunk's rows are padded
+  to the smallest captured size (the chunk size, halved down to PREFILL_MIN_BUCKET) that holds
+  them, and the kernels read the live row count on the device (padding rows write no KV, belong
+  to no GDN segment and feed no live row); inputs reach the graphs through fixed device buffers
+  (ids, positions, slots, the chunk's segment, sampling parameters), never as graph keys;
 - the block-table matrix lives on the device and is updated row by row when pages are added;
 - sampling runs on the device inside the decode graph; only the tokens, their logprobs and the
   top alternatives come back (one D2H copy per step).
@@ -31,8 +32,19 @@ from ninfer.models.qwen3_5.sampler_inputs import MAX_TOP_LOGPROBS, SamplerInputs
 from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
 
 _log = logging.getLogger("ninfer.cuda")
+PREFILL_MIN_BUCKET = 16  # the smallest prefill graph (rows)
 _SAMPLER_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
                    "presence_penalty", "frequency_penalty", "seeds", "counters")
+
+
+def prefill_buckets(chunk: int) -> tuple[int, ...]:
+    """Row counts of the prefill graphs, largest first: the chunk size, then halved while the
+    half is >= PREFILL_MIN_BUCKET (1024: 1024, 512, 256, 128, 64, 32, 16). A chunk of n rows runs
+    padded to the smallest one >= n, so padding is less than half of it (or < 16 rows)."""
+    sizes = [chunk]
+    while sizes[-1] // 2 >= PREFILL_MIN_BUCKET:
+        sizes.append(sizes[-1] // 2)
+    return tuple(sizes)
 
 
 @dataclasses.dataclass
@@ -45,14 +57,14 @@ class _DeviceRows:
     row_pos: object
     seg_starts: object
     seg_slots: object
-    segment: object  # int32[2]: (block-table row, first position) of a prompt chunk
+    segment: object  # int32[3]: (block-table row, first position, live rows) of a prompt chunk
 
     @classmethod
     def allocate(cls, cp, max_rows: int) -> "_DeviceRows":
         i32 = np.int32
         return cls(cp.zeros(max_rows, i32), cp.zeros(3 * max_rows, i32), cp.zeros(max_rows, i32),
                    cp.zeros(max_rows, i32), cp.zeros(max_rows + 1, i32), cp.zeros(max_rows, i32),
-                   cp.zeros(2, i32))
+                   cp.zeros(3, i32))
 
     def positions(self, n: int):
         return self.positions_flat[: 3 * n].reshape(3, n)
@@ -77,6 +89,7 @@ class CudaBackend(BackendStores):
         import cupy as cp
 
         from ninfer.kernels_cuda.attention import AttentionWorkspace
+        from ninfer.kernels_cuda.gdn_chunk import SPLIT_O as GDN_CHUNK_SPLIT_O
         from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
         from ninfer.kernels_cuda.gdn_decode import decode_counters
 
@@ -90,9 +103,12 @@ class CudaBackend(BackendStores):
             self.kv = PagedKVPool(len(cfg.full_attention_layers), num_pages,
                                   cfg.num_key_value_heads, page_size, cfg.head_dim, kv_dtype,
                                   xp=cp)
-            self.states = StateImageStorage(state_image_layout(cfg), num_slots, xp=cp)
+            # one slot more than planned, kept by the backend: the prefill graphs' warm-up and
+            # capture run on it (its block-table row points at page 0, which it never writes)
+            self.states = StateImageStorage(state_image_layout(cfg), num_slots + 1, xp=cp)
+            self.scratch_slot = self.states.allocate()
             max_pages = -(-max_context_len // page_size)
-            self.block_tables = cp.zeros((num_slots, max_pages), np.int32)
+            self.block_tables = cp.zeros((num_slots + 1, max_pages), np.int32)
             self.prefill_rows = _DeviceRows.allocate(cp, prefill_chunk)
             self.decode_rows = _DeviceRows.allocate(cp, max_batch)
             self.decode_rows.seg_starts[...] = cp.arange(max_batch + 1, dtype=np.int32)
@@ -128,7 +144,8 @@ class CudaBackend(BackendStores):
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
-                gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
+                gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads,
+                                                  chunk_states=GDN_CHUNK_SPLIT_O),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
                 chunked_gdn_prefill=True, fused_attention_prep=True,
                 flash_prefill=True, batch_invariant=batch_invariant_prefill, bf16_operands=True)
@@ -143,11 +160,18 @@ class CudaBackend(BackendStores):
         self.sampler_inputs = host_sampler
         self.graphs: dict[int, object] = {}
         self.use_graphs = True
-        # full prompt chunks replay one captured graph (eager prefill is host-bound: hundreds of
+        # prompt chunks replay captured graphs (eager prefill is host-bound: hundreds of
         # launches per chunk); needs every prefill kernel capturable: dense FFNs (the MoE prefill
-        # syncs to group its rows) and the flash prefill attention (reads its segment on device)
-        self.prefill_graph = None
+        # syncs to group its rows) and the flash prefill attention (reads its segment on device).
+        # Then every chunk runs padded to its bucket, replayed or (use_graphs off, or a failed
+        # capture) eagerly, so both give the same results.
         self.prefill_graphs_ok = (not cfg.is_moe and self.prefill_forward.flash_prefill)
+        self.prefill_buckets = prefill_buckets(prefill_chunk) if self.prefill_graphs_ok else ()
+        self.prefill_graphs: dict[int, object] = {}
+        self._pad_slots = np.full(prefill_chunk, -1, np.int32)  # host staging of padded rows
+        self._pad_positions = np.zeros(3 * prefill_chunk, np.int32)
+        self._segment_host = np.zeros(3, np.int32)
+        self._seg_host = np.zeros(2, np.int32)
 
     # -- slots and pages -------------------------------------------------------------------
     def zero_state(self, slot: int) -> None:
@@ -216,38 +240,78 @@ class CudaBackend(BackendStores):
 
     def _prefill(self, inp: StepInputs, n: int, segment: tuple[int, int]) -> None:
         rows, stream = self.prefill_rows, self.device.stream
+        bucket = self._bucket(n)
+        rows.ids[:n].set(inp.ids[:n], stream=stream)  # padding rows keep earlier (valid) ids
+        rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
+        pos = self._pad_positions[: 3 * bucket].reshape(3, bucket)
+        pos[:, :n] = inp.positions[:, :n]
+        rows.positions_flat[: 3 * bucket].set(self._pad_positions[: 3 * bucket], stream=stream)
+        slots = self._pad_slots[:bucket]
+        slots[:n] = inp.row_slot[:n]
+        rows.row_slot[:bucket].set(slots, stream=stream)  # -1: padding rows write no KV
+        slots[:n] = -1
+        self._seg_host[1] = n
+        rows.seg_starts[:2].set(self._seg_host, stream=stream)
+        rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
+        self._segment_host[:] = (segment[0], segment[1], n)
+        rows.segment.set(self._segment_host, stream=stream)
+        graph = self.prefill_graphs.get(bucket) if self.use_graphs else None
+        if graph is not None:
+            graph.launch(stream)
+            return
+        ctx = rows.context(bucket, 1, self.block_tables, slice(bucket, bucket), segment,
+                           segment_uploaded=True)
+        self.prefill_forward(ctx)
+
+    def _bucket(self, n: int) -> int:
+        """Rows a prompt chunk of n rows runs with: the smallest prefill bucket >= n (n itself
+        when the model has no prefill graphs)."""
+        for size in reversed(self.prefill_buckets):
+            if size >= n:
+                return size
+        return n
+
+    def capture_prefill_graphs(self) -> None:
+        """Warm up and capture one prefill graph per bucket on the scratch slot (no KV writes);
+        a failed capture leaves that bucket eager (logged)."""
+        from ninfer.core.cuda.graph import CudaGraph
+
+        if not self.prefill_buckets:
+            return
+        scratch = self.scratch_slot
+        inp = StepInputs(self.prefill_chunk, max_segments=1)
+        for bucket in self.prefill_buckets:
+            inp.reset()
+            inp.add_segment(scratch, [0] * bucket, 0)
+            inp.row_slot[:bucket] = -1  # no KV writes (the scratch row's pages are not its own)
+            self.states.zero(scratch)
+            self._prefill_rows_upload(inp, bucket)
+            ctx = self.prefill_rows.context(bucket, 1, self.block_tables,
+                                            slice(bucket, bucket), (scratch, 0),
+                                            segment_uploaded=True)
+            self.prefill_forward(ctx)  # warm-up: kernel compilation, cuBLAS heuristics
+            graph = CudaGraph(f"prefill_n{bucket}")
+            try:
+                with graph.capture(self.device.stream):
+                    self.prefill_forward(ctx)
+            except Exception as exc:  # noqa: BLE001 - any capture failure means: stay eager
+                _log.warning("prefill graph capture (%d rows) failed (%s: %s); such chunks stay "
+                             "eager", bucket, type(exc).__name__, exc)
+                graph.destroy()
+                continue
+            self.prefill_graphs[bucket] = graph
+        self.states.zero(scratch)
+
+    def _prefill_rows_upload(self, inp: StepInputs, n: int) -> None:
+        """The warm-up's rows (n = its bucket, no padding) to the prefill device buffers."""
+        rows, stream = self.prefill_rows, self.device.stream
         rows.ids[:n].set(inp.ids[:n], stream=stream)
         rows.positions(n).set(np.ascontiguousarray(inp.positions[:, :n]), stream=stream)
         rows.row_slot[:n].set(inp.row_slot[:n], stream=stream)
         rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
         rows.seg_starts[:2].set(np.array([0, n], np.int32), stream=stream)
         rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
-        rows.segment.set(np.array(segment, np.int32), stream=stream)
-        ctx = rows.context(n, 1, self.block_tables, slice(n, n), segment, segment_uploaded=True)
-        if n != self.prefill_chunk or not (self.use_graphs and self.prefill_graphs_ok):
-            self.prefill_forward(ctx)
-            return
-        if self.prefill_graph is None:
-            self.prefill_forward(ctx)  # this chunk runs eagerly; the capture is for the next
-            self._capture_prefill(ctx)
-            return
-        self.prefill_graph.launch(stream)
-
-    def _capture_prefill(self, ctx: StepContext) -> None:
-        """Capture the full-chunk prefill; on failure keep launching it eagerly (logged)."""
-        from ninfer.core.cuda.graph import CudaGraph
-
-        graph = CudaGraph(f"prefill_n{ctx.n}")
-        try:
-            with graph.capture(self.device.stream):
-                self.prefill_forward(ctx)
-        except Exception as exc:  # noqa: BLE001 - any capture failure means: stay eager
-            _log.warning("prefill graph capture failed (%s: %s); prompt chunks stay eager",
-                         type(exc).__name__, exc)
-            graph.destroy()
-            self.prefill_graphs_ok = False
-            return
-        self.prefill_graph = graph
+        rows.segment.set(np.array([inp.seg_slots[0], 0, n], np.int32), stream=stream)
 
     def _load_decode_inputs(self, inp: StepInputs, start: int, b: int) -> None:
         rows, stream = self.decode_rows, self.device.stream
@@ -305,7 +369,8 @@ class CudaBackend(BackendStores):
 
     # -- graphs ----------------------------------------------------------------------------
     def capture_graphs(self) -> None:
-        """Warm up and capture one decode graph per batch size 1..max_batch."""
+        """Warm up and capture one decode graph per batch size 1..max_batch, then the prefill
+        graphs (capture_prefill_graphs)."""
         from ninfer.core.cuda.graph import CudaGraph
 
         with self.device.activate():
@@ -317,15 +382,16 @@ class CudaBackend(BackendStores):
                 with graph.capture(self.device.stream):
                     self._decode_body(b)
                 self.graphs[b] = graph
+            self.capture_prefill_graphs()
             self.device.synchronize()
 
     def destroy_graphs(self) -> None:
         for graph in self.graphs.values():
             graph.destroy()
         self.graphs.clear()
-        if self.prefill_graph is not None:
-            self.prefill_graph.destroy()
-            self.prefill_graph = None
+        for graph in self.prefill_graphs.values():
+            graph.destroy()
+        self.prefill_graphs.clear()
 
     def last_logits(self, rows: int) -> np.ndarray:
         """A host copy of the last step's decode logits (tests and diagnostics)."""

@@ -97,8 +97,9 @@ class StepContext:
 
     `prefill_segment`: (block-table row, first position) on the host when the rows are one
     sequence's consecutive positions (a prompt chunk), else None. `prefill_segment_dev`: an
-    optional int32[2] device copy of it that kernels read when they run (so that a captured
-    prefill graph serves any sequence and position).
+    optional int32[3] device copy of it plus the live row count, which kernels read when they
+    run (so that a captured prefill graph serves any sequence, position and chunk length up to
+    its rows; the rows past the live count are padding).
     """
 
     def __init__(self, ids, positions, row_slot, row_pos, seg_starts, seg_slots, block_tables,
