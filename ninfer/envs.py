@@ -48,17 +48,11 @@ def gemv_rows() -> bool:
     return os.environ.get("NINFER_GEMV_ROWS", "1") != "0"
 
 
-def gemv_persist() -> int:
-    """NINFER_GEMV_PERSIST (0, 1 or 2; default 1): how linear_mma_rows_kernel walks row tiles.
-    0: one block per tile; 1: 2 blocks per SM walk the tiles (persistent); 2: persistent with
-    an L2 prefetch of the next tile (experimental). Bitwise the same results. Read once, at
-    import of the launcher."""
-    mode = _int_or_none("NINFER_GEMV_PERSIST")
-    if mode is None:
-        return 1
-    if mode not in (0, 1, 2):
-        raise ValueError(f"NINFER_GEMV_PERSIST must be 0, 1 or 2, got {mode}")
-    return mode
+def gemv_persist() -> bool:
+    """NINFER_GEMV_PERSIST (default on; "0" turns it off): linear_mma_rows_kernel runs 2 blocks
+    per SM that walk the row tiles instead of one block per tile (bitwise the same results).
+    Read once, at import of the launcher."""
+    return os.environ.get("NINFER_GEMV_PERSIST", "1") != "0"
 
 
 def gdn_chunk_split_o() -> bool:

@@ -107,8 +107,7 @@ __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
 // too (the next tile's first batch loads during the current tile's last one). Dynamic shared
 // memory (linear.py mma_rows_smem): splits * 4 KiB of staging, then two MmaPartials<16> (the
 // tiles alternate, so one barrier per tile suffices), + 256 B of alignment slack. 64 registers
-// at 512 threads (2 blocks of 16 warps per SM). PERSIST: 0 one tile per block, 1 persistent,
-// 2 persistent + an L2 prefetch of each warp's part of the next tile while it runs the current.
+// at 512 threads (2 blocks of 16 warps per SM). PERSIST: 0 one tile per block, 1 persistent.
 extern __shared__ uint4 mma_rows_smem[];
 
 // Bit j set: tile row 2j + h (lane half h) of the tile starting at output row m0 is inside M.
@@ -164,20 +163,6 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
   int parity = 0;
   do {  // PERSIST = 0: one tile, no back edge
     const int next = PERSIST ? tile + gridDim.x : tiles;
-    if (PERSIST == 2 && lane < 16 && next < tiles) {
-      // L2 prefetch of this warp's K range of the next tile (lane: tile row 2j + hh), so that
-      // its loads hit L2 (the registers bound the bytes in flight from DRAM otherwise)
-      const int j = lane >> 1, hh = lane & 1;
-      const int bytes = (2 * span) & ~15;
-      if (bytes > 0 && ((mma_rows_valid<SWIGLU>(next * TILE, hh, p.m) >> j) & 1u)) {
-        const char* row = reinterpret_cast<const char*>(static_cast<const bf16raw*>(p.w) +
-                                                        (i64)(next * TILE + hh) * p.w_rs +
-                                                        k_begin) +
-                          mma_rows_row_offset(j, hib, rsb);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row), "r"(bytes)
-                     : "memory");
-      }
-    }
     int xo = k_begin + 8 * t;
     asm volatile("mov.b32 %0, %0;" : "+r"(xo));  // per tile, not hoisted (see above)
     const float* xp = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + xo;

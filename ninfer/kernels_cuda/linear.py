@@ -33,7 +33,7 @@ SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
-    + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1, 2) for sw in (0, 1)]))
+    + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -96,11 +96,11 @@ def _mma_ok(w, kind: C.WKind, w_rs: int, x, x_rs: int) -> bool:
 # linear_mma_kernel. Measured on the H200 (9B decode graph, B = 1 / 8): 6.41 / 7.23 ms against
 # 6.45 / 7.56 ms with linear_mma_kernel.
 GEMV_ROWS = envs.gemv_rows()
-# NINFER_GEMV_PERSIST (read once at import; default 1): linear_mma_rows_kernel runs 2 blocks per
+# NINFER_GEMV_PERSIST (read once at import; default on): linear_mma_rows_kernel runs 2 blocks per
 # SM that walk the row tiles, loading the next tile's first batch during the current tile's last
 # one (no block ramp-up per tile); bitwise the same results. H200, 9B decode graph (B = 1 / 8):
-# 5.87 / 6.78 ms against 5.99 / 6.87 ms with one block per tile. 2 adds an L2 prefetch of the next
-# tile (experimental); 0 is one block per tile.
+# 5.87 / 6.78 ms against 5.99 / 6.87 ms with one block per tile (NINFER_GEMV_PERSIST=0). An L2
+# bulk prefetch of each warp's part of the next tile was slower (6.94 / 7.92 ms) and is gone.
 GEMV_PERSIST = envs.gemv_persist()
 PERSIST_BLOCKS_PER_SM = 2
 MMA_ROWS_WARP_SMEM = 16 * 16 * 16  # linear_mma_rows_kernel: staging bytes per warp (MMA_ROWS_UNITS)
@@ -124,12 +124,10 @@ def _persist_blocks() -> int:
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
-                rows: bool | None = None, row_blocks: int | None = None,
-                persist: int | None = None) -> None:
+                rows: bool | None = None, row_blocks: int | None = None) -> None:
     """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
-    Rows kernel only: `persist` (None: GEMV_PERSIST) 0 = a block per row tile, 1 = persistent,
-    2 = persistent with the L2 prefetch; `row_blocks` overrides the persistent block count (a
-    count below the tile count makes the launch persistent)."""
+    Rows kernel only: `row_blocks` blocks along the row tiles (None: 2 per SM when GEMV_PERSIST,
+    else one per tile); fewer blocks than tiles make the launch persistent."""
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
@@ -141,12 +139,11 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
         launch(get_function(SOURCE, f"linear_mma_kernel<{int(swiglu)}>"), (tiles, col_tiles),
                (32 * splits,), (params,), name=name)
         return
-    persist = GEMV_PERSIST if persist is None else persist
     if row_blocks is None:
-        row_blocks = max(1, _persist_blocks() // col_tiles) if persist else tiles
+        row_blocks = max(1, _persist_blocks() // col_tiles) if GEMV_PERSIST else tiles
     row_blocks = max(1, min(tiles, row_blocks))
-    mode = persist if row_blocks < tiles else 0
-    fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}, {mode}>")
+    persist = int(row_blocks < tiles)
+    fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}, {persist}>")
     smem = mma_rows_smem(splits)  # above 48 KiB from 10 splits: needs the opt-in
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem

@@ -155,7 +155,7 @@ def _padded_bf16_weight(rng, m, k):
     return dev(full)[:, :k]
 
 
-def _mma(x_d, w_d, *, swiglu, rows, row_blocks=None, persist=1):
+def _mma(x_d, w_d, *, swiglu, rows, row_blocks=None):
     """One explicit launch of linear_mma_kernel (rows=False) or linear_mma_rows_kernel
     (row_blocks: blocks along the row tiles, fewer than the tiles = persistent; None: one per
     tile)."""
@@ -165,8 +165,7 @@ def _mma(x_d, w_d, *, swiglu, rows, row_blocks=None, persist=1):
     out = poisoned((n, m))
     klinear._launch_mma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
                         C.row_stride(out, "out"), m, k, n, swiglu=swiglu, rows=rows,
-                        row_blocks=tiles if row_blocks is None else row_blocks,
-                        persist=persist)
+                        row_blocks=tiles if row_blocks is None else row_blocks)
     return out
 
 
@@ -180,13 +179,10 @@ def test_gemv_rows_kernel_equals_mma_kernel_bitwise(rng, k, swiglu):
         _, x_d = _strided_x(rng, n, k)
         want = _mma(x_d, w_d, swiglu=swiglu, rows=False)
         assert np.isfinite(host(want)).all(), f"n={n}: linear_mma_kernel output not finite"
-        # one block per tile, then persistent launches (tiles walked with strides 3 and 1),
-        # without and with the L2 prefetch of the next tile
-        for row_blocks, persist in ((None, 1), (3, 1), (1, 1), (3, 2), (1, 2)):
-            got = _mma(x_d, w_d, swiglu=swiglu, rows=True, row_blocks=row_blocks,
-                       persist=persist)
-            assert_same_bits(got, want, f"k={k} n={n} swiglu={swiglu} row_blocks={row_blocks} "
-                                        f"persist={persist}")
+        # one block per tile, then persistent launches (tiles walked with strides 3 and 1)
+        for row_blocks in (None, 3, 1):
+            got = _mma(x_d, w_d, swiglu=swiglu, rows=True, row_blocks=row_blocks)
+            assert_same_bits(got, want, f"k={k} n={n} swiglu={swiglu} row_blocks={row_blocks}")
 
 
 @pytest.mark.parametrize("swiglu", [False, True])
@@ -206,7 +202,7 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     _, x_d = _strided_x(rng, n, k)
     w_d = _padded_bf16_weight(rng, 2 * inner, k)
     monkeypatch.setattr(klinear, "GEMV_ROWS", True)
-    monkeypatch.setattr(klinear, "GEMV_PERSIST", 0)
+    monkeypatch.setattr(klinear, "GEMV_PERSIST", False)
     out = poisoned((n, 2 * inner))
     klinear.linear(x_d, w_d, out)
     act = poisoned((n, inner))
@@ -216,7 +212,7 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=False), "linear vs mma kernel")
     # persistent grid (2 blocks per SM) over more row tiles than blocks (H200: 264 < 563)
     big = _padded_bf16_weight(rng, 9001, k)
-    monkeypatch.setattr(klinear, "GEMV_PERSIST", 1)
+    monkeypatch.setattr(klinear, "GEMV_PERSIST", True)
     out2 = poisoned((n, 9001))
     klinear.linear(x_d, big, out2)
     assert_same_bits(out2, _mma(x_d, big, swiglu=False, rows=False), "persistent linear")
