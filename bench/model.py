@@ -178,6 +178,8 @@ def run_prefill(shape: ModelShape, tokens: int, chunk: int, repeat: int, hf: boo
     params = random_parameters(cfg, xp=cp, seed=1)
     device, backend = _build(cfg, params, 1, tokens, prefill_chunk=chunk)
     backend.use_graphs = not eager  # chunks replay the prefill graphs unless --eager
+    if not eager:
+        backend.capture_prefill_graphs()
     slot = backend.allocate_slot()
     backend.set_block_table(slot, backend.pages.allocate(-(-(tokens + 1) // backend.kv.page_size)))
     ids = np.random.default_rng(3).integers(0, cfg.vocab_size, tokens).tolist()

@@ -274,10 +274,14 @@ class CudaBackend(BackendStores):
     def capture_prefill_graphs(self) -> None:
         """Warm up and capture one prefill graph per bucket on the scratch slot (no KV writes);
         a failed capture leaves that bucket eager (logged)."""
-        from ninfer.core.cuda.graph import CudaGraph
-
         if not self.prefill_buckets:
             return
+        with self.device.activate():
+            self._capture_prefill_buckets()
+
+    def _capture_prefill_buckets(self) -> None:
+        from ninfer.core.cuda.graph import CudaGraph
+
         scratch = self.scratch_slot
         inp = StepInputs(self.prefill_chunk, max_segments=1)
         for bucket in self.prefill_buckets:
