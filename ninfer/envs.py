@@ -55,6 +55,13 @@ def gemv_persist() -> bool:
     return os.environ.get("NINFER_GEMV_PERSIST", "1") != "0"
 
 
+def prefill_overlap() -> bool:
+    """NINFER_PREFILL_OVERLAP (default on; "0" turns it off): a step's prompt chunk, when it
+    replays a prefill graph, runs on a second CUDA stream beside the decode graph. Read when a
+    CUDA backend is built."""
+    return os.environ.get("NINFER_PREFILL_OVERLAP", "1") != "0"
+
+
 def gdn_chunk_split_o() -> bool:
     """NINFER_GDN_CHUNK_SPLIT_O=1 (off by default): the chunked GDN prefill's sequential state
     pass stores the state entering each chunk and a parallel kernel computes the output, instead

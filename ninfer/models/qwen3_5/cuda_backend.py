@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from ninfer import ops
+from ninfer import envs, ops
 from ninfer.core.dtypes import DType
 from ninfer.core.kv_pool import PageAllocator, PagedKVPool
 from ninfer.core.state_image import StateImageStorage
@@ -172,6 +172,12 @@ class CudaBackend(BackendStores):
         self._pad_positions = np.zeros(3 * prefill_chunk, np.int32)
         self._segment_host = np.zeros(3, np.int32)
         self._seg_host = np.zeros(2, np.int32)
+        # prompt chunks replayed beside the decode graph (execute)
+        self.overlap_prefill = envs.prefill_overlap()
+        with device.activate():
+            self.prefill_stream = cp.cuda.Stream(non_blocking=True)
+            self._step_ready = cp.cuda.Event(disable_timing=True)
+            self._prefill_done = cp.cuda.Event(disable_timing=True)
 
     # -- slots and pages -------------------------------------------------------------------
     def zero_state(self, slot: int) -> None:
@@ -212,18 +218,31 @@ class CudaBackend(BackendStores):
     def execute(self, num_decode: int) -> None:
         """The decode rows by graph replay, then the prefill chunk; results on the host.
 
-        The decode graph is queued first so that the GPU runs it while the host is still
-        launching an eager prefill chunk's kernels (host-bound: hundreds of launches); the two
-        touch disjoint rows, pages and state slots, so the order changes no result.
+        The two touch disjoint rows, pages, state slots and workspaces, so their order changes
+        no result. When both run and the chunk replays a prefill graph, the chunk goes to a
+        second stream (after everything queued before this step) so the GPU overlaps it with
+        the decode graph; the decode stream then waits for it before the tokens come back. Else
+        the decode graph is queued first, so that the GPU runs it while the host is still
+        launching an eager chunk's kernels (host-bound: hundreds of launches).
         """
         inp = self.step_inputs
         n_prefill = inp.num_rows - num_decode
         segment = self._prefill_segment(inp, n_prefill) if n_prefill else None
+        main = self.device.stream
         with self.device.activate():
+            side = None
+            if num_decode and n_prefill and self.overlap_prefill and self.use_graphs:
+                if self._bucket(n_prefill) in self.prefill_graphs:
+                    side = self.prefill_stream
+                    self._step_ready.record(main)
+                    side.wait_event(self._step_ready)
             if num_decode:
                 self._issue_decode(inp, n_prefill, num_decode)
             if n_prefill:
-                self._prefill(inp, n_prefill, segment)
+                self._prefill(inp, n_prefill, segment, side if side is not None else main)
+            if side is not None:
+                self._prefill_done.record(side)
+                main.wait_event(self._prefill_done)
             if num_decode:
                 self._collect_decode(num_decode)
 
@@ -238,8 +257,10 @@ class CudaBackend(BackendStores):
                              f"positions)")
         return seq, pos0
 
-    def _prefill(self, inp: StepInputs, n: int, segment: tuple[int, int]) -> None:
-        rows, stream = self.prefill_rows, self.device.stream
+    def _prefill(self, inp: StepInputs, n: int, segment: tuple[int, int], stream) -> None:
+        """The chunk's rows uploaded on `stream` and its prefill graph replayed there; without
+        a graph (`stream` is then the device stream) its kernels are launched eagerly."""
+        rows = self.prefill_rows
         bucket = self._bucket(n)
         rows.ids[:n].set(inp.ids[:n], stream=stream)  # padding rows keep earlier (valid) ids
         rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
