@@ -96,17 +96,19 @@ def _mma_ok(w, kind: C.WKind, w_rs: int, x, x_rs: int) -> bool:
 # linear_mma_kernel. Measured on the H200 (9B decode graph, B = 1 / 8): 6.41 / 7.23 ms against
 # 6.45 / 7.56 ms with linear_mma_kernel.
 GEMV_ROWS = envs.gemv_rows()
-# NINFER_GEMV_PERSIST (read once at import; default on): linear_mma_rows_kernel runs 2 blocks per
-# SM that walk the row tiles, loading the next tile's first batch during the current tile's last
-# one (no block ramp-up per tile); bitwise the same results. H200, 9B decode graph (B = 1 / 8):
-# 5.87 / 6.78 ms against 5.99 / 6.87 ms with one block per tile (NINFER_GEMV_PERSIST=0). An L2
-# bulk prefetch of each warp's part of the next tile was slower (6.94 / 7.92 ms) and is gone.
+# NINFER_GEMV_PERSIST (read once at import; default on): linear_mma_rows_kernel runs as many
+# blocks as fit on the SMs at once (32 warps per SM), which walk the row tiles, loading the next
+# tile's first batch during the current tile's last one (no block ramp-up per tile); bitwise the
+# same results. H200, 9B decode graph (B = 1 / 8): 5.87 / 6.78 ms against 5.99 / 6.87 ms with
+# one block per tile (NINFER_GEMV_PERSIST=0). (A fixed 2 blocks per SM halved the warps of the
+# 8-split K = 2048 GEMVs: 35B-A3B B = 1 went from 4.62 to 4.94 ms.) An L2 bulk prefetch of each
+# warp's part of the next tile was slower (6.94 / 7.92 ms) and is gone.
 GEMV_PERSIST = envs.gemv_persist()
-PERSIST_BLOCKS_PER_SM = 2
+PERSIST_WARPS_PER_SM = 32  # 64 registers per thread: 32 resident warps fill the register file
 MMA_ROWS_WARP_SMEM = 16 * 16 * 16  # linear_mma_rows_kernel: staging bytes per warp (MMA_ROWS_UNITS)
 MMA_PARTIALS_SMEM = 16 * 16 * 8 * 4  # one MmaPartials<16>
 MMA_ROWS_ALIGN = 256  # and slack to align the buffers (MMA_ROWS_ALIGN in mma_gemv.cuh)
-_SM_COUNT: list[int] = []
+_SM: list[tuple[int, int]] = []  # (SM count, shared memory per SM), read once
 
 
 def mma_rows_smem(splits: int) -> int:
@@ -115,19 +117,23 @@ def mma_rows_smem(splits: int) -> int:
     return splits * MMA_ROWS_WARP_SMEM + 2 * MMA_PARTIALS_SMEM + MMA_ROWS_ALIGN
 
 
-def _persist_blocks() -> int:
-    """Row-tile blocks of a persistent launch (per column tile): PERSIST_BLOCKS_PER_SM per SM."""
-    if not _SM_COUNT:
-        cp = C.cupy()
-        _SM_COUNT.append(int(cp.cuda.Device().attributes["MultiProcessorCount"]))
-    return PERSIST_BLOCKS_PER_SM * _SM_COUNT[0]
+def _persist_blocks(splits: int) -> int:
+    """Row-tile blocks of a persistent launch (per column tile): as many as fit on all SMs at
+    once (32 warps per SM, within the shared memory), e.g. 2 per SM at 16 splits, 4 at 8."""
+    if not _SM:
+        attrs = C.cupy().cuda.Device().attributes
+        _SM.append((int(attrs["MultiProcessorCount"]),
+                    int(attrs["MaxSharedMemoryPerMultiprocessor"])))
+    sm_count, smem_per_sm = _SM[0]
+    per_sm = min(PERSIST_WARPS_PER_SM // splits, smem_per_sm // (mma_rows_smem(splits) + 1024))
+    return max(1, per_sm) * sm_count
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 rows: bool | None = None, row_blocks: int | None = None) -> None:
     """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
-    Rows kernel only: `row_blocks` blocks along the row tiles (None: 2 per SM when GEMV_PERSIST,
-    else one per tile); fewer blocks than tiles make the launch persistent."""
+    Rows kernel only: `row_blocks` blocks along the row tiles (None: all that fit at once when
+    GEMV_PERSIST, else one per tile); fewer blocks than tiles make the launch persistent."""
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
@@ -140,7 +146,7 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                (32 * splits,), (params,), name=name)
         return
     if row_blocks is None:
-        row_blocks = max(1, _persist_blocks() // col_tiles) if GEMV_PERSIST else tiles
+        row_blocks = max(1, _persist_blocks(splits) // col_tiles) if GEMV_PERSIST else tiles
     row_blocks = max(1, min(tiles, row_blocks))
     persist = int(row_blocks < tiles)
     fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}, {persist}>")

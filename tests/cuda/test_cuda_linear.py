@@ -210,7 +210,8 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=True), "linear")
     assert_same_bits(act, _mma(x_d, w_d, swiglu=True, rows=True), "linear_swiglu")
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=False), "linear vs mma kernel")
-    # persistent grid (2 blocks per SM) over more row tiles than blocks (H200: 264 < 563)
+    # persistent grid (K = 2048: 8 splits, 4 blocks per SM) over more row tiles than blocks
+    # (H200: 528 < 563)
     big = _padded_bf16_weight(rng, 9001, k)
     monkeypatch.setattr(klinear, "GEMV_PERSIST", True)
     out2 = poisoned((n, 9001))
