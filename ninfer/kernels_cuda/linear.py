@@ -100,9 +100,10 @@ GEMV_ROWS = envs.gemv_rows()
 # blocks as fit on the SMs at once (32 warps per SM), which walk the row tiles, loading the next
 # tile's first batch during the current tile's last one (no block ramp-up per tile); bitwise the
 # same results. H200, 9B decode graph (B = 1 / 8): 5.87 / 6.78 ms against 5.99 / 6.87 ms with
-# one block per tile (NINFER_GEMV_PERSIST=0). (A fixed 2 blocks per SM halved the warps of the
-# 8-split K = 2048 GEMVs: 35B-A3B B = 1 went from 4.62 to 4.94 ms.) An L2 bulk prefetch of each
-# warp's part of the next tile was slower (6.94 / 7.92 ms) and is gone.
+# one block per tile (NINFER_GEMV_PERSIST=0). Only GEMVs with 16-warp blocks (K >= 4096) run
+# persistent: the 8-split K = 2048 GEMVs of 35B-A3B were slower that way (B = 1 / 8: 4.75 /
+# 9.10 ms against 4.64 / 8.83 ms). An L2 bulk prefetch of each warp's part of the next tile was
+# slower (6.94 / 7.92 ms) and is gone.
 GEMV_PERSIST = envs.gemv_persist()
 PERSIST_WARPS_PER_SM = 32  # 64 registers per thread: 32 resident warps fill the register file
 MMA_ROWS_WARP_SMEM = 16 * 16 * 16  # linear_mma_rows_kernel: staging bytes per warp (MMA_ROWS_UNITS)
@@ -133,7 +134,8 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 rows: bool | None = None, row_blocks: int | None = None) -> None:
     """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
     Rows kernel only: `row_blocks` blocks along the row tiles (None: all that fit at once when
-    GEMV_PERSIST, else one per tile); fewer blocks than tiles make the launch persistent."""
+    GEMV_PERSIST and the blocks have MMA_MAX_SPLITS warps, else one per tile); fewer blocks than
+    tiles make the launch persistent."""
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
@@ -146,7 +148,8 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                (32 * splits,), (params,), name=name)
         return
     if row_blocks is None:
-        row_blocks = max(1, _persist_blocks(splits) // col_tiles) if GEMV_PERSIST else tiles
+        persistent = GEMV_PERSIST and splits == MMA_MAX_SPLITS
+        row_blocks = max(1, _persist_blocks(splits) // col_tiles) if persistent else tiles
     row_blocks = max(1, min(tiles, row_blocks))
     persist = int(row_blocks < tiles)
     fn = get_function(SOURCE, f"linear_mma_rows_kernel<{int(swiglu)}, {persist}>")

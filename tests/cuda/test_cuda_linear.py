@@ -210,10 +210,11 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=True), "linear")
     assert_same_bits(act, _mma(x_d, w_d, swiglu=True, rows=True), "linear_swiglu")
     assert_same_bits(out, _mma(x_d, w_d, swiglu=False, rows=False), "linear vs mma kernel")
-    # persistent grid (K = 2048: 8 splits, 4 blocks per SM) over more row tiles than blocks
-    # (H200: 528 < 563)
-    big = _padded_bf16_weight(rng, 9001, k)
+    # persistent grid (K = 4096: 16 splits, 2 blocks per SM) over more row tiles than blocks
+    # (H200: 264 < 563)
+    _, x4 = _strided_x(rng, n, 4096)
+    big = _padded_bf16_weight(rng, 9001, 4096)
     monkeypatch.setattr(klinear, "GEMV_PERSIST", True)
     out2 = poisoned((n, 9001))
-    klinear.linear(x_d, big, out2)
-    assert_same_bits(out2, _mma(x_d, big, swiglu=False, rows=False), "persistent linear")
+    klinear.linear(x4, big, out2)
+    assert_same_bits(out2, _mma(x4, big, swiglu=False, rows=False), "persistent linear")
