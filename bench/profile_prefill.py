@@ -1,6 +1,6 @@
-"""Prefill-chunk diagnosis (GPU): is the eager prefill bound by the host or by the GPU?
+"""Prefill-chunk diagnosis (GPU): is the prefill bound by the host or by the GPU?
 
-    python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 [--cprofile]
+    python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 [--cprofile] [--graphs]
     ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
         python3 bench/profile_prefill.py --shape 9b --tokens 1024 --chunk 512 --ncu > prof.csv
     python3 bench/profile_decode.py --summarize prof.csv
@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--gate-ms", type=float, default=400.0)
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="profile one pass (cudaProfilerStart/Stop)")
+    ap.add_argument("--graphs", action="store_true",
+                    help="capture the prefill graphs first, so chunks replay them (else eager)")
     a = ap.parse_args()
 
     import cupy as cp
@@ -49,6 +51,8 @@ def main() -> None:
     cfg, _, _ = shape_config(resolve(a.shape), a.tokens + 1)
     params = random_parameters(cfg, xp=cp, seed=1)
     device, backend = _build(cfg, params, 1, a.tokens, prefill_chunk=a.chunk)
+    if a.graphs:
+        backend.capture_prefill_graphs()
     slot = backend.allocate_slot()
     backend.set_block_table(slot, backend.pages.allocate(
         -(-(a.tokens + 1) // backend.kv.page_size)))
