@@ -15,6 +15,12 @@ def _int_or_none(name: str) -> int | None:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from exc
 
 
+def _flag(name: str, default: bool) -> bool:
+    """A boolean switch: unset or empty gives `default`, "0" off, anything else on."""
+    raw = os.environ.get(name, "")
+    return default if raw == "" else raw != "0"
+
+
 def cache_dir() -> Path:
     """Directory for built artifacts (the demo model) and compiled kernels.
 
@@ -38,28 +44,28 @@ def host_snapshot_budget_mib() -> int | None:
 
 def cuda_debug_sync() -> bool:
     """NINFER_CUDA_SYNC=1: synchronize and check errors after every CUDA launch."""
-    return os.environ.get("NINFER_CUDA_SYNC", "") not in ("", "0")
+    return _flag("NINFER_CUDA_SYNC", False)
 
 
 def gemv_rows() -> bool:
     """NINFER_GEMV_ROWS (default on; "0" turns it off): bf16 decode GEMVs use
     linear_mma_rows_kernel (row-contiguous weight reads staged through shared memory) instead of
     linear_mma_kernel; the results are bitwise the same. Read once, at import of the launcher."""
-    return os.environ.get("NINFER_GEMV_ROWS", "1") != "0"
+    return _flag("NINFER_GEMV_ROWS", True)
 
 
 def gemv_persist() -> bool:
-    """NINFER_GEMV_PERSIST (default on; "0" turns it off): linear_mma_rows_kernel runs 2 blocks
-    per SM that walk the row tiles instead of one block per tile (bitwise the same results).
-    Read once, at import of the launcher."""
-    return os.environ.get("NINFER_GEMV_PERSIST", "1") != "0"
+    """NINFER_GEMV_PERSIST (default on; "0" turns it off): the 16-warp linear_mma_rows_kernel
+    launches run as many blocks as fit on the SMs, which walk the row tiles, instead of one
+    block per tile (bitwise the same results). Read once, at import of the launcher."""
+    return _flag("NINFER_GEMV_PERSIST", True)
 
 
 def prefill_overlap() -> bool:
     """NINFER_PREFILL_OVERLAP (default on; "0" turns it off): a step's prompt chunk, when it
     replays a prefill graph, runs on a second CUDA stream beside the decode graph. Read when a
     CUDA backend is built."""
-    return os.environ.get("NINFER_PREFILL_OVERLAP", "1") != "0"
+    return _flag("NINFER_PREFILL_OVERLAP", True)
 
 
 def gdn_chunk_split_o() -> bool:
@@ -67,7 +73,7 @@ def gdn_chunk_split_o() -> bool:
     pass stores the state entering each chunk and a parallel kernel computes the output, instead
     of the state pass computing it. Measured slower on the H200 (9B prefill of 8192 tokens:
     274.3 vs 271.7 ms; 1024: 31.3 vs 30.7 ms). Read once, at import of the launcher."""
-    return os.environ.get("NINFER_GDN_CHUNK_SPLIT_O", "0") not in ("", "0")
+    return _flag("NINFER_GDN_CHUNK_SPLIT_O", False)
 
 
 def gdn_chunk_state_cols() -> int:

@@ -12,14 +12,6 @@ from ninfer.kernels_cuda import gdn_chunk as kchunk
 SM_SMEM, BLOCK_SMEM_MAX, RESERVED = 228 * 1024, 227 * 1024, 1024
 
 
-def test_split_o_flag(monkeypatch):
-    monkeypatch.delenv("NINFER_GDN_CHUNK_SPLIT_O", raising=False)
-    assert envs.gdn_chunk_split_o() is False
-    for raw, want in (("1", True), ("0", False), ("", False)):
-        monkeypatch.setenv("NINFER_GDN_CHUNK_SPLIT_O", raw)
-        assert envs.gdn_chunk_split_o() is want, raw
-
-
 def test_state_cols_flag(monkeypatch):
     monkeypatch.delenv("NINFER_GDN_CHUNK_STATE_COLS", raising=False)
     assert envs.gdn_chunk_state_cols() == 32

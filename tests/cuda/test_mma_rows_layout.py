@@ -107,25 +107,3 @@ def test_formulas_match_the_header():
         "buf + 16u * (unsigned)mma_rows_buffer_row(r, i, q) + 4u * t",
     ):
         assert expr in text, expr
-
-
-def test_gemv_rows_flag(monkeypatch):
-    """NINFER_GEMV_ROWS selects linear_mma_rows_kernel; on unless set to "0"."""
-    from ninfer import envs
-
-    monkeypatch.delenv("NINFER_GEMV_ROWS", raising=False)
-    assert envs.gemv_rows() is True
-    for raw, want in (("1", True), ("0", False), ("", True)):
-        monkeypatch.setenv("NINFER_GEMV_ROWS", raw)
-        assert envs.gemv_rows() is want, raw
-
-
-def test_gemv_persist_flag(monkeypatch):
-    """NINFER_GEMV_PERSIST: on unless set to "0"."""
-    from ninfer import envs
-
-    monkeypatch.delenv("NINFER_GEMV_PERSIST", raising=False)
-    assert envs.gemv_persist() is True
-    for raw, want in (("1", True), ("0", False), ("", True)):
-        monkeypatch.setenv("NINFER_GEMV_PERSIST", raw)
-        assert envs.gemv_persist() is want, raw
