@@ -18,9 +18,12 @@ Two paths:
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ninfer import envs
+from ninfer.core.cuda.device import read_properties
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
@@ -109,7 +112,6 @@ PERSIST_WARPS_PER_SM = 32  # 64 registers per thread: 32 resident warps fill the
 MMA_ROWS_WARP_SMEM = 16 * 16 * 16  # linear_mma_rows_kernel: staging bytes per warp (MMA_ROWS_UNITS)
 MMA_PARTIALS_SMEM = 16 * 16 * 8 * 4  # one MmaPartials<16>
 MMA_ROWS_ALIGN = 256  # and slack to align the buffers (MMA_ROWS_ALIGN in mma_gemv.cuh)
-_SM: list[tuple[int, int]] = []  # (SM count, shared memory per SM), read once
 
 
 def mma_rows_smem(splits: int) -> int:
@@ -118,16 +120,16 @@ def mma_rows_smem(splits: int) -> int:
     return splits * MMA_ROWS_WARP_SMEM + 2 * MMA_PARTIALS_SMEM + MMA_ROWS_ALIGN
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(ordinal: int) -> int:
+    return read_properties(ordinal).sm_count
+
+
 def _persist_blocks(splits: int) -> int:
-    """Row-tile blocks of a persistent launch (per column tile): as many as fit on all SMs at
-    once (32 warps per SM, within the shared memory), e.g. 2 per SM at 16 splits, 4 at 8."""
-    if not _SM:
-        attrs = C.cupy().cuda.Device().attributes
-        _SM.append((int(attrs["MultiProcessorCount"]),
-                    int(attrs["MaxSharedMemoryPerMultiprocessor"])))
-    sm_count, smem_per_sm = _SM[0]
-    per_sm = min(PERSIST_WARPS_PER_SM // splits, smem_per_sm // (mma_rows_smem(splits) + 1024))
-    return max(1, per_sm) * sm_count
+    """Row-tile blocks of a persistent launch (per column tile): all that are resident at once,
+    PERSIST_WARPS_PER_SM // splits per SM (2 at 16 splits, whose 2 x 80.25 KiB of shared memory
+    fit an SM too)."""
+    return max(1, PERSIST_WARPS_PER_SM // splits) * _sm_count(C.cupy().cuda.Device().id)
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
