@@ -260,8 +260,19 @@ class CudaBackend(BackendStores):
     def _prefill(self, inp: StepInputs, n: int, segment: tuple[int, int], stream) -> None:
         """The chunk's rows uploaded on `stream` and its prefill graph replayed there; without
         a graph (`stream` is then the device stream) its kernels are launched eagerly."""
-        rows = self.prefill_rows
         bucket = self._bucket(n)
+        self._upload_prefill_rows(inp, n, bucket, segment, stream)
+        graph = self.prefill_graphs.get(bucket) if self.use_graphs else None
+        if graph is not None:
+            graph.launch(stream)
+            return
+        self.prefill_forward(self._prefill_context(bucket, segment))
+
+    def _upload_prefill_rows(self, inp: StepInputs, n: int, bucket: int,
+                             segment: tuple[int, int], stream) -> None:
+        """The chunk's n rows (the first n of `inp`), padded to `bucket`, to the prefill device
+        buffers on `stream`."""
+        rows = self.prefill_rows
         rows.ids[:n].set(inp.ids[:n], stream=stream)  # padding rows keep earlier (valid) ids
         rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
         pos = self._pad_positions[: 3 * bucket].reshape(3, bucket)
@@ -276,13 +287,10 @@ class CudaBackend(BackendStores):
         rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
         self._segment_host[:] = (segment[0], segment[1], n)
         rows.segment.set(self._segment_host, stream=stream)
-        graph = self.prefill_graphs.get(bucket) if self.use_graphs else None
-        if graph is not None:
-            graph.launch(stream)
-            return
-        ctx = rows.context(bucket, 1, self.block_tables, slice(bucket, bucket), segment,
-                           segment_uploaded=True)
-        self.prefill_forward(ctx)
+
+    def _prefill_context(self, bucket: int, segment: tuple[int, int]) -> StepContext:
+        return self.prefill_rows.context(bucket, 1, self.block_tables, slice(bucket, bucket),
+                                         segment, segment_uploaded=True)
 
     def _bucket(self, n: int) -> int:
         """Rows a prompt chunk of n rows runs with: the smallest prefill bucket >= n (n itself
@@ -310,10 +318,8 @@ class CudaBackend(BackendStores):
             inp.add_segment(scratch, [0] * bucket, 0)
             inp.row_slot[:bucket] = -1  # no KV writes (the scratch row's pages are not its own)
             self.states.zero(scratch)
-            self._prefill_rows_upload(inp, bucket)
-            ctx = self.prefill_rows.context(bucket, 1, self.block_tables,
-                                            slice(bucket, bucket), (scratch, 0),
-                                            segment_uploaded=True)
+            self._upload_prefill_rows(inp, bucket, bucket, (scratch, 0), self.device.stream)
+            ctx = self._prefill_context(bucket, (scratch, 0))
             self.prefill_forward(ctx)  # warm-up: kernel compilation, cuBLAS heuristics
             graph = CudaGraph(f"prefill_n{bucket}")
             try:
@@ -326,17 +332,6 @@ class CudaBackend(BackendStores):
                 continue
             self.prefill_graphs[bucket] = graph
         self.states.zero(scratch)
-
-    def _prefill_rows_upload(self, inp: StepInputs, n: int) -> None:
-        """The warm-up's rows (n = its bucket, no padding) to the prefill device buffers."""
-        rows, stream = self.prefill_rows, self.device.stream
-        rows.ids[:n].set(inp.ids[:n], stream=stream)
-        rows.positions(n).set(np.ascontiguousarray(inp.positions[:, :n]), stream=stream)
-        rows.row_slot[:n].set(inp.row_slot[:n], stream=stream)
-        rows.row_pos[:n].set(inp.row_pos[:n], stream=stream)
-        rows.seg_starts[:2].set(np.array([0, n], np.int32), stream=stream)
-        rows.seg_slots[:1].set(inp.seg_slots[:1], stream=stream)
-        rows.segment.set(np.array([inp.seg_slots[0], 0, n], np.int32), stream=stream)
 
     def _load_decode_inputs(self, inp: StepInputs, start: int, b: int) -> None:
         rows, stream = self.decode_rows, self.device.stream
