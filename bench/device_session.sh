@@ -39,7 +39,8 @@ if [ "$MODE" = dev ]; then
   #   SERVE="9b"  serve-sim at C=1,4,8 (a shape may repeat; SERVE_CHUNK=N sets --prefill-chunk,
   #   SERVE_ROUNDS=R --rounds);  PREFILL_ENVS="..."  the 9B prefills once more per variable;
   #   PROFILE=1  ncu breakdown of the decode step (B=1 and 8; PROFILE_SHAPES="9b 35b-a3b", default 9b);
-  #   DECODE_ENVS="NINFER_GEMV_ROWS=1 ..."  the 9B decode once more per variable (A/B of a flag);
+  #   DECODE_ENVS="NINFER_GEMV_ROWS=1 A=1+B=2 ..."  the decode once more per entry ('+' joins
+  #   variables; shapes DECODE_ENV_SHAPES, default 9b) (A/B of a flag);
   #   KERNEL_ENVS="..."  the kernel benchmarks once more per variable;
   #   PREFILL_SMALL=1  9B prefill of 1024 tokens in 512- and 1024-token chunks (host launch time);
   #   PROFILE_PREFILL=1  host vs GPU of prefill chunks (bench/profile_prefill.py, gate method),
@@ -55,8 +56,10 @@ if [ "$MODE" = dev ]; then
   for s in ${DECODE:-}; do
     run "decode_$s" 200 python3 -m bench.cli decode --shape "$s" --batch 1,8 ${HF:+--hf} --json "$OUT/decode_$s.json"
   done
-  for e in ${DECODE_ENVS:-}; do  # e.g. NINFER_GEMV_STAGED=1: the 9B decode once more with it set
-    run "decode_9b_$e" 200 env "$e" python3 -m bench.cli decode --shape 9b --batch 1,8 --json "$OUT/decode_9b_$e.json"
+  for e in ${DECODE_ENVS:-}; do  # e.g. NINFER_GEMV_TMA=1+NINFER_GEMV_TMA_SK=2048 ('+' joins)
+    for s in ${DECODE_ENV_SHAPES:-9b}; do
+      run "decode_${s}_$e" 200 env ${e//+/ } python3 -m bench.cli decode --shape "$s" --batch 1,8 --json "$OUT/decode_${s}_$e.json"
+    done
   done
   if [ -n "${PREFILL_SMALL:-}" ]; then  # serve-sim's prompt chunks: 1024 tokens in 512s, one 1024
     run prefill_9b_c512 120 python3 -m bench.cli prefill --shape 9b --tokens 1024 --chunk 512 --json "$OUT/prefill_9b_c512.json"

@@ -61,6 +61,48 @@ def gemv_persist() -> bool:
     return _flag("NINFER_GEMV_PERSIST", True)
 
 
+def gemv_tma() -> bool:
+    """NINFER_GEMV_TMA (default off; "1" turns it on): bf16 decode GEMVs with K % 16 == 0 on an
+    sm_90 device use linear_tma_kernel (weights streamed by bulk copies into a shared-memory ring)
+    instead of linear_mma_rows_kernel. Batch invariant, but not bitwise equal to the other
+    tensor-core kernels (another k pairing). Read once, at import of the launcher."""
+    return _flag("NINFER_GEMV_TMA", False)
+
+
+def _choice(name: str, default: int, allowed: tuple[int, ...]) -> int:
+    """An integer switch restricted to `allowed` (unset or empty: `default`)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) not in allowed:
+        raise ValueError(f"{name}={raw!r}: expected one of {allowed}")
+    return int(raw)
+
+
+TMA_STAGE_K = (1024, 2048)
+TMA_CONSUMERS = (8, 16)
+TMA_RING_KIB = (64, 96, 128, 160, 192)
+
+
+def gemv_tma_sk() -> int:
+    """NINFER_GEMV_TMA_SK (default 1024; 1024 or 2048): k per ring stage of linear_tma_kernel,
+    i.e. bytes / 2 of each row's bulk copy. Read once, at import of the launcher."""
+    return _choice("NINFER_GEMV_TMA_SK", 1024, TMA_STAGE_K)
+
+
+def gemv_tma_consumers() -> int:
+    """NINFER_GEMV_TMA_CONSUMERS (default 8; 8 or 16): consumer warps of linear_tma_kernel.
+    Read once, at import of the launcher."""
+    return _choice("NINFER_GEMV_TMA_CONSUMERS", 8, TMA_CONSUMERS)
+
+
+def gemv_tma_ring_kib() -> int:
+    """NINFER_GEMV_TMA_RING_KIB (default 192; 64, 96, 128, 160 or 192): shared memory for the
+    weight ring of linear_tma_kernel, in KiB (the rest of the SM's 256 KiB is L1, which holds
+    the activations). Read once, at import of the launcher."""
+    return _choice("NINFER_GEMV_TMA_RING_KIB", 192, TMA_RING_KIB)
+
+
 def prefill_overlap() -> bool:
     """NINFER_PREFILL_OVERLAP (default on; "0" turns it off): a step's prompt chunk, when it
     replays a prefill graph, runs on a second CUDA stream beside the decode graph. Read when a

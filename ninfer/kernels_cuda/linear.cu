@@ -22,6 +22,7 @@
 //
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
+#include "bulk_copy.cuh"
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
 
@@ -214,6 +215,137 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
     tile = next;
     parity ^= 1;
   } while (PERSIST && tile < tiles);
+}
+
+// linear_tma_kernel<SWIGLU, SK, CONS> (sm_90, K % 16 == 0, bf16 weights with 16-byte aligned rows, x
+// rows 8-byte aligned; NINFER_GEMV_TMA): the tensor-core GEMV with the weights streamed by bulk
+// copies (bulk_copy.cuh) into a ring of shared-memory stages, so the bytes in flight are bounded
+// by the ring, not by registers. Block = CONS consumer warps + 1 producer warp, one
+// block per SM (persistent: block b walks the row tiles b, b + gridDim.x, ...; gridDim.y =
+// column tiles of 8 activation rows). A stage is the 16 A rows of a tile (as in
+// linear_mma_kernel: SWIGLU = 8 gate rows over the 8 matching up rows) times SK k: one copy of
+// up to 2 SK bytes per row (lanes 0..15 of the producer), rows tma_pitch(SK) bytes apart (16
+// bytes of padding: the 8 row addresses of an ldmatrix phase fall in distinct banks); the ring
+// holds p.splits stages (2..TMA_MAX_STAGES; linear.py sizes it). Rows past M are not copied
+// (their stale A rows only feed outputs that are not stored).
+// Consumers: warp w multiplies k [s SK + w SK / CONS, + SK / CONS) of every stage s in k16 steps
+// (ldmatrix.x4 gives the standard m16n8k16 A fragment: lane (g, t) holds rows g, g + 8 at
+// k + 2t, k + 2t + 1 and k + 8 + 2t, k + 9 + 2t; x[row g][those k] split into bf16 hi + lo as in
+// mma_gemv.cuh), accumulating over the stages in order; the tile's output is the warps'
+// partials summed in warp order. Every output element's arithmetic is a function of K alone
+// (batch invariant; not bitwise equal to linear_mma_kernel, whose k pairing differs). x rows
+// past N read row N - 1 (outputs not stored).
+#define TMA_MAX_STAGES 16
+// dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
+// MmaPartials<CONS>, the ring (linear.py tma_smem mirrors this)
+#define TMA_BAR_BYTES 256
+__host__ __device__ constexpr int tma_pitch(int sk) { return 2 * sk + 16; }
+extern __shared__ __align__(128) unsigned char tma_smem[];
+
+// One k16 step: A fragment from the stage at shared address `a` (this lane's ldmatrix row),
+// x[row][k + 2t .. + 1] and x[row][k + 8 + 2t .. + 1] at xk.
+__device__ __forceinline__ void tma_step(unsigned a, const float* xk, float (&c)[4]) {
+  uint4 f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(f.x), "=r"(f.y), "=r"(f.z), "=r"(f.w) : "r"(a) : "memory");
+  const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk));
+  const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 8));
+  unsigned hi0, lo0, hi1, lo1;
+  split_bf16x2(x0.x, x0.y, hi0, lo0);
+  split_bf16x2(x1.x, x1.y, hi1, lo1);
+  mma_bf16_16816(c, f.x, f.y, f.z, f.w, hi0, hi1);
+  mma_bf16_16816(c, f.x, f.y, f.z, f.w, lo0, lo1);
+}
+
+template <int SWIGLU, int SK, int CONS>
+__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
+#if BULK_COPY_OK
+  constexpr int TILE = SWIGLU ? 8 : 16;
+  constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
+  constexpr int WK = SK / CONS;  // k per warp per stage
+  static_assert(WK % 16 == 0 && 2 * TMA_MAX_STAGES * 8 <= TMA_BAR_BYTES, "geometry");
+  const unsigned STAGES = (unsigned)p.splits;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  mbar_t* full = reinterpret_cast<mbar_t*>(tma_smem);
+  mbar_t* empty = full + STAGES;
+  MmaPartials<CONS>* red = reinterpret_cast<MmaPartials<CONS>*>(tma_smem + TMA_BAR_BYTES);
+  unsigned char* ring = tma_smem + TMA_BAR_BYTES + 2 * sizeof(MmaPartials<CONS>);
+  const int tiles = (p.m + TILE - 1) / TILE;
+  const int stages = (p.k + SK - 1) / SK;
+  const int n0 = blockIdx.y * 8;
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < (int)STAGES; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, CONS);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (warp == CONS) {  // producer
+    const unsigned long long policy = l2_evict_first_policy();
+    const bf16raw* w = static_cast<const bf16raw*>(p.w);
+    const int r = lane & 15;  // this lane's stage row
+    unsigned q = 0;           // the block's stage sequence number
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const int m0 = tile * TILE;
+      const int live = min(TILE, p.m - m0);  // output rows of the tile inside M
+      const bool row_ok = lane < 16 && (SWIGLU ? (r & 7) < live : r < live);
+      const i64 row = SWIGLU ? (r < 8 ? m0 + r : p.m + m0 + r - 8) : m0 + r;
+      const bf16raw* src = w + row * p.w_rs;
+      for (int s = 0; s < stages; ++s, ++q) {
+        const unsigned slot = q % STAGES, use = q / STAGES;
+        const unsigned bytes = 2u * (unsigned)min(SK, p.k - s * SK);
+        if (lane == 0) {
+          mbar_wait(empty + slot, (use & 1u) ^ 1u);
+          mbar_arrive_expect_tx(full + slot, bytes * (unsigned)(SWIGLU ? 2 * live : live));
+        }
+        __syncwarp();
+        if (row_ok)
+          bulk_copy_g2s(ring + slot * STAGE + r * PITCH, src + s * SK, bytes, full + slot,
+                        policy);
+      }
+    }
+    return;
+  }
+  // consumers
+  const int g = lane >> 2, t = lane & 3;
+  const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
+  // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
+  const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
+  const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
+  unsigned q = 0;
+  int parity = 0;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < stages; ++s, ++q) {
+      const unsigned slot = q % STAGES;
+      mbar_wait(full + slot, (q / STAGES) & 1u);
+      const unsigned a = ring_s + slot * STAGE;
+      const float* xk = xrow + s * SK;
+      const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
+      if (steps == WK / 16) {
+#pragma unroll
+        for (int j = 0; j < WK / 16; ++j) tma_step(a + 32 * j, xk + 16 * j, c);
+      } else {
+        for (int j = 0; j < steps; ++j) tma_step(a + 32 * j, xk + 16 * j, c);
+      }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty + slot);
+    }
+    mma_store_partials(red[parity], warp, g, t, c);
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
+    const int m0 = tile * TILE;
+    for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
+      const int rr = idx >> 3, n = idx & 7;
+      if (m0 + rr < p.m && n0 + n < p.n)
+        p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
+            mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+    }
+    parity ^= 1;
+  }
+#else
+  __trap();
+#endif
 }
 
 __global__ void __launch_bounds__(256) f32_to_bf16_kernel(const float* __restrict__ x, i64 x_rs,

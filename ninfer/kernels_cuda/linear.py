@@ -36,7 +36,9 @@ SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
-    + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]))
+    + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}>" for sk in envs.TMA_STAGE_K
+       for cons in envs.TMA_CONSUMERS for sw in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -132,12 +134,78 @@ def _persist_blocks(splits: int) -> int:
     return max(1, PERSIST_WARPS_PER_SM // splits) * _sm_count(C.cupy().cuda.Device().id)
 
 
+# NINFER_GEMV_TMA (read once at import; default off until measured): GEMVs with K % 16 == 0 on
+# sm_90 run linear_tma_kernel (weights streamed by bulk copies, one per weight row of a stage,
+# into a shared-memory ring of stages of 16 rows x TMA_SK k; one persistent block per SM); batch
+# invariant, not bitwise equal to the kernels above. H200, 9B decode graph, B = 1 / 8, 8
+# consumer warps, ~195 KiB ring: TMA_SK = 256 (512-byte copies) 10.86 / 11.23 ms, 512: 6.31 /
+# 7.31, 1024: 5.33 / 7.51, 2048: 5.35 / 8.09, against 5.83 / 6.71 ms for the rows kernel.
+GEMV_TMA = envs.gemv_tma()
+TMA_SK = envs.gemv_tma_sk()  # k per ring stage
+TMA_CONSUMERS = envs.gemv_tma_consumers()  # consumer warps (+ 1 producer warp)
+TMA_RING_KIB = envs.gemv_tma_ring_kib()
+TMA_MAX_STAGES = 16  # linear.cu
+
+
+def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
+    """(ring stages, dynamic shared memory bytes) of linear_tma_kernel<*, sk, consumers>: the
+    barriers (256 bytes), two partials buffers, as many 16-row stages as fit `ring_kib` KiB
+    (2..TMA_MAX_STAGES)."""
+    stage = 16 * (2 * sk + 16)
+    stages = max(2, min(TMA_MAX_STAGES, ring_kib * 1024 // stage))
+    return stages, 256 + 2 * consumers * 16 * 8 * 4 + stages * stage
+
+
+def tma_ok(k: int, x_rs: int) -> bool:
+    """Whether linear_tma_kernel takes a call (bf16 weights and aligned rows checked by the
+    caller): K a multiple of 16 and an sm_90+ device."""
+    return k % 16 == 0 and x_rs % 2 == 0 and _compute_capability() >= 90
+
+
+@functools.lru_cache(maxsize=None)
+def _cc(ordinal: int) -> int:
+    major, minor = read_properties(ordinal).compute_capability
+    return 10 * major + minor
+
+
+def _compute_capability() -> int:
+    return _cc(C.cupy().cuda.Device().id)
+
+
+def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
+                row_blocks: int | None = None, sk: int | None = None,
+                consumers: int | None = None, ring_kib: int | None = None) -> None:
+    """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
+    (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
+    tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows."""
+    tile = 8 if swiglu else 16
+    tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
+    if row_blocks is None:
+        row_blocks = max(1, _sm_count(C.cupy().cuda.Device().id) // col_tiles)
+    row_blocks = max(1, min(tiles, row_blocks))
+    sk = TMA_SK if sk is None else sk
+    consumers = TMA_CONSUMERS if consumers is None else consumers
+    stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
+    params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out_rs, m=m, k=k, n=n, splits=stages)
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}>")
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
+           shared_mem=smem, name="linear_swiglu_tma" if swiglu else "linear_tma")
+
+
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
-                rows: bool | None = None, row_blocks: int | None = None) -> None:
-    """`rows`: linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
+                rows: bool | None = None, row_blocks: int | None = None,
+                tma: bool | None = None) -> None:
+    """`tma`: linear_tma_kernel where `tma_ok` (None: GEMV_TMA). Otherwise `rows`:
+    linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
     Rows kernel only: `row_blocks` blocks along the row tiles (None: all that fit at once when
     GEMV_PERSIST and the blocks have MMA_MAX_SPLITS warps, else one per tile); fewer blocks than
     tiles make the launch persistent."""
+    if (GEMV_TMA if tma is None else tma) and tma_ok(k, x_rs):
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=swiglu)
+        return
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ninfer import ops
-from ninfer.core.dtypes import DType, f32_to_bf16_bits
+from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.ops import reference as ref
@@ -165,7 +165,7 @@ def _mma(x_d, w_d, *, swiglu, rows, row_blocks=None):
     out = poisoned((n, m))
     klinear._launch_mma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
                         C.row_stride(out, "out"), m, k, n, swiglu=swiglu, rows=rows,
-                        row_blocks=tiles if row_blocks is None else row_blocks)
+                        row_blocks=tiles if row_blocks is None else row_blocks, tma=False)
     return out
 
 
@@ -218,3 +218,84 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     out2 = poisoned((n, 9001))
     klinear.linear(x4, big, out2)
     assert_same_bits(out2, _mma(x4, big, swiglu=False, rows=False), "persistent linear")
+
+
+# linear_tma_kernel (NINFER_GEMV_TMA=1; sm_90, K % 16 == 0): weights streamed by bulk copies into
+# a shared-memory ring. Not bitwise equal to the kernels above (another k pairing), but batch
+# invariant: every output element's arithmetic depends on K alone, whatever N, the tile's other
+# rows or the number of persistent blocks.
+
+def _tma(x_d, w_d, *, swiglu, row_blocks=None, sk=None, consumers=None, ring_kib=None):
+    n, k = x_d.shape
+    m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
+    out = poisoned((n, m))
+    klinear._launch_tma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
+                        C.row_stride(out, "out"), m, k, n, swiglu=swiglu, row_blocks=row_blocks,
+                        sk=sk, consumers=consumers, ring_kib=ring_kib)
+    return out
+
+
+@pytest.mark.parametrize("sk, consumers, ring_kib", [(1024, 8, 192), (2048, 16, 192),
+                                                     (1024, 16, 64), (2048, 8, 96)])
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("k", [16, 272, 2048, 4096 + 96, 12288])  # 272, 4192: a partial stage
+def test_gemv_tma_kernel_vs_float64(rng, k, swiglu, sk, consumers, ring_kib):
+    m = 147 if swiglu else 301  # odd: a partial row tile
+    n = 5
+    x_h, x_d = _strided_x(rng, n, k)
+    w_full = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)  # NaN past K in every row
+    w_h = host(w_full)
+    out = _tma(x_d, w_full, swiglu=swiglu, sk=sk, consumers=consumers, ring_kib=ring_kib)
+    want = ref.linear(x_h, bf16_bits_to_f32(w_h))
+    assert_close(out, ref.swiglu(want) if swiglu else want, what=f"k={k} swiglu={swiglu}")
+
+
+@pytest.mark.parametrize("sk, consumers", [(1024, 8), (2048, 16)])
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("k", [272, 4096])
+def test_gemv_tma_kernel_is_batch_invariant(rng, k, swiglu, sk, consumers):
+    """Each row of an N-row call (N up to 11: two column tiles) equals that row alone, bitwise,
+    with one block per SM, 3 blocks, or 1 block walking every row tile."""
+    m = 147 if swiglu else 301
+    w_d = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)
+    _, x_d = _strided_x(rng, 11, k)
+    alone = [_tma(x_d[i:i + 1], w_d, swiglu=swiglu, sk=sk, consumers=consumers)
+             for i in range(11)]
+    for n in (1, 2, 7, 8, 11):
+        for row_blocks in (None, 3, 1):
+            got = _tma(x_d[:n], w_d, swiglu=swiglu, row_blocks=row_blocks, sk=sk,
+                       consumers=consumers)
+            for i in range(n):
+                assert_same_bits(got[i:i + 1], alone[i],
+                                 f"k={k} n={n} row {i} row_blocks={row_blocks}")
+
+
+def test_gemv_tma_swiglu_equals_linear_then_swiglu(rng):
+    n, k, inner = 3, 1024 + 48, 200
+    _, x_d = _strided_x(rng, n, k)
+    w_d = _padded_bf16_weight(rng, 2 * inner, k)
+    gu = _tma(x_d, w_d, swiglu=False)
+    ref_act = poisoned((n, inner))
+    ops.swiglu(gu, ref_act)
+    assert_same_bits(_tma(x_d, w_d, swiglu=True), ref_act, "swiglu")
+
+
+def test_gemv_tma_flag_routes_linear_and_swiglu(rng, monkeypatch):
+    """GEMV_TMA routes both entry points to linear_tma_kernel when K % 16 == 0 and to the rows
+    kernel otherwise."""
+    monkeypatch.setattr(klinear, "GEMV_TMA", True)
+    n, inner = 3, 96
+    for k, tma in ((2048, True), (1000 + 4, False)):
+        _, x_d = _strided_x(rng, n, k)
+        w_d = _padded_bf16_weight(rng, 2 * inner, k)
+        out = poisoned((n, 2 * inner))
+        klinear.linear(x_d, w_d, out)
+        act = poisoned((n, inner))
+        klinear.linear_swiglu(x_d, w_d, act)
+        if tma:
+            want, want_act = _tma(x_d, w_d, swiglu=False), _tma(x_d, w_d, swiglu=True)
+        else:
+            want = _mma(x_d, w_d, swiglu=False, rows=False)
+            want_act = _mma(x_d, w_d, swiglu=True, rows=False)
+        assert_same_bits(out, want, f"linear k={k}")
+        assert_same_bits(act, want_act, f"linear_swiglu k={k}")
