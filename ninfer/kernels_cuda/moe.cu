@@ -19,6 +19,9 @@
 //     cores (mma_gemv.cuh), groups of up to 8 pairs as the mma's 8 columns. SWIGLU=1: a warp's
 //     16-row A tile is gate rows m0..m0+7 over up rows m0..m0+7, so each lane holds the gate and
 //     the up value of the same (row, pair) after the split sum. Splits of K as in linear.cu.
+//   moe_mma_rows_kernel<SWIGLU> (the default; NINFER_GEMV_ROWS=0 selects moe_mma_kernel):
+//     moe_mma_kernel with the weight tile read row-contiguously and staged through shared
+//     memory (linear.cu linear_mma_rows_kernel); bitwise the same results.
 //   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)],
 //     optionally + sigmoid(gate[n]) * shared[n] (the gated shared expert).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
@@ -251,6 +254,23 @@ __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
   }
 }
 
+// The block's outputs of the mma kernels (after the partials are in red): out[pair][m0 + r] =
+// the split sum of (tile row r, pair slot n) (SWIGLU: silu(gate) * up), NaN for a bad expert;
+// rows past M and empty slots are not stored.
+template <int SWIGLU>
+__device__ __forceinline__ void moe_mma_store(const MoeGemvParams& p, const MmaPartials<8>& red,
+                                              int grp, int m0, bool bad) {
+  constexpr int TILE = SWIGLU ? 8 : 16;
+  for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
+    const int r = idx >> 3, n = idx & 7;
+    const int pn = p.group_pairs[grp * MOE_GROUP + n];
+    if (m0 + r >= p.m || pn < 0) continue;
+    float v = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
+    if (bad) v = NINFER_NAN;
+    p.out[(i64)pn * p.out_rs + m0 + r] = v;
+  }
+}
+
 template <int SWIGLU>
 __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
   __shared__ MmaPartials<8> red;  // [split][A row][pair in group]
@@ -276,14 +296,115 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
   mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
   mma_store_partials(red, warp, g, t, c);
   __syncthreads();
-  for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
-    const int r = idx >> 3, n = idx & 7;
-    const int pn = p.group_pairs[grp * MOE_GROUP + n];
-    if (m0 + r >= p.m || pn < 0) continue;
-    float v = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
-    if (bad) v = NINFER_NAN;
-    p.out[(i64)pn * p.out_rs + m0 + r] = v;
+  moe_mma_store<SWIGLU>(p, red, grp, m0, bad);
+}
+
+// moe_mma_rows_kernel<SWIGLU>: moe_mma_kernel with the expert's weight tile read
+// row-contiguously (mma_gemv.cuh, "Row-contiguous staging": a half-warp load reads 256
+// contiguous bytes of one row instead of 64 bytes of each of 8 rows) and handed to the mmas
+// through a 4 KiB per-warp shared buffer (stmatrix in, ldmatrix out), as linear_mma_rows_kernel
+// does. Same grid, block, K split, A fragments, x values, mma order and reduction order as
+// moe_mma_kernel, so the stored results are bitwise identical. One row tile per block; per
+// warp, the 8 x 16-byte loads of the next batch are in flight while the current batch's
+// fragments are read from the buffer and multiplied. The group's expert id is read next to
+// num_groups (one dependent latency before the first weight loads instead of two) and the
+// first batch's loads are issued before the pair / x lookups. Dynamic shared memory (moe.py
+// mma_rows_smem): splits * 4 KiB of staging, then one MmaPartials<8>, + 256 B of alignment
+// slack. At most 64 registers (4 blocks of 8 warps per SM).
+extern __shared__ uint4 moe_rows_smem[];
+
+// Bit j set: tile row 2j + h (lane half h) of the tile starting at output row m0 is inside M
+// (linear.cu mma_rows_valid; SWIGLU: rows j >= 4 are the up rows of the gate rows j - 4).
+template <int SWIGLU>
+__device__ __forceinline__ unsigned moe_rows_valid(int m0, int h, int m) {
+  unsigned valid = 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < m) valid |= 1u << j;
+  return valid;
+}
+
+// The warp's K range (span = k_end - k_begin elements) of one 16-row tile through the staging
+// buffer, accumulated into c in mma_gemv_accumulate's order. wp: byte address of this lane's
+// first unit (tile row h, k_begin + ku, ku = 8 (lane % 16)); v: the first batch's loads, already
+// issued when span >= full; xp: &x[pair row][k_begin + 8t]; full: MMA_ROWS_K when k_end % 8 != 0
+// (the last batch holds a partial unit), else 1; buf / sbuf: the warp buffer (shared-space
+// address, 256-byte aligned / generic pointer). The K loop of linear_mma_rows_kernel for one
+// tile.
+__device__ __forceinline__ void mma_rows_tile(const char* wp, i64 hib, i64 rsb, unsigned valid,
+                                              int span, int full, int ku, const float* xp, int t,
+                                              int lane, unsigned buf, bf16raw* sbuf,
+                                              uint4 (&v)[8], float (&c)[4]) {
+  const unsigned st = buf + mma_rows_store_offset(lane), ld = buf + mma_rows_frag_offset(lane);
+  int rem = span;  // k left from the batch's k0
+  while (rem >= full) {
+    __syncwarp();  // the previous batch's fragments are read
+    mma_rows_store(st, buf, lane, v);
+    __syncwarp();
+    const int rn = rem - MMA_ROWS_K;
+    if (rn >= full)  // the next batch's loads stay in flight during this batch's mmas
+      mma_rows_load(wp + 2 * MMA_ROWS_K, hib, rsb, valid, ku < rn, v);
+    mma_rows_batch<0>(ld, xp, 8 * t, rem, c);
+    wp += 2 * MMA_ROWS_K;
+    xp += MMA_ROWS_K;
+    rem = rn;
   }
+  if (rem > 0) {  // the warp's last batch holds a partial unit (K % 8 != 0): read element-wise
+    __syncwarp();
+    mma_rows_store_partial(sbuf, lane, wp, hib, rsb, valid, rem - ku);
+    __syncwarp();
+    mma_rows_batch<1>(ld, xp, 8 * t, rem, c);
+  }
+}
+
+template <int SWIGLU>
+__global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
+  const int grp = blockIdx.y;
+  // group_expert has N*K entries (the grid's y extent): in bounds past num_groups too
+  const int groups = *p.num_groups, e = p.group_expert[grp];
+  if (grp >= groups) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3, h = lane >> 4;
+  const bool bad = e < 0 || e >= p.experts;
+  constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
+  const int m0 = blockIdx.x * TILE;
+  int k_begin, k_end;
+  mma_warp_k_range(p.k, p.splits, warp, k_begin, k_end);
+  // tile row 2j + h (j = 0..7) holds output row m0 + 2j + h (SWIGLU: gate row m0 + 2j + h for
+  // j < 4, up row up_offset + m0 + 2(j - 4) + h for j >= 4), as A rows g / g + 8 of
+  // moe_mma_kernel; rows past M and every row of a bad expert are never read (zeros)
+  const int ku = 8 * (lane & 15);  // this lane's k offset in a batch (loads)
+  const i64 rsb = 2 * p.w_rs, hib = (i64)(SWIGLU ? p.up_offset : 8) * rsb;  // bytes
+  // bits 0..7: the rows read (none for a bad expert); bit 31: the expert is bad (kept here
+  // rather than in a register of its own across the K loop, which spilled at 64 registers)
+  const unsigned valid = bad ? 1u << 31 : moe_rows_valid<SWIGLU>(m0, h, p.m);
+  const char* wp = reinterpret_cast<const char*>(
+      static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es +
+      (i64)(m0 + h) * p.w_rs + k_begin + ku);
+  const int span = k_end - k_begin;
+  // a batch holds a partial unit iff K % 8 != 0 and it reaches k_end (then k_end = K)
+  const int full = (k_end & 7) != 0 ? MMA_ROWS_K : 1;
+  uint4 v[8];
+  if (span >= full) mma_rows_load(wp, hib, rsb, valid, ku < span, v);
+  // x row of pair slot g; an empty slot (-1) reads slot 0's row instead of zeros: it only feeds
+  // mma column g, whose outputs are not stored
+  const int pr = p.group_pairs[grp * MOE_GROUP + g];
+  const int p0 = __shfl_sync(0xffffffffu, pr, 0);
+  const int pa = pr >= 0 ? pr : p0;
+  const float* xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs + k_begin + 8 * t;
+  // the buffers start at the first 256-byte boundary of the dynamic shared memory (the launcher
+  // adds MMA_ROWS_ALIGN bytes), so the XOR-swizzled addresses stay inside each warp's buffer
+  const unsigned s0 = (unsigned)__cvta_generic_to_shared(moe_rows_smem);
+  const unsigned pad = (MMA_ROWS_ALIGN - (s0 & (MMA_ROWS_ALIGN - 1))) & (MMA_ROWS_ALIGN - 1);
+  char* const base = reinterpret_cast<char*>(moe_rows_smem) + pad;
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  mma_rows_tile(wp, hib, rsb, valid, span, full, ku, xp, t, lane,
+                s0 + pad + warp * (MMA_ROWS_UNITS * 16),
+                reinterpret_cast<bf16raw*>(base + warp * (MMA_ROWS_UNITS * 16)), v, c);
+  MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(base + p.splits * (MMA_ROWS_UNITS * 16));
+  mma_store_partials(red, warp, g, t, c);
+  __syncthreads();
+  moe_mma_store<SWIGLU>(p, red, grp, m0, (valid >> 31) != 0u);
 }
 
 // out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or

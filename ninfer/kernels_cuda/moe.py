@@ -5,8 +5,9 @@ paths:
 - grouped GEMV (capturable, batch invariant, reads each selected expert's weights once per
   group of <= 8 rows): N <= GEMV_MAX_ROWS, or while capturing, or `batch_invariant=True`;
   intermediates live in a `MoeWorkspace` (allocated per call when None); bf16 weights with
-  16-byte aligned rows run the tensor-core `moe_mma_kernel` (groups of up to 8 pairs), others
-  the f32-FMA `moe_gemv_kernel`;
+  16-byte aligned rows run the tensor-core `moe_mma_rows_kernel` (groups of up to 8 pairs;
+  NINFER_GEMV_ROWS=0: `moe_mma_kernel`, bitwise the same), others the f32-FMA
+  `moe_gemv_kernel`;
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
@@ -17,10 +18,18 @@ import dataclasses
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
-from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 from ninfer.kernels_cuda import _cublas
-from ninfer.kernels_cuda.linear import ROWS_PER_BLOCK, k_splits, mma_splits, rows_tile
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+from ninfer.kernels_cuda.linear import (
+    MMA_ROWS_ALIGN,
+    MMA_ROWS_WARP_SMEM,
+    ROWS_PER_BLOCK,
+    k_splits,
+    mma_splits,
+    rows_tile,
+)
 
 GEMV_MAX_ROWS = 32
 MAX_PAIRS = 1024  # moe_group_kernel: one block
@@ -28,6 +37,11 @@ GROUP_STRIDE = 8
 ROUTE_J = (1, 2, 4, 8, 16, 32)  # moe_route_kernel<J>: experts per lane (E <= 32 J)
 ROUTE_GROUP_J = (1, 2, 4, 8, 16)  # moe_route_group_kernel<J> (1024 threads: <= 64 registers)
 ROUTE_ROWS_PER_BLOCK = 8  # moe_route_kernel: one warp per row
+MMA_SPLITS = 8  # moe_mma(_rows)_kernel: at most 8 warps (K ranges) per block
+# NINFER_GEMV_ROWS (read once at import; default on; the same switch as linear.GEMV_ROWS): the
+# tensor-core expert GEMVs run moe_mma_rows_kernel (row-contiguous weight reads staged through
+# shared memory), bitwise equal to moe_mma_kernel. Not yet measured on a GPU.
+GEMV_ROWS = envs.gemv_rows()
 
 
 def _swiglu_rows(nt: int) -> int:
@@ -40,7 +54,8 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_group_kernel", "moe_combine_kernel"]
     + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
-    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>"]
+    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
+       "moe_mma_rows_kernel<1>"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -249,16 +264,8 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma:
-            tile = 8 if swiglu else 16
-            params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(xs), out=C.ptr(dst),
-                            group_expert=C.ptr(ws.group_expert),
-                            group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
-                            w_es=w_es, w_rs=w_rs, x_rs=xs_rs, out_rs=dst.shape[1], m=m, k=k,
-                            splits=mma_splits(k, 8), top_k=top_k, up_offset=inter,
-                            x_by_pair=by_pair, experts=experts)
-            launch(get_function(SOURCE, f"moe_mma_kernel<{swiglu}>"),
-                   ((m + tile - 1) // tile, pairs), (32 * mma_splits(k, 8),), (params,),
-                   name="moe_mma")
+            launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
+                       top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs)
             continue
         r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
         aligned = int(_gemv_aligned(w, kind, w_rs, w_es, xs, xs_rs, k))
@@ -271,6 +278,39 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
         fn = get_function(SOURCE, f"moe_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}, {swiglu}>")
         launch(fn, ((m + r - 1) // r, pairs), (32 * splits,), (params,), name="moe_gemv")
     _combine(ws.y, hidden, None, ids, weights, out, gated)
+
+
+def mma_rows_smem(splits: int) -> int:
+    """Dynamic shared memory of moe_mma_rows_kernel with `splits` warps (36.25 KiB at 8): the
+    staging buffers, one MmaPartials<8> and the alignment slack."""
+    return splits * MMA_ROWS_WARP_SMEM + MMA_SPLITS * 16 * 8 * 4 + MMA_ROWS_ALIGN
+
+
+assert mma_rows_smem(MMA_SPLITS) <= 48 * 1024  # no dynamic shared memory opt-in needed
+
+
+def launch_mma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int, k: int, *,
+               swiglu: bool, top_k: int, up_offset: int, experts: int, ws: MoeWorkspace,
+               pairs: int, rows: bool | None = None) -> None:
+    """One tensor-core expert stage over the groups in `ws` (bf16 w [E, rows, K] with strides
+    w_es, w_rs, 16-byte aligned rows; x rows 16-byte aligned): out[pair, :m] (rows of out are
+    contiguous, stride out.shape[1]). `rows`: moe_mma_rows_kernel (True) or moe_mma_kernel
+    (False); None: GEMV_ROWS. Both take the same K split (mma_splits(k, 8): K only)."""
+    rows = GEMV_ROWS if rows is None else rows
+    splits = mma_splits(k, MMA_SPLITS)
+    params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
+                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
+                    num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out.shape[1], m=m, k=k, splits=splits, top_k=top_k,
+                    up_offset=up_offset, x_by_pair=x_by_pair, experts=experts)
+    tile = 8 if swiglu else 16
+    grid = ((m + tile - 1) // tile, pairs)
+    if rows:
+        launch(get_function(SOURCE, f"moe_mma_rows_kernel<{int(swiglu)}>"), grid,
+               (32 * splits,), (params,), shared_mem=mma_rows_smem(splits), name="moe_mma_rows")
+    else:
+        launch(get_function(SOURCE, f"moe_mma_kernel<{int(swiglu)}>"), grid, (32 * splits,),
+               (params,), name="moe_mma")
 
 
 def _combine(y, y_rs, pair_row, ids, weights, out, gated) -> None:

@@ -1,22 +1,34 @@
 """MoE on the GPU: routing (ids exact, weights vs float64, bitwise the former kernel), routed
 experts on the grouped-GEMV path (reads only the selected experts) and the cuBLAS prefill path,
-batch invariance, and moe_block (routing, experts and the gated shared expert) bitwise equal to
-the separate ops, eagerly and replayed from a CUDA graph."""
+batch invariance, moe_mma_rows_kernel bitwise equal to moe_mma_kernel, and moe_block (routing,
+experts and the gated shared expert) bitwise equal to the separate ops, eagerly and replayed
+from a CUDA graph."""
 from __future__ import annotations
 
 import functools
 
 import numpy as np
 import pytest
+from cuda_testutil import (
+    DTYPES,
+    TOL_BF16_X,
+    TOL_F32,
+    assert_close,
+    assert_same_bits,
+    cp,
+    dev,
+    host,
+    poisoned,
+    randn,
+    weight_pair,
+)
 
 from ninfer import ops
-from ninfer.core.dtypes import DType
+from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.core.tensor import Weight
+from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.ops import reference as ref
-
-from cuda_testutil import (DTYPES, TOL_BF16_X, TOL_F32, assert_close, assert_same_bits, cp, dev,
-                           host, poisoned, randn, weight_pair)
 
 pytestmark = pytest.mark.gpu
 
@@ -88,7 +100,8 @@ _FORMER_ROUTE = r'''
 extern "C" __global__ void __launch_bounds__(1024) former_route(const float* __restrict__ logits,
                                                               i64 logits_rs, int experts, int top_k,
                                                               float* __restrict__ w_out, i64 w_rs,
-                                                              int* __restrict__ ids_out, i64 ids_rs) {
+                                                              int* __restrict__ ids_out,
+                                                              i64 ids_rs) {
   __shared__ float scratch[32];
   __shared__ float red_v[32];
   __shared__ int red_i[32];
@@ -218,7 +231,8 @@ def test_router_and_shared_gate_in_one_linear_are_bitwise_unchanged(rng, monkeyp
     both = Weight(dev(both_h.data), dtype)
     for n in (1, 2, 3, 5, 8):
         x = dev(randn(rng, (n, hidden)))
-        fused, lone, lone_gate = poisoned((n, experts + 1)), poisoned((n, experts)), poisoned((n, 1))
+        fused, lone = poisoned((n, experts + 1)), poisoned((n, experts))
+        lone_gate = poisoned((n, 1))
         ops.linear(x, both, fused)
         ops.linear(x, router, lone)
         ops.linear(x, gate, lone_gate)
@@ -343,3 +357,119 @@ def test_moe_block_graph_replay_equals_eager(rng):
             for g, e, what in zip(replay, (w, ids, out), ("weights", "ids", "out")):
                 assert_same_bits(g, e, what)
         graph.destroy()
+
+
+# moe_mma_rows_kernel (the default; NINFER_GEMV_ROWS=0 selects moe_mma_kernel): row-contiguous
+# expert weight reads staged through shared memory; must equal moe_mma_kernel bit for bit on every
+# shape (same K split, fragments, mma order and reduction order). Explicit launches of one stage
+# (kmoe.launch_mma) on the group tables of random routings.
+
+def _padded_experts(rng, experts, rows, k):
+    """(float64 values, device bf16 bits [E, rows, K]) with 16-byte aligned rows padded with NaN
+    up to the stride: a kernel reading past K (and not zeroing) turns its result into NaN."""
+    stride = -(-k // 8) * 8 + 8
+    bits = f32_to_bf16_bits((rng.standard_normal((experts, rows, k)) * k ** -0.5)
+                            .astype(np.float32))
+    full = np.full((experts, rows, stride), 0x7FC0, dtype=np.uint16)
+    full[..., :k] = bits
+    return bf16_bits_to_f32(bits).astype(np.float64), dev(full)[..., :k]
+
+
+def _padded_x(rng, n, k):
+    """(host, device) x f32 [n, k] with NaN around each row; rows 16-byte aligned with a stride
+    that is a multiple of 4 (what the mma kernels need)."""
+    stride = -(-k // 4) * 4 + 8
+    full = np.full((n, stride), np.nan, dtype=np.float32)
+    full[:, 4:4 + k] = randn(rng, (n, k), 3.0)
+    return full[:, 4:4 + k], dev(full)[:, 4:4 + k]
+
+
+def _stage(w_d, x_d, ids, m, *, swiglu, by_pair, experts, rows):
+    """One expert stage of moe_mma_rows_kernel (rows=True) or moe_mma_kernel on the groups of
+    `ids` (device): out f32 [pairs, m], poisoned before the launch."""
+    n, top_k = ids.shape
+    ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
+    kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
+    out = poisoned((ids.size, m))
+    k = x_d.shape[1]
+    w_rs = C.row_stride(w_d[0], "w")
+    kmoe.launch_mma(w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), by_pair, out, m,
+                    k, swiglu=swiglu, top_k=top_k, up_offset=m, experts=experts, ws=ws,
+                    pairs=ids.size, rows=rows)
+    return out
+
+
+def _stage_oracle(w, x, ids, m, *, swiglu, by_pair):
+    """float64 out[pair, :m] of one stage (w: float64 [E, rows, K])."""
+    top_k = ids.shape[1]
+    out = np.empty((ids.size, m))
+    for pr, e in enumerate(ids.reshape(-1)):
+        y = w[e] @ np.asarray(x[pr if by_pair else pr // top_k], np.float64)
+        out[pr] = ref.swiglu(y[None])[0] if swiglu else y
+    return out
+
+
+@pytest.mark.parametrize("m,k,swiglu,by_pair", [
+    (147, 1000, True, False),   # odd M (a partial row tile), K not a multiple of 128
+    (301, 1016, False, True),
+    (64, 2048, True, False),    # the 35B-A3B gate_up K (8 splits), 8 row tiles
+    (2048, 512, False, True),   # the 35B-A3B down (2 splits)
+    (40, 64, False, False),     # one split shorter than a batch
+    (77, 333, True, True),      # K % 8 != 0: a partial unit (one split)
+    (203, 4100, False, False),  # K % 8 != 0 with 8 splits
+])
+@pytest.mark.parametrize("experts,top_k", [(16, 4), (5, 3)])  # experts without rows; full groups
+def test_moe_mma_rows_kernel_equals_mma_kernel_bitwise(rng, m, k, swiglu, by_pair, experts,
+                                                       top_k):
+    w, w_d = _padded_experts(rng, experts, 2 * m if swiglu else m, k)
+    for n in range(1, 9):
+        ids = dev(_routing(rng, n, experts, top_k)[0])
+        x_h, x_d = _padded_x(rng, n * top_k if by_pair else n, k)
+        kw = dict(swiglu=swiglu, by_pair=int(by_pair), experts=experts)
+        want = _stage(w_d, x_d, ids, m, rows=False, **kw)
+        assert np.isfinite(host(want)).all(), f"n={n}: moe_mma_kernel output not finite"
+        got = _stage(w_d, x_d, ids, m, rows=True, **kw)
+        assert_same_bits(got, want, f"m={m} k={k} swiglu={swiglu} n={n}")
+        assert_close(got, _stage_oracle(w, x_h, host(ids), m, swiglu=swiglu, by_pair=by_pair))
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_moe_mma_rows_kernel_bad_expert_rows_are_nan(rng, swiglu):
+    """An expert id outside [0, E) gives NaN rows (never read weights), like moe_mma_kernel; the
+    other pairs are unaffected."""
+    experts, top_k, n, m, k = 8, 2, 3, 40, 256
+    _, w_d = _padded_experts(rng, experts, 2 * m if swiglu else m, k)
+    ids_h = _routing(rng, n, experts, top_k)[0]
+    ids_h[1, 0] = experts
+    ids = dev(ids_h)
+    _, x_d = _padded_x(rng, n, k)
+    kw = dict(swiglu=swiglu, by_pair=0, experts=experts)
+    got = host(_stage(w_d, x_d, ids, m, rows=True, **kw))
+    want = host(_stage(w_d, x_d, ids, m, rows=False, **kw))
+    assert_same_bits(got, want, "rows vs mma kernel")
+    bad = 1 * top_k + 0
+    assert np.isnan(got[bad]).all()
+    assert np.isfinite(np.delete(got, bad, axis=0)).all()
+
+
+def test_gemv_rows_flag_routes_moe_experts(rng, monkeypatch):
+    """GEMV_ROWS (NINFER_GEMV_ROWS, read at import) switches moe_experts' tensor-core stages; both
+    give the same bits (the 35B-A3B expert shape: H = 2048, Im = 512, top 8)."""
+    experts, top_k, hidden, inter = 32, 8, 2048, 512
+    _, gu_d = weight_pair(rng, (experts, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
+    _, dn_d = weight_pair(rng, (experts, hidden, inter), DType.BFLOAT16, inter ** -0.5)
+    for n in (1, 3, 8):
+        x = dev(randn(rng, (n, hidden)))
+        ids, w = (dev(a) for a in _routing(rng, n, experts, top_k))
+        got = []
+        for rows in (True, False):
+            monkeypatch.setattr(kmoe, "GEMV_ROWS", rows)
+            ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+            ws.act.fill(np.nan)
+            ws.y.fill(np.nan)
+            out = poisoned((n, hidden))
+            kmoe.moe_experts(x, gu_d, dn_d, ids, w, out, workspace=ws)
+            got.append((ws.act[:n * top_k].copy(), ws.y[:n * top_k].copy(), out))
+        for a, b, what in zip(got[0], got[1], ("act", "y", "out")):
+            assert_same_bits(a, b, f"{what}, n={n}")
+        assert np.isfinite(host(got[0][2])).all()
