@@ -111,8 +111,9 @@ def attention_prefill(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
-    from ninfer.kernels_cuda.gdn_chunk import (SPLIT_O, STATE_COLS, ChunkWorkspace,
-                                               gdn_chunk_prefill as chunk)
+    """One 8192-token segment in each precision (FLA's bf16 Triton kernel as the peer)."""
+    from ninfer.kernels_cuda.gdn_chunk import SPLIT_O, STATE_COLS, ChunkWorkspace, Precision
+    from ninfer.kernels_cuda.gdn_chunk import gdn_chunk_prefill as chunk
 
     s = ctx.shape
     tokens = 8192
@@ -126,12 +127,17 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     slots = cp.zeros(1, dtype=cp.int32)
     o = cp.empty_like(v)
     ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads)
-    ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws))
     path = f"split O, {STATE_COLS}-column state tiles" if SPLIT_O else "O in the state pass"
-    meas = Measure("gdn_chunk_prefill", f"T={tokens} Hk={s.key_heads} Hv={s.value_heads}", ms,
-                   note=f"3xTF32 mma, {path}")
-    return [_peer(meas, ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
-                                                     s.dv))]
+    out = []
+    for prec, mma in ((Precision.TF32X3, "3xTF32 mma"), (Precision.BF16, "bf16 mma")):
+        ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws,
+                                      precision=prec))
+        out.append(_peer(Measure("gdn_chunk_prefill",
+                                 f"T={tokens} Hk={s.key_heads} Hv={s.value_heads} {prec.value}",
+                                 ms, note=f"{mma}, {path}"),
+                         ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
+                                                      s.dv)))
+    return out
 
 
 def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:

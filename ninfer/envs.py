@@ -129,6 +129,23 @@ def gdn_chunk_state_cols() -> int:
     return cols
 
 
+GDN_CHUNK_PRECISIONS = ("tf32x3", "bf16")
+
+
+def gdn_chunk_precision() -> str | None:
+    """NINFER_GDN_CHUNK_PRECISION ("tf32x3" or "bf16"; unset or empty: None): how the chunked
+    GDN prefill forms its matrix products, overriding the model's choice (bf16 for bf16 weights,
+    tf32x3 for fp32 ones) and the launcher's default (tf32x3). Read once, at import of the
+    launcher."""
+    raw = os.environ.get("NINFER_GDN_CHUNK_PRECISION", "").strip().lower()
+    if raw == "":
+        return None
+    if raw not in GDN_CHUNK_PRECISIONS:
+        raise ValueError(f"NINFER_GDN_CHUNK_PRECISION must be one of {GDN_CHUNK_PRECISIONS}, "
+                         f"got {raw!r}")
+    return raw
+
+
 def kernel_cache_dir() -> Path:
     """NINFER_KERNEL_CACHE: where compiled CUDA modules are cached (default:
     <cache_dir>/kernels)."""

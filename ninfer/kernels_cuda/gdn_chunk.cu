@@ -1,24 +1,35 @@
-// gdn_chunk.cu: chunkwise-parallel gated delta rule (WY/UT form) for prefill, fp32 throughout.
+// gdn_chunk.cu: chunkwise-parallel gated delta rule (WY/UT form) for prefill; fp32 operands,
+// state and workspaces, matrix products on tensor cores in one of two precisions.
 //
-// Same inputs, outputs and state update as gdn_recurrence (gdn.cu), equal to it within fp32
-// rounding. Chunks of CH = 64 tokens start at each segment's first token (so splitting a prompt
-// at multiples of 64 tokens gives the same chunks as processing it whole). Within a chunk of
-// L <= 64 tokens, with G_i = sum_{s<=i} g_s (spec 4.4):
+// Same inputs, outputs and state update as gdn_recurrence (gdn.cu). Chunks of CH = 64 tokens
+// start at each segment's first token (so splitting a prompt at multiples of 64 tokens gives
+// the same chunks as processing it whole). Within a chunk of L <= 64 tokens, with
+// G_i = sum_{s<=i} g_s (spec 4.4):
 //   A = strict_tril((beta K) K^T * exp(G_i - G_j))         P = tril((Q K^T) * exp(G_i - G_j))
 //   [U | W] = (I + A)^-1 [beta V | beta e^G K]             (forward substitution)
 //   V' = U - W S;  O = (Q e^G) S + P V';  S <- e^{G_L} S + (K e^{G_L - G})^T V'
 //
-// Matrix products run on tensor cores in 3xTF32: x = hi + lo with hi = tf32(x), lo = tf32(x - hi),
-// a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi (lo*lo dropped), fp32 accumulation
-// (mma.sync.m16n8k8 tf32; about fp32 accuracy). The forward substitution is fp32 FMAs.
+// Every mma kernel takes a template argument BF16 that picks the matrix products (Mma<BF16>):
+//   false  3xTF32: x = hi + lo with hi = tf32(x), lo = tf32(x - hi), a*b ~ a_lo*b_hi +
+//          a_hi*b_lo + a_hi*b_hi (lo*lo dropped), fp32 accumulation (mma.sync.m16n8k8 tf32;
+//          equal to gdn_recurrence within fp32 rounding).
+//   true   bf16: each operand (as scaled: -W, Q e^G, K e^{G_L - G}, and the fp32 state S where
+//          it is an operand) rounded to bf16 (nearest even) as its fragment is read from the
+//          fp32 shared tile, one mma.sync.m16n8k16 bf16 per step, fp32 accumulation (FLA's
+//          policy; relative error ~1e-2 or less). S itself is carried in fp32 accumulators.
+// Only the fragment loads, the k step (8 or 16) and the shared row strides (chosen per policy
+// for conflict-free fragment reads) differ; tiles, warp mapping, pipeline and the fp32 parts
+// (gates, exp, the forward substitution as fp32 FMAs) are the same. Both modes are
+// deterministic, so a prompt split at multiples of 64 tokens gives bitwise the same results.
 //
 // gdn_chunk_offsets_kernel   one thread: chunk_offsets[g] = first global chunk of segment g.
-// gdn_chunk_local_kernel     grid (max_chunks, Hv), 256 threads: everything that depends on one
+// gdn_chunk_local_kernel<BF16>
+//                            grid (max_chunks, Hv), 256 threads: everything that depends on one
 //                            chunk only (G, A, P, U, W), for all chunks in parallel. A and P
 //                            (QK^T, KK^T): warp w owns rows 16(w/2).. and columns 32(w%2).. of
 //                            both; U, W: thread c solves column c of [beta V | beta e^G K]
 //                            (64 registers, fully unrolled).
-// gdn_chunk_state_kernel<SB, FUSED_O>
+// gdn_chunk_state_kernel<SB, FUSED_O, BF16>
 //                            grid (G, Hv, ceil(dv / SB)), 256 threads: walks a segment's chunks
 //                            in order carrying a 128 x SB column tile of S (state columns are
 //                            independent) in registers (warp w: rows 16w..16w+15, as mma
@@ -33,7 +44,8 @@
 //                            U in u_ws) for the output kernel instead.
 //                            Operands are prefetched with cp.async into single buffers: K (and P)
 //                            load during phase A, the next chunk's W, U, G (and Q) during phase B.
-// gdn_chunk_output_kernel    grid (max_chunks, Hv, ceil(dv / 64)), 256 threads, after the state
+// gdn_chunk_output_kernel<BF16>
+//                            grid (max_chunks, Hv, ceil(dv / 64)), 256 threads, after the state
 //                            kernel without FUSED_O: O = (Q e^G) S_c + P V' for all chunks in
 //                            parallel (warp w: rows 16(w/2).., column tiles 4(w%2)..+3).
 // The split path (state kernel without FUSED_O, then the output kernel) forms every product with
@@ -45,13 +57,6 @@
 #define CH 64
 #define DMAX 128
 #define OB 64      // output columns per output-kernel block
-#define QK_LD 132  // [64][128] tiles read as row-major A or B^T fragments (stride = 4 mod 32)
-#define KS_LD 136  // [64][128] K tile read as transposed A fragments (stride = 8 mod 32)
-#define A_LD 68    // [64][64] tiles (A, P) read as row-major A fragments
-
-// Row stride of the [*][cols] tiles read as B fragments (S, U, V'; cols = 16, 32, 64): 8 or
-// 24 mod 32, so the fragment reads t * ld + g and the accumulator float2 writes hit distinct banks.
-__host__ __device__ constexpr int col_ld(int cols) { return cols + 8; }
 
 struct ChunkParams {
   const float* q;
@@ -152,75 +157,157 @@ __device__ __forceinline__ void store_tile(float* dst, i64 rs, const float* src,
   }
 }
 
-// ---- 3xTF32 mma.sync.m16n8k8 -----------------------------------------------------------------
-// Fragments (PTX ISA, m16n8k8 .tf32), g = lane / 4, t = lane % 4:
+// ---- matrix-product policies --------------------------------------------------------------
+// Mma<BF16> forms one tensor-core product step d += A B of a 16 x K A tile and a K x 8 B tile
+// from fp32 shared-memory operands (converted per fragment) and names the row strides of the
+// shared tiles, chosen per policy so that its fragment reads are free of bank conflicts:
+//   QK_LD   [64][128] tiles read as row-major A or as B^T (Q, K in the local kernel, W, Q)
+//   KS_LD   [64][128] K tile read as transposed A (the state update)
+//   A_LD    [64][64] tiles read as row-major A (A, P)
+//   col_ld  [*][cols] tiles read as row-major B (S, U, V'; cols = 16, 32, 64)
+// Accumulator fragments (both policies, g = lane / 4, t = lane % 4):
+//   C 16x8:  c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
+// Loaders: load_a    A[m][k] = X[m][k] * (m < 8 ? s0 : s1)     (row-major A, rows scaled)
+//          load_at   A[m][k] = X[k][m] * sk[k]                 (transposed A, k scaled)
+//          load_b    B[k][n] = Y[k][n]                         (row-major B)
+//          load_bt   B[k][n] = Y[n][k]                         (transposed B)
+template <bool BF16> struct Mma;
+
+// 3xTF32 m16n8k8 (PTX ISA fragments, .tf32): x = hi + lo with hi = tf32(x), lo = tf32(x - hi);
+// a*b ~ a_lo*b_hi + a_hi*b_lo + a_hi*b_hi (lo*lo dropped), about fp32 accuracy.
 //   A 16x8:  a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4)
 //   B 8x8:   b0 (k=t, n=g)  b1 (k=t+4, n=g)
-//   C 16x8:  c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
-struct FragA { unsigned hi[4], lo[4]; };
-struct FragB { unsigned hi[2], lo[2]; };
+template <> struct Mma<false> {
+  static constexpr int K = 8;
+  static constexpr int QK_LD = 132;  // = 4 mod 32: a (g, t) read hits bank 4g + t
+  static constexpr int KS_LD = 136;  // = 8 mod 32: a (t, g) read hits bank 8t + g
+  static constexpr int A_LD = 68;
+  static constexpr int COL_PAD = 8;  // col_ld = 8 or 24 mod 32: (t, g) reads, float2 writes
+  struct FragA { unsigned hi[4], lo[4]; };
+  struct FragB { unsigned hi[2], lo[2]; };
 
-__device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
-  const float r = x - __uint_as_float(hi);
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(r));
-}
+  static __device__ __forceinline__ void split(float x, unsigned& hi, unsigned& lo) {
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(hi) : "f"(x));
+    const float r = x - __uint_as_float(hi);
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(lo) : "f"(r));
+  }
+  static __device__ __forceinline__ void mma1(float d[4], const unsigned a[4],
+                                              const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  // d += a b (small cross terms first)
+  static __device__ __forceinline__ void mma(float d[4], const FragA& a, const FragB& b) {
+    mma1(d, a.lo, b.hi);
+    mma1(d, a.hi, b.lo);
+    mma1(d, a.hi, b.hi);
+  }
+  static __device__ __forceinline__ void load_a(FragA& f, const float* X, int ld, int g, int t,
+                                                float s0, float s1) {
+    split(X[g * ld + t] * s0, f.hi[0], f.lo[0]);
+    split(X[(g + 8) * ld + t] * s1, f.hi[1], f.lo[1]);
+    split(X[g * ld + t + 4] * s0, f.hi[2], f.lo[2]);
+    split(X[(g + 8) * ld + t + 4] * s1, f.hi[3], f.lo[3]);
+  }
+  static __device__ __forceinline__ void load_at(FragA& f, const float* X, int ld, int g, int t,
+                                                 const float* sk) {
+    const float s0 = sk[t], s4 = sk[t + 4];
+    split(X[t * ld + g] * s0, f.hi[0], f.lo[0]);
+    split(X[t * ld + g + 8] * s0, f.hi[1], f.lo[1]);
+    split(X[(t + 4) * ld + g] * s4, f.hi[2], f.lo[2]);
+    split(X[(t + 4) * ld + g + 8] * s4, f.hi[3], f.lo[3]);
+  }
+  static __device__ __forceinline__ void load_b(FragB& f, const float* Y, int ld, int g, int t) {
+    split(Y[t * ld + g], f.hi[0], f.lo[0]);
+    split(Y[(t + 4) * ld + g], f.hi[1], f.lo[1]);
+  }
+  static __device__ __forceinline__ void load_bt(FragB& f, const float* Y, int ld, int g, int t) {
+    split(Y[g * ld + t], f.hi[0], f.lo[0]);
+    split(Y[g * ld + t + 4], f.hi[1], f.lo[1]);
+  }
+};
 
-__device__ __forceinline__ void mma_tf32(float d[4], const unsigned a[4], const unsigned b[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
+// bf16 m16n8k16, fp32 accumulation: operands rounded to bf16 (nearest even) as loaded, one mma
+// per step (PTX ISA fragments, .bf16; each register holds two consecutive k, the lower k in the
+// low half):
+//   A 16x16: a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..2t+9)  a3 (g+8, 2t+8..)
+//   B 16x8:  b0 (k=2t..2t+1, n=g)  b1 (k=2t+8..2t+9, n=g)
+// Row-major A and B^T reads are float2 at (g, 2t): conflict-free per half warp when the stride
+// is 8 mod 32; (2t, g) reads (B, transposed A) when it is 4 mod 16.
+template <> struct Mma<true> {
+  static constexpr int K = 16;
+  static constexpr int QK_LD = 136;  // = 8 mod 32
+  static constexpr int KS_LD = 132;  // = 4 mod 32
+  static constexpr int A_LD = 72;    // = 8 mod 32
+  static constexpr int COL_PAD = 4;  // col_ld = 4 mod 16 (cols a multiple of 16)
+  struct FragA { unsigned r[4]; };
+  struct FragB { unsigned r[2]; };
 
-// d += a b (small cross terms first)
-__device__ __forceinline__ void mma3(float d[4], const FragA& a, const FragB& b) {
-  mma_tf32(d, a.lo, b.hi);
-  mma_tf32(d, a.hi, b.lo);
-  mma_tf32(d, a.hi, b.hi);
-}
+  // bf16x2 of (lo, hi): lo in the low half
+  static __device__ __forceinline__ unsigned pack(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+  }
+  static __device__ __forceinline__ unsigned pack2(const float* x, float s) {
+    const float2 v = *reinterpret_cast<const float2*>(x);
+    return pack(v.x * s, v.y * s);
+  }
+  static __device__ __forceinline__ void mma(float d[4], const FragA& a, const FragB& b) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a.r[0]), "r"(a.r[1]), "r"(a.r[2]), "r"(a.r[3]), "r"(b.r[0]), "r"(b.r[1]));
+  }
+  static __device__ __forceinline__ void load_a(FragA& f, const float* X, int ld, int g, int t,
+                                                float s0, float s1) {
+    f.r[0] = pack2(X + g * ld + 2 * t, s0);
+    f.r[1] = pack2(X + (g + 8) * ld + 2 * t, s1);
+    f.r[2] = pack2(X + g * ld + 2 * t + 8, s0);
+    f.r[3] = pack2(X + (g + 8) * ld + 2 * t + 8, s1);
+  }
+  static __device__ __forceinline__ void load_at(FragA& f, const float* X, int ld, int g, int t,
+                                                 const float* sk) {
+    const int k0 = 2 * t, k8 = 2 * t + 8;
+    const float s0 = sk[k0], s1 = sk[k0 + 1], s8 = sk[k8], s9 = sk[k8 + 1];
+    f.r[0] = pack(X[k0 * ld + g] * s0, X[(k0 + 1) * ld + g] * s1);
+    f.r[1] = pack(X[k0 * ld + g + 8] * s0, X[(k0 + 1) * ld + g + 8] * s1);
+    f.r[2] = pack(X[k8 * ld + g] * s8, X[(k8 + 1) * ld + g] * s9);
+    f.r[3] = pack(X[k8 * ld + g + 8] * s8, X[(k8 + 1) * ld + g + 8] * s9);
+  }
+  static __device__ __forceinline__ void load_b(FragB& f, const float* Y, int ld, int g, int t) {
+    const int k0 = 2 * t, k8 = 2 * t + 8;
+    f.r[0] = pack(Y[k0 * ld + g], Y[(k0 + 1) * ld + g]);
+    f.r[1] = pack(Y[k8 * ld + g], Y[(k8 + 1) * ld + g]);
+  }
+  static __device__ __forceinline__ void load_bt(FragB& f, const float* Y, int ld, int g, int t) {
+    f.r[0] = pack2(Y + g * ld + 2 * t, 1.0f);
+    f.r[1] = pack2(Y + g * ld + 2 * t + 8, 1.0f);
+  }
+};
 
-// A tile at X (row-major, stride ld): A[m][k] = X[m][k] * (m < 8 ? s0 : s1)
-__device__ __forceinline__ void load_a(FragA& f, const float* X, int ld, int g, int t, float s0,
-                                       float s1) {
-  split_tf32(X[g * ld + t] * s0, f.hi[0], f.lo[0]);
-  split_tf32(X[(g + 8) * ld + t] * s1, f.hi[1], f.lo[1]);
-  split_tf32(X[g * ld + t + 4] * s0, f.hi[2], f.lo[2]);
-  split_tf32(X[(g + 8) * ld + t + 4] * s1, f.hi[3], f.lo[3]);
-}
-// A tile from a transposed operand: A[m][k] = X[k][m] * (k < 4 ? s0 : s4)
-__device__ __forceinline__ void load_at(FragA& f, const float* X, int ld, int g, int t,
-                                        float s0, float s4) {
-  split_tf32(X[t * ld + g] * s0, f.hi[0], f.lo[0]);
-  split_tf32(X[t * ld + g + 8] * s0, f.hi[1], f.lo[1]);
-  split_tf32(X[(t + 4) * ld + g] * s4, f.hi[2], f.lo[2]);
-  split_tf32(X[(t + 4) * ld + g + 8] * s4, f.hi[3], f.lo[3]);
-}
-// B tile at Y (row-major [k][n]): B[k][n] = Y[k][n]
-__device__ __forceinline__ void load_b(FragB& f, const float* Y, int ld, int g, int t) {
-  split_tf32(Y[t * ld + g], f.hi[0], f.lo[0]);
-  split_tf32(Y[(t + 4) * ld + g], f.hi[1], f.lo[1]);
-}
-// B tile from a transposed operand: B[k][n] = Y[n][k]
-__device__ __forceinline__ void load_bt(FragB& f, const float* Y, int ld, int g, int t) {
-  split_tf32(Y[g * ld + t], f.hi[0], f.lo[0]);
-  split_tf32(Y[g * ld + t + 4], f.hi[1], f.lo[1]);
-}
+// Row stride of the [*][cols] tiles read as B fragments (S, U, V').
+template <bool BF16>
+__host__ __device__ constexpr int col_ld(int cols) { return cols + Mma<BF16>::COL_PAD; }
 
-// acc[n] += A B[:, 8n..8n+7] for n < NT: A 16 x 8KS at A (row-major, stride lda; rows 0-7
-// scaled by s0, rows 8-15 by s1), B [8KS][8NT] at B (row-major, stride ldb); k in ascending order.
-template <int NT, int KS>
+// acc[n] += A B[:, 8n..8n+7] for n < NT: A 16 x KD at A (row-major, stride lda; rows 0-7
+// scaled by s0, rows 8-15 by s1), B [KD][8NT] at B (row-major, stride ldb); k in ascending order.
+template <bool BF16, int NT, int KD>
 __device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const float* A, int lda, float s0,
                                          float s1, const float* B, int ldb, int g, int t) {
-#pragma unroll 4
-  for (int ks = 0; ks < KS; ++ks) {
-    FragA fa;
-    load_a(fa, A + 8 * ks, lda, g, t, s0, s1);
+  using M = Mma<BF16>;
+  constexpr int UNROLL = BF16 ? 2 : 4;  // bf16: k steps twice as deep, fewer of them
+#pragma unroll UNROLL
+  for (int ks = 0; ks < KD / M::K; ++ks) {
+    typename M::FragA fa;
+    M::load_a(fa, A + M::K * ks, lda, g, t, s0, s1);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      FragB fb;
-      load_b(fb, B + 8 * ks * ldb + 8 * n, ldb, g, t);
-      mma3(acc[n], fa, fb);
+      typename M::FragB fb;
+      M::load_b(fb, B + M::K * ks * ldb + 8 * n, ldb, g, t);
+      M::mma(acc[n], fa, fb);
     }
   }
 }
@@ -250,7 +337,10 @@ __device__ __forceinline__ int chunk_segment(const ChunkParams& p, int b) {
   return lo;
 }
 
+template <bool BF16>
 __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams p) {
+  using M = Mma<BF16>;
+  constexpr int QK_LD = M::QK_LD, A_LD = M::A_LD;
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* Ks = smem;                    // [64][QK_LD]
@@ -284,7 +374,7 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
   __syncthreads();
 
   {  // A (strict lower) into shared memory, P (lower incl. diagonal) to the workspace.
-     // Warp w: rows 16 mt.., column tiles 8 (nt0 + n).. of K K^T and Q K^T (3xTF32).
+     // Warp w: rows 16 mt.., column tiles 8 (nt0 + n).. of K K^T and Q K^T.
     const int g = lane >> 2, t = lane & 3;
     const int mt = warp >> 1, nt0 = 4 * (warp & 1);
     float ak[4][4], aq[4][4];
@@ -293,16 +383,16 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
 #pragma unroll
       for (int r = 0; r < 4; ++r) ak[n][r] = aq[n][r] = 0.0f;
 #pragma unroll 2
-    for (int ks = 0; ks < DMAX / 8; ++ks) {
-      FragA fk, fq;
-      load_a(fk, Ks + 16 * mt * QK_LD + 8 * ks, QK_LD, g, t, 1.0f, 1.0f);
-      load_a(fq, Qs + 16 * mt * QK_LD + 8 * ks, QK_LD, g, t, 1.0f, 1.0f);
+    for (int ks = 0; ks < DMAX / M::K; ++ks) {
+      typename M::FragA fk, fq;
+      M::load_a(fk, Ks + 16 * mt * QK_LD + M::K * ks, QK_LD, g, t, 1.0f, 1.0f);
+      M::load_a(fq, Qs + 16 * mt * QK_LD + M::K * ks, QK_LD, g, t, 1.0f, 1.0f);
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
-        FragB fb;  // B[k = d][n = j] = K[j][d]
-        load_bt(fb, Ks + 8 * (nt0 + n) * QK_LD + 8 * ks, QK_LD, g, t);
-        mma3(ak[n], fk, fb);
-        mma3(aq[n], fq, fb);
+        typename M::FragB fb;  // B[k = d][n = j] = K[j][d]
+        M::load_bt(fb, Ks + 8 * (nt0 + n) * QK_LD + M::K * ks, QK_LD, g, t);
+        M::mma(ak[n], fk, fb);
+        M::mma(aq[n], fq, fb);
       }
     }
     float* pw = p.p_ws + ((i64)b * p.value_heads + h) * CH * CH;
@@ -363,17 +453,18 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
 // Phase-A operands of the chunk at token cs (L tokens): W, the SB-column U tile (at column
 // jbase), G and, FUSED_O, Q (raw; scaled by e^G on use). One cp.async group (committed by the
 // caller).
-template <int SB, bool FUSED_O>
+template <bool BF16, int SB, bool FUSED_O>
 __device__ __forceinline__ void load_phase_a(const ChunkParams& p, float* Ws, float* Qs,
                                              float* Us, float* gam, int cs, int L, int h,
                                              int kh, int jbase, int tid) {
+  constexpr int QK_LD = Mma<BF16>::QK_LD;
   const i64 hv = p.value_heads;
   async_tile<CH, DMAX>(Ws, QK_LD, p.w_ws + ((i64)cs * hv + h) * DMAX, hv * DMAX, L, p.dk, tid);
   if constexpr (FUSED_O)
     async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
                   p.vec_qk != 0, tid);
-  async_tile<CH, SB>(Us, col_ld(SB), p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, L,
-                     p.dv - jbase, tid);
+  async_tile<CH, SB>(Us, col_ld<BF16>(SB), p.u_ws + ((i64)cs * hv + h) * DMAX + jbase,
+                     hv * DMAX, L, p.dv - jbase, tid);
   if (tid < CH) {
     const float* g0 = p.gam_ws + (i64)cs * hv + h;
     cp_async4(gam + tid, tid < L ? g0 + tid * hv : g0, tid < L ? 4 : 0);
@@ -382,24 +473,26 @@ __device__ __forceinline__ void load_phase_a(const ChunkParams& p, float* Ws, fl
 
 // Phase-B operands: K (raw; scaled on use) and, FUSED_O, P (64 x 64, all written by the local
 // kernel).
-template <bool FUSED_O>
+template <bool BF16, bool FUSED_O>
 __device__ __forceinline__ void load_phase_b(const ChunkParams& p, float* Ps, float* Ks,
                                              int chunk, int cs, int L, int h, int kh, int tid) {
   if constexpr (FUSED_O)
-    async_tile<CH, CH>(Ps, A_LD, p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH, CH, CH,
-                       CH, tid);
-  async_tile128(Ks, KS_LD, p.k + (i64)cs * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L, p.dk,
-                p.vec_qk != 0, tid);
+    async_tile<CH, CH>(Ps, Mma<BF16>::A_LD,
+                       p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH, CH, CH, CH, tid);
+  async_tile128(Ks, Mma<BF16>::KS_LD, p.k + (i64)cs * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L,
+                p.dk, p.vec_qk != 0, tid);
 }
 
 // Without FUSED_O two blocks fit an SM (at most 128 registers, smem 110 KiB at SB = 32), so
 // grids of up to 2 x #SM blocks (more heads, SB = 16) run in one wave.
-template <int SB, bool FUSED_O>
+template <int SB, bool FUSED_O, bool BF16>
 __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
     gdn_chunk_state_kernel(const ChunkParams p) {
   static_assert(SB == 16 || SB == 32, "state column tile");
   static_assert(SB == 32 || !FUSED_O, "the fused output tiles are 32 columns wide");
-  constexpr int LD = col_ld(SB);
+  using M = Mma<BF16>;
+  constexpr int QK_LD = M::QK_LD, KS_LD = M::KS_LD, A_LD = M::A_LD;
+  constexpr int LD = col_ld<BF16>(SB);
   constexpr int NV = SB / 16;  // V' (and O) column tiles per warp
   constexpr int NS = SB / 8;   // S column tiles per warp
   extern __shared__ float4 smem4[];
@@ -422,7 +515,8 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
   float* S = p.state + (i64)p.seg_slots[seg] * p.state_ss + (i64)h * p.dk * p.dv;
   const i64 hv = p.value_heads;
 
-  load_phase_a<SB, FUSED_O>(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase, tid);
+  load_phase_a<BF16, SB, FUSED_O>(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase,
+                                  tid);
   cp_async_commit();
   for (unsigned idx = tid; idx < DMAX * SB; idx += 256) {
     const int d = idx / SB, j = idx % SB;
@@ -443,7 +537,7 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
   for (int cs = t0; cs < t1; cs += CH) {
     const int L = min(CH, t1 - cs);
     const int chunk = p.chunk_offsets[seg] + (cs - t0) / CH;
-    load_phase_b<FUSED_O>(p, Ps, Ks, chunk, cs, L, h, kh, tid);
+    load_phase_b<BF16, FUSED_O>(p, Ps, Ks, chunk, cs, L, h, kh, tid);
     cp_async_commit();
     cp_async_wait<1>();  // this chunk's phase-A operands (the group before)
     __syncthreads();
@@ -469,21 +563,21 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
       const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
       const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
 #pragma unroll 4
-      for (int ks = 0; ks < DMAX / 8; ++ks) {
-        FragA fw, fq;
-        load_a(fw, Ws + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, -1.0f, -1.0f);
-        load_a(fq, Qs + 16 * ma * QK_LD + 8 * ks, QK_LD, g, t, eg0, eg1);
+      for (int ks = 0; ks < DMAX / M::K; ++ks) {
+        typename M::FragA fw, fq;
+        M::load_a(fw, Ws + 16 * ma * QK_LD + M::K * ks, QK_LD, g, t, -1.0f, -1.0f);
+        M::load_a(fq, Qs + 16 * ma * QK_LD + M::K * ks, QK_LD, g, t, eg0, eg1);
 #pragma unroll
         for (int n = 0; n < NV; ++n) {
-          FragB fs;
-          load_b(fs, Ss + 8 * ks * LD + 8 * (na + n), LD, g, t);
-          mma3(vacc[n], fw, fs);
-          mma3(oacc[n], fq, fs);
+          typename M::FragB fs;
+          M::load_b(fs, Ss + M::K * ks * LD + 8 * (na + n), LD, g, t);
+          M::mma(vacc[n], fw, fs);
+          M::mma(oacc[n], fq, fs);
         }
       }
     } else {
-      mma_rows<NV, DMAX / 8>(vacc, Ws + 16 * ma * QK_LD, QK_LD, -1.0f, -1.0f, Ss + 8 * na, LD,
-                             g, t);
+      mma_rows<BF16, NV, DMAX>(vacc, Ws + 16 * ma * QK_LD, QK_LD, -1.0f, -1.0f, Ss + 8 * na,
+                               LD, g, t);
     }
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
@@ -494,14 +588,14 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
     cp_async_wait<0>();  // K (and P)
     __syncthreads();     // V', ek, K, P visible; W, Q, U, G, S reads done
     if (cs + CH < t1) {  // prefetch the next chunk's phase-A operands during phase B
-      load_phase_a<SB, FUSED_O>(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h, kh,
-                                jbase, tid);
+      load_phase_a<BF16, SB, FUSED_O>(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h,
+                                      kh, jbase, tid);
       cp_async_commit();
     }
 
     // ---- phase B: S = e^{G_L} S + (K e^{G_L - G})^T V' (FUSED_O: first O += P V', stored) ----
     if constexpr (FUSED_O) {
-      mma_rows<NV, CH / 8>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
+      mma_rows<BF16, NV, CH>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
       store_o<NV>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
     } else {
       // V' over this chunk's U rows: only this block read these columns of them, before phase A
@@ -514,15 +608,14 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
 #pragma unroll
       for (int r = 0; r < 4; ++r) sacc[n][r] *= decay;
 #pragma unroll 2
-    for (int ks = 0; ks < CH / 8; ++ks) {
-      FragA fk;  // A[m = d][k = i] = K[i][d] e^{G_L - G_i}
-      load_at(fk, Ks + 8 * ks * KS_LD + 16 * warp, KS_LD, g, t, ek[8 * ks + t],
-              ek[8 * ks + t + 4]);
+    for (int ks = 0; ks < CH / M::K; ++ks) {
+      typename M::FragA fk;  // A[m = d][k = i] = K[i][d] e^{G_L - G_i}
+      M::load_at(fk, Ks + M::K * ks * KS_LD + 16 * warp, KS_LD, g, t, ek + M::K * ks);
 #pragma unroll
       for (int n = 0; n < NS; ++n) {
-        FragB fv;
-        load_b(fv, Vs + 8 * ks * LD + 8 * n, LD, g, t);
-        mma3(sacc[n], fk, fv);
+        typename M::FragB fv;
+        M::load_b(fv, Vs + M::K * ks * LD + 8 * n, LD, g, t);
+        M::mma(sacc[n], fk, fv);
       }
     }
 #pragma unroll
@@ -539,8 +632,9 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
 // O = (Q e^G) S_c + P V' of chunk blockIdx.x, head blockIdx.y, columns 64 blockIdx.z.. (S_c:
 // s_ws, V': u_ws, both from gdn_chunk_state_kernel<SB, false>). Q, S_c and G load first, P and
 // V' behind them, during the Q S_c product.
+template <bool BF16>
 __global__ void __launch_bounds__(256, 2) gdn_chunk_output_kernel(const ChunkParams p) {
-  constexpr int LD = col_ld(OB);
+  constexpr int QK_LD = Mma<BF16>::QK_LD, A_LD = Mma<BF16>::A_LD, LD = col_ld<BF16>(OB);
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
   float* Qs = smem;                 // [64][QK_LD]  Q
@@ -583,9 +677,11 @@ __global__ void __launch_bounds__(256, 2) gdn_chunk_output_kernel(const ChunkPar
   for (int n = 0; n < OB / 16; ++n)
 #pragma unroll
     for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
-  mma_rows<OB / 16, DMAX / 8>(oacc, Qs + 16 * ma * QK_LD, QK_LD, eg0, eg1, Ss + 8 * na, LD, g, t);
+  mma_rows<BF16, OB / 16, DMAX>(oacc, Qs + 16 * ma * QK_LD, QK_LD, eg0, eg1, Ss + 8 * na, LD,
+                                g, t);
   cp_async_wait<0>();  // P, V'
   __syncthreads();
-  mma_rows<OB / 16, CH / 8>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
+  mma_rows<BF16, OB / 16, CH>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g,
+                              t);
   store_o<OB / 16>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
 }

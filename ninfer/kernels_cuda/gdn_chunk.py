@@ -1,20 +1,27 @@
 """Launcher for gdn_chunk.cu: `gdn_chunk_prefill`, the chunkwise (WY/UT, chunk 64) delta rule.
 
-Same operands and state update as `gdn.gdn_recurrence`; equal to it within fp32 rounding.
-Launches: chunk offsets; per-chunk local terms (parallel over all chunks); the state pass
-(sequential over each segment's chunks, parallel over heads and column tiles of the state),
-which on the fused path (the default) also computes the output. The split path
-(``split_o=True``, NINFER_GDN_CHUNK_SPLIT_O=1; slower on the H200) stores the state entering each
-chunk and computes the output for all chunks in parallel after the state pass; both form every
-product the same way. Matrix products use tensor cores
-in 3xTF32 (split hi/lo operands, fp32 accumulation: about fp32 accuracy); the state stays fp32.
+Same operands and state update as `gdn.gdn_recurrence`. Launches: chunk offsets; per-chunk local
+terms (parallel over all chunks); the state pass (sequential over each segment's chunks, parallel
+over heads and column tiles of the state), which on the fused path (the default) also computes
+the output. The split path (``split_o=True``, NINFER_GDN_CHUNK_SPLIT_O=1; slower on the H200 in
+3xTF32) stores the state entering each chunk and computes the output for all chunks in parallel
+after the state pass; both form every product the same way.
+
+`Precision` picks how the matrix products run on tensor cores (operands, gates, the state and
+the forward substitution stay fp32 in memory either way):
+- TF32X3 (default): split hi/lo tf32 operands, 3 mma per product, fp32 accumulation; equal to
+  the recurrence within fp32 rounding.
+- BF16: operands rounded to bf16 (nearest even) per product, one bf16 mma, fp32 accumulation
+  (the state is carried in fp32 and rounded only where it is an operand), as FLA's
+  chunk_gated_delta_rule; relative error about 1e-2 or less.
 Intermediates live in a `ChunkWorkspace`: pass one sized for the largest prefill (allocated per
 call when None). Chunks start at each segment's first token, so splitting a prompt at multiples
-of 64 tokens reproduces the unsplit result exactly.
+of 64 tokens reproduces the unsplit result exactly (in both precisions).
 """
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 
 import numpy as np
@@ -30,10 +37,54 @@ OUTPUT_COLS = 64  # OB in gdn_chunk.cu
 STATE_COLS_CHOICES = (16, 32)
 SPLIT_O = envs.gdn_chunk_split_o()
 STATE_COLS = envs.gdn_chunk_state_cols()
+
+
+class Precision(enum.Enum):
+    """How gdn_chunk.cu forms its matrix products (the kernels' BF16 template argument) and the
+    shared-memory row strides that go with it (Mma<BF16> in gdn_chunk.cu)."""
+
+    TF32X3 = "tf32x3"
+    BF16 = "bf16"
+
+    @property
+    def bf16(self) -> str:
+        return "true" if self is Precision.BF16 else "false"
+
+    @property
+    def qk_ld(self) -> int:  # [64][128] tiles read as row-major A or B^T
+        return 136 if self is Precision.BF16 else 132
+
+    @property
+    def ks_ld(self) -> int:  # the state pass's K tile, read as transposed A
+        return 132 if self is Precision.BF16 else 136
+
+    @property
+    def a_ld(self) -> int:  # [64][64] tiles (A, P)
+        return 72 if self is Precision.BF16 else 68
+
+    def col_ld(self, cols: int) -> int:  # [*][cols] tiles read as B (S, U, V')
+        return cols + (4 if self is Precision.BF16 else 8)
+
+
+_ENV_PRECISION = envs.gdn_chunk_precision()
+PRECISION = Precision(_ENV_PRECISION or Precision.TF32X3.value)
+
+
+def model_precision(weights_bf16: bool) -> Precision:
+    """The precision a model's prefill uses: NINFER_GDN_CHUNK_PRECISION when set, else BF16 for
+    a model with bf16 weights (its activations are rounded to bf16 by its GEMMs anyway) and
+    TF32X3 for an fp32 one."""
+    if _ENV_PRECISION:
+        return Precision(_ENV_PRECISION)
+    return Precision.BF16 if weights_bf16 else Precision.TF32X3
+
+
 SOURCE = KernelSource("gdn_chunk.cu", (
-    "gdn_chunk_offsets_kernel", "gdn_chunk_local_kernel", "gdn_chunk_state_kernel<32, true>",
-    *[f"gdn_chunk_state_kernel<{sb}, false>" for sb in STATE_COLS_CHOICES],
-    "gdn_chunk_output_kernel"))
+    "gdn_chunk_offsets_kernel",
+    *[name for prec in Precision for name in (
+        f"gdn_chunk_local_kernel<{prec.bf16}>", f"gdn_chunk_state_kernel<32, true, {prec.bf16}>",
+        *[f"gdn_chunk_state_kernel<{sb}, false, {prec.bf16}>" for sb in STATE_COLS_CHOICES],
+        f"gdn_chunk_output_kernel<{prec.bf16}>")]))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "q", "k", "v", "g", "beta", "state", "seg_starts", "seg_slots", "out", "chunk_offsets",
     "w_ws", "u_ws", "gam_ws", "p_ws", "s_ws")],
@@ -42,22 +93,12 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     ("key_heads", "i32"), ("value_heads", "i32"), ("dk", "i32"), ("dv", "i32"),
     ("num_segs", "i32"), ("max_chunks", "i32"), ("vec_qk", "i32"), ("pad_", "i32"))
 assert _PARAMS.itemsize == 240
-_QK_LD, _KS_LD, _A_LD = 132, 136, 68
-
-
-def _col_ld(cols: int) -> int:
-    return cols + 8  # col_ld in gdn_chunk.cu
-
-
-LOCAL_SMEM = (2 * CHUNK * _QK_LD + CHUNK * _A_LD + 2 * CHUNK) * 4
-# Q [64][132]; S_c [128][72]; P [64][68]; V' [64][72]; G [64]
-OUTPUT_SMEM = (CHUNK * _QK_LD + (DMAX + CHUNK) * _col_ld(OUTPUT_COLS) + CHUNK * _A_LD
-               + CHUNK) * 4
 
 
 @dataclasses.dataclass(frozen=True)
-class StateLaunch:
-    """The state-pass instance: name expression, state columns per block, dynamic smem bytes."""
+class KernelLaunch:
+    """A kernel instance: name expression, columns per block (state or output tile; the local
+    kernel: one chunk), dynamic shared memory bytes."""
 
     kernel: str
     cols: int
@@ -65,18 +106,35 @@ class StateLaunch:
 
 
 @functools.cache
-def state_launch(split_o: bool, state_cols: int) -> StateLaunch:
+def local_launch(prec: Precision) -> KernelLaunch:
+    # K, Q [64][qk_ld]; A [64][a_ld]; G, beta [64]
+    floats = 2 * CHUNK * prec.qk_ld + CHUNK * prec.a_ld + 2 * CHUNK
+    return KernelLaunch(f"gdn_chunk_local_kernel<{prec.bf16}>", CHUNK, floats * 4)
+
+
+@functools.cache
+def output_launch(prec: Precision) -> KernelLaunch:
+    # Q [64][qk_ld]; S_c [128][ld]; P [64][a_ld]; V' [64][ld]; G [64]
+    floats = (CHUNK * prec.qk_ld + (DMAX + CHUNK) * prec.col_ld(OUTPUT_COLS) + CHUNK * prec.a_ld
+              + CHUNK)
+    return KernelLaunch(f"gdn_chunk_output_kernel<{prec.bf16}>", OUTPUT_COLS, floats * 4)
+
+
+@functools.cache
+def state_launch(split_o: bool, state_cols: int,
+                 prec: Precision = Precision.TF32X3) -> KernelLaunch:
     """The state kernel of the split path with `state_cols` columns per block, or the fused one
     (32 columns; `state_cols` ignored)."""
     cols = state_cols if split_o else 32
     C.require(cols in STATE_COLS_CHOICES, "state_cols", f"must be one of {STATE_COLS_CHOICES}")
-    ld = _col_ld(cols)
-    # W [64][132]; (fused: Q [64][132]); U [64][ld]; G [64]; (fused: P [64][68]); K [64][136];
-    # S [128][ld]; V' [64][ld]; e^{G_L - G} [64]
-    floats = (CHUNK * _QK_LD * (1 if split_o else 2) + CHUNK * ld + CHUNK
-              + (0 if split_o else CHUNK * _A_LD) + CHUNK * _KS_LD + DMAX * ld + CHUNK * ld
-              + CHUNK)
-    return StateLaunch(f"gdn_chunk_state_kernel<{cols}, {'false' if split_o else 'true'}>", cols,
+    ld = prec.col_ld(cols)
+    # W [64][qk_ld]; (fused: Q [64][qk_ld]); U [64][ld]; G [64]; (fused: P [64][a_ld]);
+    # K [64][ks_ld]; S [128][ld]; V' [64][ld]; e^{G_L - G} [64]
+    floats = (CHUNK * prec.qk_ld * (1 if split_o else 2) + CHUNK * ld + CHUNK
+              + (0 if split_o else CHUNK * prec.a_ld) + CHUNK * prec.ks_ld + DMAX * ld
+              + CHUNK * ld + CHUNK)
+    fused = "false" if split_o else "true"
+    return KernelLaunch(f"gdn_chunk_state_kernel<{cols}, {fused}, {prec.bf16}>", cols,
                        floats * 4)
 
 
@@ -125,18 +183,22 @@ def _prepare_smem(fn, nbytes: int) -> None:
 
 def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                       workspace: ChunkWorkspace | None = None, split_o: bool | None = None,
-                      state_cols: int | None = None) -> None:
+                      state_cols: int | None = None,
+                      precision: Precision | str | None = None) -> None:
     """Chunkwise gated delta rule over segments (operands as `gdn_recurrence`; dk, dv <= 128).
 
     split_o: output in a parallel kernel after the state pass (True) or inside it (False);
-    state_cols: state columns per block of the split state pass (16 or 32). None: SPLIT_O and
-    STATE_COLS (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS, read at import).
+    state_cols: state columns per block of the split state pass (16 or 32); precision: a
+    `Precision` or its value ("tf32x3", "bf16"). None: SPLIT_O, STATE_COLS and PRECISION
+    (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS, NINFER_GDN_CHUNK_PRECISION, read at
+    import).
     """
     f = O.recurrence_operands(q, k, v, g, beta, state, seg_starts, seg_slots, out)
     n = f.pop("n")
     C.require(f["dk"] <= DMAX and f["dv"] <= DMAX, "q", f"dk, dv must be <= {DMAX}")
     split_o = SPLIT_O if split_o is None else split_o
-    config = state_launch(split_o, STATE_COLS if state_cols is None else state_cols)
+    prec = PRECISION if precision is None else Precision(precision)
+    config = state_launch(split_o, STATE_COLS if state_cols is None else state_cols, prec)
     segs, heads, dv = f["num_segs"], f["value_heads"], f["dv"]
     if n == 0 or segs == 0:
         return
@@ -155,15 +217,14 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                     vec_qk=int(vec_qk), pad_=0)
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
-    _launch("gdn_chunk_local_kernel", (nb, heads), LOCAL_SMEM, params, "gdn_chunk_local")
-    _launch(config.kernel, (segs, heads, -(-dv // config.cols)), config.smem, params,
-            "gdn_chunk_state")
+    _launch(local_launch(prec), (nb, heads), params, "gdn_chunk_local")
+    _launch(config, (segs, heads, -(-dv // config.cols)), params, "gdn_chunk_state")
     if split_o:
-        _launch("gdn_chunk_output_kernel", (nb, heads, -(-dv // OUTPUT_COLS)),
-                OUTPUT_SMEM, params, "gdn_chunk_output")
+        _launch(output_launch(prec), (nb, heads, -(-dv // OUTPUT_COLS)), params,
+                "gdn_chunk_output")
 
 
-def _launch(kernel: str, grid: tuple, smem: int, params, name: str) -> None:
-    fn = get_function(SOURCE, kernel)
-    _prepare_smem(fn, smem)
-    launch(fn, grid, (256,), (params,), shared_mem=smem, name=name)
+def _launch(config: KernelLaunch, grid: tuple, params, name: str) -> None:
+    fn = get_function(SOURCE, config.kernel)
+    _prepare_smem(fn, config.smem)
+    launch(fn, grid, (256,), (params,), shared_mem=config.smem, name=name)

@@ -1,7 +1,8 @@
 """CUDA-only Gated DeltaNet ops (the fast paths of the CUDA backend).
 
 - `gdn_chunk_prefill`: the chunkwise-parallel (WY) form of `gdn_recurrence` (same operands, same
-  state update; equal within fp32 tolerance, not bitwise).
+  state update; not bitwise: within fp32 tolerance with 3xTF32 products, about 1e-2 relative
+  with bf16 products, which the CUDA backend picks for bf16 models).
 - `gdn_decode_fused`: one decode step of a GDN layer in one kernel: conv update + SiLU, q/k L2
   norm (q scaled by dk^-1/2), gates, recurrence and the gated RMSNorm, for N rows of one token
   each (distinct slots). Equivalent to gdn_conv -> l2norm_heads -> gdn_gates -> gdn_recurrence
@@ -28,8 +29,10 @@ def _cuda_only(op: str, backend: Backend) -> None:
 
 
 def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
-                      workspace=None) -> None:
-    """Operands as `ninfer.ops.gdn_recurrence`; `workspace`: a kernels_cuda ChunkWorkspace."""
+                      workspace=None, precision=None) -> None:
+    """Operands as `ninfer.ops.gdn_recurrence`; `workspace`: a kernels_cuda ChunkWorkspace;
+    `precision`: kernels_cuda.gdn_chunk.Precision of the matrix products (None: the launcher's
+    default)."""
     backend = backend_of(q, k, v, g, beta, state, seg_starts, seg_slots, out)
     _cuda_only("gdn_chunk_prefill", backend)
     n, hk, dk = check.array("gdn_chunk_prefill", "q", q, check.F32, (None, None, None), _ROWS)
@@ -38,7 +41,8 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     check.array("gdn_chunk_prefill", "state", state, check.F32, (None, hv, dk, dv), _SLOTS)
     check.array("gdn_chunk_prefill", "out", out, check.F32, (n, hv, dv))
     check.kernels(backend, "gdn_chunk").gdn_chunk_prefill(
-        q, k, v, g, beta, state, seg_starts, seg_slots, out, workspace=workspace)
+        q, k, v, g, beta, state, seg_starts, seg_slots, out, workspace=workspace,
+        precision=precision)
 
 
 def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, slots, z,

@@ -1,9 +1,11 @@
-"""Chunkwise GDN prefill (tensor-core 3xTF32 state pass) against the float64 recurrence oracle:
-odd segment lengths (T not a multiple of 64, a 1-token and an empty segment), nonzero initial
-state, Hv = 2 Hk, padded head dims, unaligned (4-byte copy) q / k views, untouched slots, and
-bitwise split invariance at multiples of 64 tokens; each on the fused path (output inside the
-state pass) and the split path (output kernel after it, 32- and 16-column state tiles), and the
-two paths against each other."""
+"""Chunkwise GDN prefill (tensor-core products in 3xTF32 and in bf16) against the float64
+recurrence oracle: odd segment lengths (odd T, not a multiple of 64, a 1-token and an empty
+segment), nonzero initial state, Hv = 2 Hk, padded head dims, unaligned (4-byte copy) q / k
+views, untouched slots, NaN-poisoned outputs and workspaces, and bitwise split invariance at
+multiples of 64 tokens; each in both precisions on the fused path (output inside the state pass)
+and the split path (output kernel after it, 32- and 16-column state tiles), and the two paths
+against each other. Tolerances (relative Frobenius error): TOL_F32 for 3xTF32, TOL_BF16 for bf16
+(FLA's policy: bf16 operands, fp32 accumulation and state)."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,6 +23,8 @@ pytestmark = pytest.mark.gpu
 
 PATHS = {"fused": dict(split_o=False), "split32": dict(split_o=True, state_cols=32),
          "split16": dict(split_o=True, state_cols=16)}
+TOL_BF16 = 2e-2
+TOLS = {"tf32x3": TOL_F32, "bf16": TOL_BF16}  # vs float64, by precision
 TOL_PATHS = 1e-5  # split vs fused: the same products in the same order (expected bitwise)
 
 
@@ -41,6 +45,7 @@ def _poisoned_workspace(n: int, segs: int, hv: int) -> ChunkWorkspace:
     return ws
 
 
+@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("hk,hv,dk,dv,g_scale,aligned", [
     (2, 4, 128, 128, 0.05, True),
@@ -49,8 +54,8 @@ def _poisoned_workspace(n: int, segs: int, hv: int) -> ChunkWorkspace:
     (2, 4, 128, 100, 0.1, False),
     (1, 2, 37, 33, 0.1, False),
 ])
-def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path):
-    lengths, slots = (130, 1, 0, 77, 64, 200), (3, 0, 6, 1, 4, 2)
+def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path, precision):
+    lengths, slots = (131, 1, 0, 77, 64, 200), (3, 0, 6, 1, 4, 2)  # T = 473
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale)
@@ -60,14 +65,16 @@ def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path):
     qd, kd = (dev(q), dev(k)) if aligned else (_unaligned(q), _unaligned(k))
     out = poisoned((n, hv, dv))
     kgdn.gdn_chunk_prefill(qd, kd, dev(v), dev(g), dev(beta), st_d, dev(starts),
-                           dev(seg_slots), out, **PATHS[path])
-    assert_close(out, exp_out, TOL_F32, "chunk output")
-    assert_close(st_d, exp_state, TOL_F32, "chunk state")
+                           dev(seg_slots), out, workspace=_poisoned_workspace(n, 6, hv),
+                           precision=precision, **PATHS[path])
+    assert_close(out, exp_out, TOLS[precision], "chunk output")
+    assert_close(st_d, exp_state, TOLS[precision], "chunk state")
     assert_same_bits(host(st_d)[5], untouched, "slot outside every segment")
 
 
+@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("path", PATHS)
-def test_chunk_prefill_matches_recurrence_kernel_long(rng, path):
+def test_chunk_prefill_matches_recurrence_kernel_long(rng, path, precision):
     """Many chunks (state carried over 16 chunks) against the token-by-token kernel."""
     hk, hv, dk, dv, n = 2, 4, 128, 128, 1000
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
@@ -78,25 +85,47 @@ def test_chunk_prefill_matches_recurrence_kernel_long(rng, path):
     out_rec, out_chunk = poisoned((n, hv, dv)), poisoned((n, hv, dv))
     kgdn.gdn_recurrence(*args, st_rec, dev(starts), dev(seg_slots), out_rec)
     kgdn.gdn_chunk_prefill(*args, st_chunk, dev(starts), dev(seg_slots), out_chunk,
-                           **PATHS[path])
-    assert_close(out_chunk, host(out_rec), TOL_F32, "chunk vs recurrence output")
-    assert_close(st_chunk, host(st_rec), TOL_F32, "chunk vs recurrence state")
+                           precision=precision, **PATHS[path])
+    assert_close(out_chunk, host(out_rec), TOLS[precision], "chunk vs recurrence output")
+    assert_close(st_chunk, host(st_rec), TOLS[precision], "chunk vs recurrence state")
 
 
+@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
-def test_chunk_prefill_split_bitwise(rng, cuts, path):
+def test_chunk_prefill_split_bitwise(rng, cuts, path, precision):
     assert_chunk_prefill_splits_bitwise(rng, 301, 2, 4, 128, 128, cuts, 0.1, slots=2,
-                                        contiguous_split_state=True, **PATHS[path])
+                                        contiguous_split_state=True, precision=precision,
+                                        **PATHS[path])
 
 
+def test_bf16_products_differ_from_tf32x3(rng):
+    """The precision argument picks other kernels: bf16 results are not the 3xTF32 bits, and
+    within TOL_BF16 of them."""
+    hk, hv, dk, dv, lengths = 2, 4, 128, 128, (200, 63)
+    starts, seg_slots = segments(lengths, (0, 1))
+    n = int(starts[-1])
+    args = [dev(a) for a in gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)]
+    _, st_tf32, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+    st_bf16 = cp().ascontiguousarray(st_tf32)
+    outs = {}
+    for precision, st in (("tf32x3", st_tf32), ("bf16", st_bf16)):
+        outs[precision] = poisoned((n, hv, dv))
+        kgdn.gdn_chunk_prefill(*args, st, dev(starts), dev(seg_slots), outs[precision],
+                               precision=precision)
+    assert_close(outs["bf16"], host(outs["tf32x3"]), TOL_BF16, "bf16 vs tf32x3 output")
+    assert_close(st_bf16, host(st_tf32), TOL_BF16, "bf16 vs tf32x3 state")
+    assert not np.array_equal(host(outs["bf16"]), host(outs["tf32x3"]))
+
+
+@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("state_cols", (32, 16))
 @pytest.mark.parametrize("hk,hv,dk,dv,lengths", [
     (2, 4, 128, 128, (1000,)),                 # 16 chunks carried
     (2, 4, 128, 100, (64, 300, 5)),            # two output column tiles, the second partial
     (1, 2, 37, 33, (130, 1, 0, 77, 64, 200)),  # padded head dims, 1-token and empty segments
 ])
-def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths):
+def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths, precision):
     """The split path (state pass storing S per chunk and V', then the parallel output kernel)
     against the fused one (output inside the state pass) on NaN-poisoned workspaces: output and
     state within TOL_PATHS of each other, and both within TOL_F32 of float64."""
@@ -110,13 +139,14 @@ def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths):
     args = [dev(a) for a in (q, k, v, g, beta)]
     out_fused, out_split = poisoned((n, hv, dv)), poisoned((n, hv, dv))
     kgdn.gdn_chunk_prefill(*args, st_fused, dev(starts), dev(seg_slots), out_fused,
-                           workspace=_poisoned_workspace(n, len(lengths), hv), split_o=False)
+                           workspace=_poisoned_workspace(n, len(lengths), hv), split_o=False,
+                           precision=precision)
     kgdn.gdn_chunk_prefill(*args, st_split, dev(starts), dev(seg_slots), out_split,
                            workspace=_poisoned_workspace(n, len(lengths), hv), split_o=True,
-                           state_cols=state_cols)
+                           state_cols=state_cols, precision=precision)
     exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
     for what, out, st in (("fused", out_fused, st_fused), ("split", out_split, st_split)):
-        assert_close(out, exp_out, TOL_F32, f"{what} output")
-        assert_close(st, exp_state, TOL_F32, f"{what} state")
+        assert_close(out, exp_out, TOLS[precision], f"{what} output")
+        assert_close(st, exp_state, TOLS[precision], f"{what} state")
     assert_close(out_split, host(out_fused), TOL_PATHS, "split vs fused output")
     assert_close(st_split, host(st_fused), TOL_PATHS, "split vs fused state")

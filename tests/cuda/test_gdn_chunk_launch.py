@@ -1,13 +1,16 @@
-"""gdn_chunk_prefill's launch configuration, on the CPU: the NINFER_GDN_CHUNK_* flags, the state
-kernel instance each path picks, and that the shared memory sizes mirror gdn_chunk.cu's layouts
-and fit the blocks per SM its __launch_bounds__ ask for (H100 / H200: 228 KiB per SM, 227 KiB
-per block, 1 KiB reserved per block)."""
+"""gdn_chunk_prefill's launch configuration, on the CPU: the NINFER_GDN_CHUNK_* flags, the
+precision a model picks, the kernel instance each path and precision picks, and that the shared
+memory sizes mirror gdn_chunk.cu's layouts and fit the blocks per SM its __launch_bounds__ ask
+for (H100 / H200: 228 KiB per SM, 227 KiB per block, 1 KiB reserved per block)."""
 from __future__ import annotations
 
 import pytest
 
 from ninfer import envs
 from ninfer.kernels_cuda import gdn_chunk as kchunk
+from ninfer.kernels_cuda.gdn_chunk import Precision
+
+TF32, BF16 = Precision.TF32X3, Precision.BF16
 
 SM_SMEM, BLOCK_SMEM_MAX, RESERVED = 228 * 1024, 227 * 1024, 1024
 
@@ -24,21 +27,57 @@ def test_state_cols_flag(monkeypatch):
             envs.gdn_chunk_state_cols()
 
 
+def test_precision_flag(monkeypatch):
+    monkeypatch.delenv("NINFER_GDN_CHUNK_PRECISION", raising=False)
+    assert envs.gdn_chunk_precision() is None
+    for raw, want in (("bf16", "bf16"), ("tf32x3", "tf32x3"), (" BF16 ", "bf16"), ("", None)):
+        monkeypatch.setenv("NINFER_GDN_CHUNK_PRECISION", raw)
+        assert envs.gdn_chunk_precision() == want, raw
+    for raw in ("fp32", "tf32", "1"):
+        monkeypatch.setenv("NINFER_GDN_CHUNK_PRECISION", raw)
+        with pytest.raises(ValueError):
+            envs.gdn_chunk_precision()
+    assert {p.value for p in Precision} == set(envs.GDN_CHUNK_PRECISIONS)
+
+
+@pytest.mark.parametrize("env,weights_bf16,want", [
+    (None, True, BF16), (None, False, TF32), ("tf32x3", True, TF32), ("bf16", False, BF16)])
+def test_model_precision(monkeypatch, env, weights_bf16, want):
+    """bf16 weights pick bf16 products, fp32 weights 3xTF32; the env switch overrides both."""
+    monkeypatch.setattr(kchunk, "_ENV_PRECISION", env)
+    assert kchunk.model_precision(weights_bf16) is want
+
+
+def test_precision_accepts_values():
+    assert Precision("bf16") is BF16 and Precision(TF32) is TF32
+    with pytest.raises(ValueError):
+        Precision("fp16")
+
+
 def _fits(smem: int, blocks: int) -> bool:
     return smem <= BLOCK_SMEM_MAX and blocks * (smem + RESERVED) <= SM_SMEM
 
 
-@pytest.mark.parametrize("split_o,state_cols,kernel,cols,smem", [
-    (False, 32, "gdn_chunk_state_kernel<32, true>", 32, 161280),
-    (False, 16, "gdn_chunk_state_kernel<32, true>", 32, 161280),  # the fused path has one tiling
-    (True, 32, "gdn_chunk_state_kernel<32, false>", 32, 110080),
-    (True, 16, "gdn_chunk_state_kernel<16, false>", 16, 93696),
+@pytest.mark.parametrize("split_o,state_cols,prec,kernel,cols,smem", [
+    (False, 32, TF32, "gdn_chunk_state_kernel<32, true, false>", 32, 161280),
+    # the fused path has one tiling
+    (False, 16, TF32, "gdn_chunk_state_kernel<32, true, false>", 32, 161280),
+    (True, 32, TF32, "gdn_chunk_state_kernel<32, false, false>", 32, 110080),
+    (True, 16, TF32, "gdn_chunk_state_kernel<16, false, false>", 16, 93696),
+    # bf16 strides: W, Q [64][136]; P [64][72]; K [64][132]; U, S, V' [*][cols + 4]
+    (False, 32, BF16, "gdn_chunk_state_kernel<32, true, true>", 32, 159232),
+    (True, 32, BF16, "gdn_chunk_state_kernel<32, false, true>", 32, 105984),
+    (True, 16, BF16, "gdn_chunk_state_kernel<16, false, true>", 16, 89600),
 ])
-def test_state_launch(split_o, state_cols, kernel, cols, smem):
-    cfg = kchunk.state_launch(split_o, state_cols)
+def test_state_launch(split_o, state_cols, prec, kernel, cols, smem):
+    cfg = kchunk.state_launch(split_o, state_cols, prec)
     assert (cfg.kernel, cfg.cols, cfg.smem) == (kernel, cols, smem)
     assert cfg.kernel in kchunk.SOURCE.name_expressions
     assert _fits(cfg.smem, 2 if split_o else 1)  # __launch_bounds__(256, FUSED_O ? 1 : 2)
+
+
+def test_state_launch_default_is_tf32x3():
+    assert kchunk.state_launch(True, 32) == kchunk.state_launch(True, 32, TF32)
 
 
 def test_state_launch_rejects_other_tiles():
@@ -46,8 +85,29 @@ def test_state_launch_rejects_other_tiles():
         kchunk.state_launch(True, 64)
 
 
-def test_output_and_local_smem():
-    assert kchunk.OUTPUT_SMEM == (64 * 132 + 128 * 72 + 64 * 68 + 64 * 72 + 64) * 4
-    assert _fits(kchunk.OUTPUT_SMEM, 2)  # gdn_chunk_output_kernel: __launch_bounds__(256, 2)
-    assert _fits(kchunk.LOCAL_SMEM, 2)
-    assert "gdn_chunk_output_kernel" in kchunk.SOURCE.name_expressions
+@pytest.mark.parametrize("prec,flag,qk,a,col", [(TF32, "false", 132, 68, 72),
+                                                (BF16, "true", 136, 72, 68)])
+def test_output_and_local_smem(prec, flag, qk, a, col):
+    out, local = kchunk.output_launch(prec), kchunk.local_launch(prec)
+    assert out.smem == (64 * qk + 128 * col + 64 * a + 64 * col + 64) * 4
+    assert local.smem == (2 * 64 * qk + 64 * a + 2 * 64) * 4
+    assert _fits(out.smem, 2)  # gdn_chunk_output_kernel: __launch_bounds__(256, 2)
+    assert _fits(local.smem, 2)  # two blocks when the kernel stays <= 128 registers (_nvcc)
+    assert out.kernel == f"gdn_chunk_output_kernel<{flag}>"
+    assert local.kernel == f"gdn_chunk_local_kernel<{flag}>"
+    assert {out.kernel, local.kernel} <= set(kchunk.SOURCE.name_expressions)
+
+
+@pytest.mark.parametrize("prec", Precision)
+def test_strides_conflict_free(prec):
+    """The row strides Mma<BF16> documents: 16-byte rows (cp.async); tf32 fragment reads (g, t)
+    of QK tiles and (t, g) of K, B tiles; bf16 float2 reads (g, 2t) of QK, A tiles need 8 mod 32,
+    (2t, g) reads of K and B tiles 4 mod 16."""
+    cols = [prec.col_ld(c) for c in (16, 32, 64)]
+    assert all(ld % 4 == 0 for ld in (prec.qk_ld, prec.ks_ld, prec.a_ld, *cols))
+    if prec is BF16:
+        assert prec.qk_ld % 32 == 8 and prec.a_ld % 32 == 8
+        assert prec.ks_ld % 16 == 4 and all(ld % 16 == 4 for ld in cols)
+    else:
+        assert prec.qk_ld % 32 == 4 and prec.ks_ld % 32 == 8
+        assert all(ld % 32 in (8, 24) for ld in cols)

@@ -26,7 +26,7 @@ from ninfer.core.state_image import StateImageStorage
 from ninfer.models.qwen3_5.config import Qwen35Config
 from ninfer.models.qwen3_5.cpu_backend import state_image_layout
 from ninfer.models.qwen3_5.forward import KernelWorkspaces, Qwen35Forward, StepContext
-from ninfer.models.qwen3_5.parameters import Parameters
+from ninfer.models.qwen3_5.parameters import GDNParams, Parameters
 from ninfer.models.qwen3_5.stores import BackendStores
 from ninfer.models.qwen3_5.sampler_inputs import MAX_TOP_LOGPROBS, SamplerInputs
 from ninfer.models.qwen3_5.workspace import StepInputs, Workspace
@@ -45,6 +45,14 @@ def prefill_buckets(chunk: int) -> tuple[int, ...]:
     while sizes[-1] // 2 >= PREFILL_MIN_BUCKET:
         sizes.append(sizes[-1] // 2)
     return tuple(sizes)
+
+
+def _gdn_weights_bf16(params: Parameters) -> bool:
+    """Every GDN layer's input projection is bf16: the model's activations reach the GDN core
+    through bf16 GEMMs, so its chunked prefill runs its products in bf16 too
+    (gdn_chunk.model_precision; NINFER_GDN_CHUNK_PRECISION overrides)."""
+    mixers = [layer.mixer for layer in params.layers if isinstance(layer.mixer, GDNParams)]
+    return bool(mixers) and all(m.in_proj.dtype is DType.BFLOAT16 for m in mixers)
 
 
 @dataclasses.dataclass
@@ -90,7 +98,7 @@ class CudaBackend(BackendStores):
 
         from ninfer.kernels_cuda.attention import AttentionWorkspace
         from ninfer.kernels_cuda.gdn_chunk import SPLIT_O as GDN_CHUNK_SPLIT_O
-        from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
+        from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace, model_precision
         from ninfer.kernels_cuda.gdn_decode import decode_counters
 
         self.cp = cp
@@ -146,6 +154,7 @@ class CudaBackend(BackendStores):
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads,
                                                   chunk_states=GDN_CHUNK_SPLIT_O),
+                gdn_chunk_precision=model_precision(_gdn_weights_bf16(params)),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
                 chunked_gdn_prefill=True, fused_attention_prep=True,
                 flash_prefill=True, batch_invariant=batch_invariant_prefill, bf16_operands=True)

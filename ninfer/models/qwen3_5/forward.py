@@ -71,12 +71,14 @@ class KernelWorkspaces:
     `bf16_operands`: where a linear rounds its x to bf16 anyway (`ops.linear.reads_bf16_x`: the
     CUDA cuBLAS path), the op producing x writes those bf16 bits into the Workspace's
     `operand_bf16` (which must exist) instead of f32: bitwise the same results, without the
-    conversion launch and with half the bytes written.
+    conversion launch and with half the bytes written. `gdn_chunk_precision`: the chunked
+    prefill's `Precision` (kernels_cuda.gdn_chunk; None: the launcher's default).
     """
 
     attention: object = None
     moe: object = None
     gdn_chunk: object = None
+    gdn_chunk_precision: object = None
     gdn_decode_counters: object = None
     linear_bf16: object = None
     sample_scratch: object = None
@@ -238,6 +240,7 @@ class Qwen35Forward:
         if self.kws.chunked_gdn_prefill and not ctx.decode_only:
             ops.gdn_chunk_prefill(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
                                   ctx.seg_starts, ctx.seg_slots, core,
+                                  precision=self.kws.gdn_chunk_precision,
                                   **self.kws.kw(self.kws.gdn_chunk))
         else:
             ops.gdn_recurrence(q_hat, k_hat, v, g, beta, self.states.rec_view(g_idx),
