@@ -1,8 +1,14 @@
 """Benchmark plumbing: results (`Measure`), the run context, CUDA-event timing with inputs
-rotated beyond L2, and the two ceilings measured in the same run (copy bandwidth, bf16 matmul)."""
+rotated beyond L2, and the two ceilings measured in the same run (copy bandwidth, bf16 matmul).
+
+Two timings: `BenchContext.time` records events around one eager call (it includes the Python
+launch cost whenever the host is slower than the GPU: a fast kernel measures the launcher), and
+`BenchContext.time_graph` captures R back-to-back calls into one CUDA graph and divides the
+replay time by R (the device time of the op as it runs inside the decode graph)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import Callable
 
@@ -69,6 +75,58 @@ class BenchContext:
         from ninfer.core.cuda import median_ms, time_device
 
         return median_ms(time_device(fn, warmup=self.warmup, repeat=self.repeat))
+
+    def time_graph(self, fn: Callable[[int], None], reps: int | None = None) -> tuple[float, int]:
+        """(median ms per call, calls per graph) of fn(i) without host launch cost.
+
+        fn(0), ..., fn(reps - 1) are captured back to back into one CUDA graph on the current
+        stream (it must not be the legacy default stream: run inside DeviceContext.activate()),
+        and each replay is timed with CUDA events: ms = median replay / reps. So consecutive calls
+        rotate their input sets inside the graph, and the time includes each kernel's tail and
+        the in-graph launch gap, as in the decode graph. fn must be capturable (preallocated
+        buffers, no synchronization). reps=None: `graph_reps` of one eager call's time (which
+        overestimates, so the graph is never too short)."""
+        import cupy
+
+        from ninfer.core.cuda import median_ms, time_device
+        from ninfer.core.cuda.graph import CudaGraph
+
+        stream = cupy.cuda.get_current_stream()
+        if stream.ptr == 0:
+            raise RuntimeError("time_graph needs a non-default stream (DeviceContext.activate)")
+        eager = median_ms(time_device(fn, warmup=self.warmup, repeat=3))  # warms up, too
+        reps = graph_reps(eager) if reps is None else reps
+        graph = CudaGraph("bench")
+        try:
+            with graph.capture(stream):
+                for i in range(reps):
+                    fn(i)
+            times = time_device(lambda i: graph.launch(stream), warmup=2, repeat=self.repeat,
+                                stream=stream)
+        finally:
+            stream.synchronize()
+            graph.destroy()
+        return per_call_ms(times, reps), reps
+
+
+GRAPH_TARGET_MS = 2.0  # one replay of a timing graph lasts about this long
+GRAPH_MIN_REPS, GRAPH_MAX_REPS = 8, 256
+
+
+def graph_reps(estimate_ms: float, target_ms: float = GRAPH_TARGET_MS,
+               lo: int = GRAPH_MIN_REPS, hi: int = GRAPH_MAX_REPS) -> int:
+    """Calls per timing graph so that a replay lasts about target_ms, given an estimate of one
+    call (an eager timing; None, NaN or <= 0: the most), clamped to [lo, hi]."""
+    if estimate_ms is None or not estimate_ms > 0 or math.isinf(estimate_ms):
+        return hi
+    return int(min(hi, max(lo, math.ceil(target_ms / estimate_ms))))
+
+
+def per_call_ms(replay_ms: list[float], reps: int) -> float:
+    """Median replay time of a graph of `reps` calls, per call (NaN without replays)."""
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+    return median(replay_ms) / reps
 
 
 def bf16_random(cp, shape, scale: float = 0.02):

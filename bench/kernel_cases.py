@@ -66,14 +66,28 @@ def linear_prefill(ctx: BenchContext, cp) -> list[Measure]:
                                       "cuBLAS bf16 gemmEx"))]
 
 
+ATTN_DECODE_CASES = ((1, 1024), (8, 1024), (1, 8192), (8, 8192), (1, 32768))
+
+
+def paged_attention_bytes(lengths, q_heads: int, kv_heads: int, head_dim: int,
+                          kv_itemsize: int) -> int:
+    """Minimum traffic of a decode paged_attention: the K and V rows of every attended key
+    (row n attends lengths[n] keys of each KV head) plus q read and out written (f32)."""
+    keys = sum(int(n) for n in lengths)
+    return keys * kv_heads * head_dim * kv_itemsize * 2 + 2 * len(lengths) * q_heads * head_dim * 4
+
+
 def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
-    from ninfer.kernels_cuda.attention import AttentionWorkspace, paged_attention
+    """Decode rows of `context` keys each: one eager call (includes the Python launch) and,
+    per K/V pipeline depth, the per-call time of back-to-back calls replayed from a CUDA graph
+    (`BenchContext.time_graph`; the device time as inside the decode graph)."""
+    from ninfer.kernels_cuda import attention as katt
 
     s = ctx.shape
     out = []
-    for batch, context in ((1, 8192), (8, 8192), (1, 32768)):
-        per_set = batch * context * s.kv_heads * s.head_dim * 2 * 2
-        copies = ctx.copies(per_set, limit=16)
+    for batch, context in ATTN_DECODE_CASES:
+        per_set = paged_attention_bytes([context] * batch, s.heads, s.kv_heads, s.head_dim, 2)
+        copies = ctx.copies(per_set, limit=64)
         pages_per_seq = context // PAGE
         num_pages = copies * batch * pages_per_seq
         kp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
@@ -83,11 +97,25 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         pos = cp.full(batch, context - 1, dtype=cp.int32)
         q = f32_random(cp, (batch, s.heads, s.head_dim))
         o = cp.empty_like(q)
-        ws = AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
-        ms = ctx.time(lambda i: paged_attention(q, kp, vp, bt, seqs[i % copies], pos,
-                                                s.head_dim ** -0.5, o, workspace=ws))
-        out.append(Measure("paged_attention", f"decode B={batch} ctx={context} bf16 KV", ms,
-                           bytes=per_set + 2 * q.nbytes))
+        ws = katt.AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
+        label = f"decode B={batch} ctx={context} bf16 KV"
+
+        def call(stages):
+            return lambda i: katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos,
+                                                  s.head_dim ** -0.5, o, workspace=ws,
+                                                  stages=stages)
+
+        out.append(Measure("paged_attention", f"{label} eager", ctx.time(call(None)),
+                           bytes=per_set, note=f"1 launch, {katt.DEFAULT_STAGES} stages"))
+        group = s.heads // s.kv_heads
+        for stages in katt.STAGES:
+            used = katt.pipeline_stages(stages, True, s.head_dim, group, batch <=
+                                        katt.SPLIT_MAX_ROWS)
+            if used != stages:  # this shape cannot run it (shared memory)
+                continue
+            ms, reps = ctx.time_graph(call(stages))
+            out.append(Measure("paged_attention", f"{label} graph st={stages}", ms,
+                               bytes=per_set, note=f"graph of {reps} launches, {copies} sets"))
     return out
 
 

@@ -18,10 +18,12 @@
 //   KW key warps, at most 4 warps). The chunk's keys form tiles of KPW consecutive keys (KPW =
 //   8 for bf16 D=256: a lane stages 128 bytes of K and 128 of V per tile); tile t goes to key
 //   warp t % KW. Lane l owns dims [l*DPL, (l+1)*DPL) (D = 32*DPL) of every key.
-//   Per warp, software-pipelined over its tiles (double buffer, 16 KiB of shared memory):
-//     - lane j < KPW looks up key j's page two tiles ahead; the tile's K and V rows go global ->
+//   Per warp, software-pipelined over its tiles (a ring of NST = 2..4 buffers of 8 KiB of
+//   shared memory; NST = 2 is the default, 3 and 4 are built for bf16 D >= 128 split launches):
+//     - lane j < KPW looks up key j's page NST tiles ahead; the tile's K and V rows go global ->
 //       shared with cp.async (a lane copies its own bytes; keys that are not valid read as zero)
-//       while the previous tile is computed, so every warp has one tile in flight at all times;
+//       while the previous tiles are computed, so every warp has NST - 1 tiles in flight;
+//       NST changes no arithmetic (the same bits for every NST);
 //     - scores (base 2: scale_log2 = scale * log2 e): K converted to f32 once, per head KPW
 //       partial dots (fmaf over the lane's dims) reduced over the 32 lanes by one multi-value
 //       butterfly (log2(KPW) halving-exchange steps, then xor steps), which leaves key
@@ -274,9 +276,9 @@ __device__ __forceinline__ int attn_key_row(const AttnParams& p, const int* bt, 
 // [first, first + count) of (o [N, A, stride, D], ml [N, A, stride, 2]), in slot order from the
 // empty state (as SPLIT=0 folds them). Pass 1 (a warp per head, lane i = slot i): the running
 // max by a max-scan (exact, so equal to the sequential fmaxf chain) and the coefficients;
-// pass 2 (a thread per 4 dims, all loads in flight): the fold. mode 0: the result (M, L, O) goes
-// to group slot `dst`; mode 1: out = the result folded into an empty row state (a row with one
-// group); mode 2: out = O / L. mg: shared a, b, l [G][ATTN_GROUP], M [G].
+// pass 2 (a thread per 4 dims, all loads in flight; a thread's first two items are loaded
+// before pass 1): the fold. mode 0: the result (M, L, O) goes to group slot `dst`; mode 1:
+// out = the result folded into an empty row state (a row with one group); mode 2: out = O / L. mg: shared a, b, l [G][ATTN_GROUP], M [G].
 template <int D>
 __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, int G,
                                            const float* src_o, const float* src_ml, int stride,
@@ -288,6 +290,21 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
   float* mb = ma + G * ATTN_GROUP;
   float* ml = mb + G * ATTN_GROUP;
   float* mm = ml + G * ATTN_GROUP;
+  constexpr int D4 = D / 4;
+  const int items = G * D4;  // (head, 4 dims) items of pass 2
+  // a thread's first two pass-2 items load their partials before pass 1 (they do not depend on
+  // the coefficients), so the o loads overlap the ml loads and the max-scan
+  auto load = [&](int e, float4 (&buf)[ATTN_GROUP]) {
+    const int hl = e / D4, d4 = e % D4;
+    const float4* po = reinterpret_cast<const float4*>(src_o) +
+                       ((n * p.q_heads + g * G + hl) * (i64)stride + first) * D4 + d4;
+#pragma unroll
+    for (int i = 0; i < ATTN_GROUP; ++i)
+      buf[i] = i < count ? __ldcg(po + (i64)i * D4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  };
+  float4 pre0[ATTN_GROUP], pre1[ATTN_GROUP];
+  if (tid < items) load(tid, pre0);
+  if (tid + nthreads < items) load(tid + nthreads, pre1);
   for (int hl = warp; hl < G; hl += nwarps) {
     const i64 slot0 = (n * p.q_heads + g * G + hl) * (i64)stride + first;
     const float2 v = lane < count ? __ldcg(reinterpret_cast<const float2*>(src_ml) + slot0 + lane)
@@ -310,16 +327,9 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
     if (lane == 0) mm[hl] = m_all;
   }
   __syncthreads();
-  constexpr int D4 = D / 4;
-  for (int e = tid; e < G * D4; e += nthreads) {
+  auto fold = [&](int e, const float4 (&buf)[ATTN_GROUP]) {
     const int hl = e / D4, d4 = e % D4;
     const int head = g * G + hl;
-    const float4* po = reinterpret_cast<const float4*>(src_o) +
-                       ((n * p.q_heads + head) * (i64)stride + first) * D4 + d4;
-    float4 buf[ATTN_GROUP];
-#pragma unroll
-    for (int i = 0; i < ATTN_GROUP; ++i)
-      buf[i] = i < count ? __ldcg(po + (i64)i * D4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f, l = 0.0f;
 #pragma unroll
     for (int i = 0; i < ATTN_GROUP; ++i) {
@@ -352,18 +362,25 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
       out[2] = o2 / l;
       out[3] = o3 / l;
     }
+  };
+  if (tid < items) fold(tid, pre0);
+  if (tid + nthreads < items) fold(tid + nthreads, pre1);
+  for (int e = tid + 2 * nthreads; e < items; e += nthreads) {
+    float4 buf[ATTN_GROUP];
+    load(e, buf);
+    fold(e, buf);
   }
 }
 
-#define ATTN_STAGE_FLOATS 4096  // per warp (16 KiB): 2 buffers x {K, V} x KPW keys x 32 lanes
+#define ATTN_BUF_FLOATS 2048  // one pipeline buffer of a warp (8 KiB): {K, V} x KPW keys x 32 lanes
 
 // Dynamic shared memory (floats; mirrored by attention.py `_smem_bytes`):
-//   stage [nwarps][4096] (16 KiB per warp: the K/V double buffer of its tiles; at the chunk end
-//   the warp's acc [GW][D] over its start) | p [nwarps][64] ([KPW][4] used) | m, l, f [KW][G] |
+//   stage [nwarps][NST * 2048] (NST x 8 KiB per warp: the K/V ring of its tiles; at the chunk
+//   end the warp's acc [GW][D] over its start) | p [nwarps][64] ([KPW][4] used) | m, l, f [KW][G] |
 //   chunk max [G] | then SPLIT=0: run_o, grp_o [G][D], run_m, run_l, grp_m, grp_l, a, b, ra,
 //   rb [G];  SPLIT=1: merge a, b, l [G][ATTN_GROUP], M [G].
 // Blocks of <= 4 warps (3 per SM: <= 168 registers), except GW=1 (G = 1, 5, 7: up to 7 warps).
-template <typename KT, int GW, int DPL, int SPLIT>
+template <typename KT, int GW, int DPL, int SPLIT, int NST>
 __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
     paged_attention_kernel(const AttnParams p) {
   constexpr int D = 32 * DPL;
@@ -375,8 +392,10 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   constexpr int CP = BYTES < 4 ? 4 : BYTES;
   constexpr int KEY_B = 32 * BYTES;         // one key row of one KV head
   constexpr int BUF_B = 2 * KPW * KEY_B;    // one buffer: K rows then V rows
-  static_assert(2 * BUF_B <= ATTN_STAGE_FLOATS * 4, "stage is 16 KiB per warp");
-  static_assert(GW * D * 4 <= ATTN_STAGE_FLOATS * 4, "acc fits the stage");
+  static_assert(NST >= 2 && NST <= 4, "2..4 pipeline buffers per warp");
+  constexpr int STAGE_F = NST * ATTN_BUF_FLOATS;  // floats of a warp's stage
+  static_assert(BUF_B <= ATTN_BUF_FLOATS * 4, "a tile fits one 8 KiB buffer");
+  static_assert(GW * D <= STAGE_F, "acc fits the stage");
   extern __shared__ float4 attn_smem4[];
   float* smem = reinterpret_cast<float*>(attn_smem4);
   __shared__ int sm_bad, sm_last, sm_chunks;
@@ -397,7 +416,7 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   if (c_begin >= row.n_chunks) return;
 
   float* sm_stage = smem;
-  float* sm_p = sm_stage + nwarps * ATTN_STAGE_FLOATS;
+  float* sm_p = sm_stage + nwarps * STAGE_F;
   float* sm_m = sm_p + nwarps * 64;
   float* sm_l = sm_m + KW * G;
   float* sm_f = sm_l + KW * G;
@@ -439,7 +458,7 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   const KT* vbase = static_cast<const KT*>(p.v_pages);
   const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
   float* sm_pw = sm_p + warp * 64;  // this warp's p [KPW][4]
-  float* wst = sm_stage + warp * ATTN_STAGE_FLOATS;
+  float* wst = sm_stage + warp * STAGE_F;
   const unsigned char* st = reinterpret_cast<const unsigned char*>(wst) + lane * BYTES;
   const unsigned st_u32 = attn_smem_u32(st);
   const bool copier = BYTES >= 4 || (lane & 1) == 0;
@@ -482,18 +501,29 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
     }
     __syncwarp();
     bool bad = false;
-    // software pipeline: tile i's copies land while tile i-1 is computed; page ids are looked
-    // up two tiles ahead
+    // software pipeline over a ring of NST buffers: tile i's copies land while tiles
+    // i-NST+1 .. i-1 are computed (NST - 1 tiles in flight); page ids are looked up one tile
+    // before their copies are issued. The order of the arithmetic does not depend on NST.
     int t0 = key_begin + kw * KPW;
-    int rid_next = attn_key_row(p, bt, row.ok, g, t0 + stride + lane, key_end, lane < KPW);
-    if (t0 < key_end)
-      bad |= issue(attn_key_row(p, bt, row.ok, g, t0 + lane, key_end, lane < KPW), 0);
-    attn_cp_async_commit();
-    for (int b = 0; t0 < key_end; t0 += stride, b ^= 1) {
-      if (t0 + stride < key_end) bad |= issue(rid_next, b ^ 1);
+    {
+      int rid0[NST - 1];
+#pragma unroll
+      for (int s = 0; s < NST - 1; ++s)  // all lookups first (independent loads)
+        rid0[s] = attn_key_row(p, bt, row.ok, g, t0 + s * stride + lane, key_end, lane < KPW);
+#pragma unroll
+      for (int s = 0; s < NST - 1; ++s) {
+        if (t0 + s * stride < key_end) bad |= issue(rid0[s], s);
+        attn_cp_async_commit();
+      }
+    }
+    int rid_next =
+        attn_key_row(p, bt, row.ok, g, t0 + (NST - 1) * stride + lane, key_end, lane < KPW);
+    for (int b = 0; t0 < key_end; t0 += stride, b = b + 1 == NST ? 0 : b + 1) {
+      // buffer b - 1 (mod NST) was read by the previous tile (synced at the loop end)
+      if (t0 + (NST - 1) * stride < key_end) bad |= issue(rid_next, b == 0 ? NST - 1 : b - 1);
       attn_cp_async_commit();
-      rid_next = attn_key_row(p, bt, row.ok, g, t0 + 2 * stride + lane, key_end, lane < KPW);
-      attn_cp_async_wait<1>();  // this lane's copies of buffer b have landed
+      rid_next = attn_key_row(p, bt, row.ok, g, t0 + NST * stride + lane, key_end, lane < KPW);
+      attn_cp_async_wait<NST - 1>();  // this lane's copies of buffer b have landed
       __syncwarp();             // ... and every lane's (bf16 D=32 copies in lane pairs)
       const unsigned char* kb = st + b * BUF_B;
       const unsigned char* vb = kb + KPW * KEY_B;
@@ -600,12 +630,12 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
     for (int idx = tid; idx < G * D; idx += nthreads) {
       const int hl = idx / D, d = idx % D;
       // warp (w, hl / GW) holds head hl's acc at row hl % GW of its stage
-      const float* src = sm_stage + (hl / GW) * ATTN_STAGE_FLOATS + (hl % GW) * D + d;
+      const float* src = sm_stage + (hl / GW) * STAGE_F + (hl % GW) * D + d;
       float lsum = 0.0f, o = 0.0f;
       for (int w = 0; w < KW; ++w) {
         const float f = sm_f[w * G + hl];
         lsum = fmaf(sm_l[w * G + hl], f, lsum);
-        o = fmaf(src[w * HG * ATTN_STAGE_FLOATS], f, o);
+        o = fmaf(src[w * HG * STAGE_F], f, o);
       }
       const int head = g * G + hl;
       if (!SPLIT) {
