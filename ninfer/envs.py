@@ -62,11 +62,11 @@ def gemv_persist() -> bool:
 
 
 def gemv_tma() -> bool:
-    """NINFER_GEMV_TMA (default off; "1" turns it on): bf16 decode GEMVs with K % 16 == 0 on an
+    """NINFER_GEMV_TMA (default on; "0" turns it off): bf16 decode GEMVs with K % 16 == 0 on an
     sm_90 device use linear_tma_kernel (weights streamed by bulk copies into a shared-memory ring)
     instead of linear_mma_rows_kernel. Batch invariant, but not bitwise equal to the other
     tensor-core kernels (another k pairing). Read once, at import of the launcher."""
-    return _flag("NINFER_GEMV_TMA", False)
+    return _flag("NINFER_GEMV_TMA", True)
 
 
 def _choice(name: str, default: int, allowed: tuple[int, ...]) -> int:
@@ -82,6 +82,7 @@ def _choice(name: str, default: int, allowed: tuple[int, ...]) -> int:
 TMA_STAGE_K = (1024, 2048)
 TMA_CONSUMERS = (8, 16)
 TMA_RING_KIB = (64, 96, 128, 160, 192)
+TMA_X_STAGES = (0, 4, 5)
 
 
 def gemv_tma_sk() -> int:
@@ -91,9 +92,16 @@ def gemv_tma_sk() -> int:
 
 
 def gemv_tma_consumers() -> int:
-    """NINFER_GEMV_TMA_CONSUMERS (default 8; 8 or 16): consumer warps of linear_tma_kernel.
+    """NINFER_GEMV_TMA_CONSUMERS (default 16; 8 or 16): consumer warps of linear_tma_kernel.
     Read once, at import of the launcher."""
-    return _choice("NINFER_GEMV_TMA_CONSUMERS", 8, TMA_CONSUMERS)
+    return _choice("NINFER_GEMV_TMA_CONSUMERS", 16, TMA_CONSUMERS)
+
+
+def gemv_tma_x_stages() -> int:
+    """NINFER_GEMV_TMA_X_STAGES (default 5; 0, 4 or 5): linear_tma_kernel keeps the activation
+    fragments in registers when K needs at most this many 1024-k stages (0: never). Read once,
+    at import of the launcher."""
+    return _choice("NINFER_GEMV_TMA_X_STAGES", 5, TMA_X_STAGES)
 
 
 def gemv_tma_ring_kib() -> int:

@@ -234,7 +234,10 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 // mma_gemv.cuh), accumulating over the stages in order; the tile's output is the warps'
 // partials summed in warp order. Every output element's arithmetic is a function of K alone
 // (batch invariant; not bitwise equal to linear_mma_kernel, whose k pairing differs). x rows
-// past N read row N - 1 (outputs not stored).
+// past N read row N - 1 (outputs not stored). XS > 0 (K <= XS SK): each lane splits its x
+// fragments of all XS stages once, into registers, and reuses them for every tile (no x reads
+// per tile: at N = 8 they cost as much L2 traffic as the weights); the same values and mma
+// order as XS = 0, so bitwise the same results.
 #define TMA_MAX_STAGES 16
 // dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
 // MmaPartials<CONS>, the ring (linear.py tma_smem mirrors this)
@@ -257,7 +260,17 @@ __device__ __forceinline__ void tma_step(unsigned a, const float* xk, float (&c)
   mma_bf16_16816(c, f.x, f.y, f.z, f.w, lo0, lo1);
 }
 
-template <int SWIGLU, int SK, int CONS>
+// The same step with x already split: xf = {hi(x0), hi(x1), lo(x0), lo(x1)}.
+__device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[4],
+                                               float (&c)[4]) {
+  uint4 f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(f.x), "=r"(f.y), "=r"(f.z), "=r"(f.w) : "r"(a) : "memory");
+  mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[0], xf[1]);
+  mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[2], xf[3]);
+}
+
+template <int SWIGLU, int SK, int CONS, int XS>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
   constexpr int TILE = SWIGLU ? 8 : 16;
@@ -313,11 +326,43 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
   const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
+  constexpr int XN = XS > 0 ? XS : 1;
+  unsigned xf[XN][WK / 16][4];
+  if (XS > 0) {
+#pragma unroll
+    for (int s = 0; s < XN; ++s)
+#pragma unroll
+      for (int j = 0; j < WK / 16; ++j) {
+        float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
+        if (s * SK + warp * WK + 16 * j < p.k) {  // K % 16 == 0: the whole step is inside
+          x0 = __ldg(reinterpret_cast<const float2*>(xrow + s * SK + 16 * j));
+          x1 = __ldg(reinterpret_cast<const float2*>(xrow + s * SK + 16 * j + 8));
+        }
+        split_bf16x2(x0.x, x0.y, xf[s][j][0], xf[s][j][2]);
+        split_bf16x2(x1.x, x1.y, xf[s][j][1], xf[s][j][3]);
+      }
+  }
   unsigned q = 0;
   int parity = 0;
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s = 0; s < stages; ++s, ++q) {
+    if (XS > 0) {
+#pragma unroll
+      for (int s = 0; s < XN; ++s) {
+        if (s >= stages) break;
+        const unsigned slot = (q + s) % STAGES;
+        mbar_wait(full + slot, ((q + s) / STAGES) & 1u);
+        const unsigned a = ring_s + slot * STAGE;
+        const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
+#pragma unroll
+        for (int j = 0; j < WK / 16; ++j)
+          if (j < steps) tma_step_split(a + 32 * j, xf[s][j], c);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + slot);
+      }
+      q += stages;
+    }
+    for (int s = 0; s < (XS > 0 ? 0 : stages); ++s, ++q) {
       const unsigned slot = q % STAGES;
       mbar_wait(full + slot, (q / STAGES) & 1u);
       const unsigned a = ring_s + slot * STAGE;

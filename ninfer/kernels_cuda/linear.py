@@ -29,6 +29,8 @@ from ninfer.kernels_cuda import _cublas
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 GEMV_MAX_ROWS = 8
+TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 * 1024
+TMA_X_STAGES = envs.gemv_tma_x_stages()  # NINFER_GEMV_TMA_X_STAGES: the largest XS used
 MAX_SPLITS = 8
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 
@@ -37,8 +39,10 @@ SOURCE = KernelSource("linear.cu", tuple(
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, {sk}, {cons}>" for sk in envs.TMA_STAGE_K
-       for cons in envs.TMA_CONSUMERS for sw in (0, 1)]))
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0>" for sk in envs.TMA_STAGE_K
+       for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
+       for sw in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
@@ -134,12 +138,14 @@ def _persist_blocks(splits: int) -> int:
     return max(1, PERSIST_WARPS_PER_SM // splits) * _sm_count(C.cupy().cuda.Device().id)
 
 
-# NINFER_GEMV_TMA (read once at import; default off until measured): GEMVs with K % 16 == 0 on
-# sm_90 run linear_tma_kernel (weights streamed by bulk copies, one per weight row of a stage,
-# into a shared-memory ring of stages of 16 rows x TMA_SK k; one persistent block per SM); batch
-# invariant, not bitwise equal to the kernels above. H200, 9B decode graph, B = 1 / 8, 8
-# consumer warps, ~195 KiB ring: TMA_SK = 256 (512-byte copies) 10.86 / 11.23 ms, 512: 6.31 /
-# 7.31, 1024: 5.33 / 7.51, 2048: 5.35 / 8.09, against 5.83 / 6.71 ms for the rows kernel.
+# NINFER_GEMV_TMA (read once at import; default on): GEMVs with K % 16 == 0 on sm_90 run
+# linear_tma_kernel: the weights are streamed by bulk copies (one per weight row of a stage of
+# 16 rows x TMA_SK k) into a shared-memory ring, one persistent block per SM, so the bytes in
+# flight are not capped by registers; batch invariant, not bitwise equal to the kernels above.
+# H200, 9B decode graph (B = 1 / 8 ms; rows kernel 5.83 / 6.71): 8 consumer warps and a 195 KiB
+# ring with TMA_SK = 256 (512-byte copies) 10.86 / 11.23, 512: 6.31 / 7.31, 1024: 5.33 / 7.51,
+# 2048: 5.35 / 8.09; 16 consumers, 1024: 5.13 / 7.06; and with x's fragments in registers for
+# K <= 4096 (at N = 8 the per-tile x reads cost as much L2 traffic as the weights): 5.07 / 6.16.
 GEMV_TMA = envs.gemv_tma()
 TMA_SK = envs.gemv_tma_sk()  # k per ring stage
 TMA_CONSUMERS = envs.gemv_tma_consumers()  # consumer warps (+ 1 producer warp)
@@ -154,6 +160,13 @@ def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
     stage = 16 * (2 * sk + 16)
     stages = max(2, min(TMA_MAX_STAGES, ring_kib * 1024 // stage))
     return stages, 256 + 2 * consumers * 16 * 8 * 4 + stages * stage
+
+
+def tma_x_stages(k: int, sk: int, consumers: int) -> int:
+    """XS of the linear_tma_kernel instance for K: the stages per tile when the x fragments fit
+    in registers (instances for sk = 1024 with 16 consumers, K <= 5120), else 0."""
+    stages = -(-k // sk)
+    return stages if sk == 1024 and consumers == 16 and stages <= TMA_X_STAGES else 0
 
 
 def tma_ok(k: int, x_rs: int) -> bool:
@@ -174,10 +187,13 @@ def _compute_capability() -> int:
 
 def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
-                consumers: int | None = None, ring_kib: int | None = None) -> None:
+                consumers: int | None = None, ring_kib: int | None = None,
+                x_regs: bool = True) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
-    tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows."""
+    tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
+    `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
+    same results)."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
@@ -188,7 +204,8 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=stages)
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}>")
+    xs = tma_x_stages(k, sk, consumers) if x_regs else 0
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),

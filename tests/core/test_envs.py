@@ -9,7 +9,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.cuda_debug_sync, "NINFER_CUDA_SYNC", False),
     (envs.gemv_rows, "NINFER_GEMV_ROWS", True),
     (envs.gemv_persist, "NINFER_GEMV_PERSIST", True),
-    (envs.gemv_tma, "NINFER_GEMV_TMA", False),
+    (envs.gemv_tma, "NINFER_GEMV_TMA", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
     (envs.gdn_chunk_split_o, "NINFER_GDN_CHUNK_SPLIT_O", False),
 ]
@@ -27,7 +27,8 @@ def test_switch(monkeypatch, reader, name, default):
 
 @pytest.mark.parametrize("reader, name, default, allowed", [
     (envs.gemv_tma_sk, "NINFER_GEMV_TMA_SK", 1024, envs.TMA_STAGE_K),
-    (envs.gemv_tma_consumers, "NINFER_GEMV_TMA_CONSUMERS", 8, envs.TMA_CONSUMERS),
+    (envs.gemv_tma_consumers, "NINFER_GEMV_TMA_CONSUMERS", 16, envs.TMA_CONSUMERS),
+    (envs.gemv_tma_x_stages, "NINFER_GEMV_TMA_X_STAGES", 5, envs.TMA_X_STAGES),
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
@@ -37,7 +38,7 @@ def test_choice(monkeypatch, reader, name, default, allowed):
     for value in allowed:
         monkeypatch.setenv(name, str(value))
         assert reader() == value
-    for bad in ("300", "x", "-8", "1.5"):
+    for bad in ("300", "x", "-8", "1.5", "3"):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             reader()

@@ -201,6 +201,7 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
     n, k, inner = 3, 2048, 96
     _, x_d = _strided_x(rng, n, k)
     w_d = _padded_bf16_weight(rng, 2 * inner, k)
+    monkeypatch.setattr(klinear, "GEMV_TMA", False)
     monkeypatch.setattr(klinear, "GEMV_ROWS", True)
     monkeypatch.setattr(klinear, "GEMV_PERSIST", False)
     out = poisoned((n, 2 * inner))
@@ -225,13 +226,14 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
 # invariant: every output element's arithmetic depends on K alone, whatever N, the tile's other
 # rows or the number of persistent blocks.
 
-def _tma(x_d, w_d, *, swiglu, row_blocks=None, sk=None, consumers=None, ring_kib=None):
+def _tma(x_d, w_d, *, swiglu, row_blocks=None, sk=None, consumers=None, ring_kib=None,
+         x_regs=True):
     n, k = x_d.shape
     m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
     out = poisoned((n, m))
     klinear._launch_tma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
                         C.row_stride(out, "out"), m, k, n, swiglu=swiglu, row_blocks=row_blocks,
-                        sk=sk, consumers=consumers, ring_kib=ring_kib)
+                        sk=sk, consumers=consumers, ring_kib=ring_kib, x_regs=x_regs)
     return out
 
 
@@ -250,7 +252,7 @@ def test_gemv_tma_kernel_vs_float64(rng, k, swiglu, sk, consumers, ring_kib):
     assert_close(out, ref.swiglu(want) if swiglu else want, what=f"k={k} swiglu={swiglu}")
 
 
-@pytest.mark.parametrize("sk, consumers", [(1024, 8), (2048, 16)])
+@pytest.mark.parametrize("sk, consumers", [(1024, 8), (2048, 16), (1024, 16)])
 @pytest.mark.parametrize("swiglu", [False, True])
 @pytest.mark.parametrize("k", [272, 4096])
 def test_gemv_tma_kernel_is_batch_invariant(rng, k, swiglu, sk, consumers):
@@ -299,3 +301,20 @@ def test_gemv_tma_flag_routes_linear_and_swiglu(rng, monkeypatch):
             want_act = _mma(x_d, w_d, swiglu=True, rows=False)
         assert_same_bits(out, want, f"linear k={k}")
         assert_same_bits(act, want_act, f"linear_swiglu k={k}")
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("k", [16, 1040, 2048, 3072 + 48, 4096, 5120])
+def test_gemv_tma_x_in_registers_same_bits(rng, k, swiglu):
+    """The instances that keep x's fragments in registers (1024-k stages, 16 consumers, K <=
+    5120) give the bits of the instance that reads x per tile, for N = 1..8."""
+    assert klinear.tma_x_stages(k, 1024, 16) == -(-k // 1024)
+    m = 147 if swiglu else 301
+    w_d = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)
+    for n in (1, 3, 8):
+        _, x_d = _strided_x(rng, n, k)
+        want = _tma(x_d, w_d, swiglu=swiglu, sk=1024, consumers=16, x_regs=False)
+        assert np.isfinite(host(want)).all()
+        for row_blocks in (None, 3):
+            got = _tma(x_d, w_d, swiglu=swiglu, sk=1024, consumers=16, row_blocks=row_blocks)
+            assert_same_bits(got, want, f"k={k} n={n} row_blocks={row_blocks}")

@@ -215,15 +215,16 @@ def test_moe_route_rows_without_a_softmax(rng):
     assert_close(w[[0, 4]], exp_w, 1e-6)
 
 
-@pytest.mark.parametrize("rows_kernel", [True, False])
+@pytest.mark.parametrize("kernel", ["tma", "rows", "mma"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_router_and_shared_gate_in_one_linear_are_bitwise_unchanged(rng, monkeypatch, dtype,
-                                                                    rows_kernel):
+                                                                    kernel):
     """Decode (N <= 8, the GEMV): linear over [router; shared_gate] gives each column exactly what
     the two separate linears gave (the 35B-A3B shape: E = 256, H = 2048)."""
     from ninfer.kernels_cuda import linear as klinear
 
-    monkeypatch.setattr(klinear, "GEMV_ROWS", rows_kernel)
+    monkeypatch.setattr(klinear, "GEMV_TMA", kernel == "tma")
+    monkeypatch.setattr(klinear, "GEMV_ROWS", kernel == "rows")
     experts, hidden = 256, 2048
     both_h, _ = weight_pair(rng, (experts + 1, hidden), dtype, hidden ** -0.5)
     router = Weight(dev(both_h.data[:experts]), dtype)
