@@ -5,9 +5,11 @@ Two paths:
   16-byte aligned rows, the f32-FMA `linear_gemv_kernel` otherwise) for N <= GEMV_MAX_ROWS and
   whenever `batch_invariant=True`: one fixed split of K per output element (chosen from K
   alone), so a row's result never depends on the other rows. The bf16 tensor-core GEMV is
-  `linear_mma_rows_kernel` (row-contiguous weight reads staged through shared memory);
-  NINFER_GEMV_ROWS=0 (read at import) selects `linear_mma_kernel` (fragment-direct reads), which
-  gives bitwise the same results.
+  `linear_tma_kernel` on sm_90 when K % 16 == 0 (weights streamed by bulk copies into a shared
+  ring; NINFER_GEMV_TMA=0 turns it off), else `linear_mma_rows_kernel` (row-contiguous weight
+  reads staged through shared memory); NINFER_GEMV_ROWS=0 (read at import) selects
+  `linear_mma_kernel` (fragment-direct reads), bitwise equal to the rows kernel. The TMA kernel
+  pairs k differently: batch invariant too, but not bitwise equal to the other two.
 - cuBLAS (`_cublas`, capturable in a CUDA graph) for N > GEMV_MAX_ROWS: bf16 weights multiply a
   bf16 copy of x (written into `workspace`, uint16[>= N*K], or a pool allocation when None,
   which a graph capture does not allow) with fp32 accumulation and fp32 output; f32 weights use
