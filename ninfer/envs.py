@@ -85,6 +85,13 @@ TMA_RING_KIB = (64, 96, 128, 160, 192)
 TMA_X_STAGES = (0, 4, 5)
 
 
+def gemv_pdl() -> bool:
+    """NINFER_GEMV_PDL (default off; "1" turns it on): linear_tma_kernel is launched with
+    programmatic dependent launch, so its weight stream starts while the previous kernel finishes.
+    Read once, at import of the launcher."""
+    return _flag("NINFER_GEMV_PDL", False)
+
+
 def gemv_tma_sk() -> int:
     """NINFER_GEMV_TMA_SK (default 1024; 1024 or 2048): k per ring stage of linear_tma_kernel,
     i.e. bytes / 2 of each row's bulk copy. Read once, at import of the launcher."""

@@ -26,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 from ninfer import envs
 
 _LOG = logging.getLogger("ninfer.kernels_cuda")
@@ -186,6 +188,40 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "") -> Non
     `grid`/`block` are tuples of up to three ints. Never allocates (capturable in a graph).
     """
     fn(tuple(grid), tuple(block), args, shared_mem=shared_mem)
+    if _DEBUG_SYNC:
+        _debug_sync(name or getattr(fn, "name", "kernel"))
+
+
+def launch_dependent(fn, grid, block, params, shared_mem: int = 0, *, name: str = "") -> None:
+    """`launch` with programmatic dependent launch (PDL) allowed: the kernel may start while the
+    previous kernel in the stream is still running (once all of that kernel's blocks have
+    executed `griddepcontrol.launch_dependents` or exited). The kernel must execute
+    `griddepcontrol.wait` before it reads anything earlier kernels wrote or writes anything they
+    read. `params`: the one params struct (`_checks.pack`). Through cuda-python's
+    cuLaunchKernelEx (CuPy's launch takes no attributes); capturable (a programmatic edge in the
+    graph)."""
+    import cupy
+    from cuda.bindings import driver
+
+    config = driver.CUlaunchConfig()
+    gx, gy, gz = (tuple(grid) + (1, 1))[:3]
+    bx, by, bz = (tuple(block) + (1, 1))[:3]
+    config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+    config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+    config.sharedMemBytes = shared_mem
+    config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
+    attr = driver.CUlaunchAttribute()
+    attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [attr]
+    config.numAttrs = 1
+    buf = np.ascontiguousarray(params)
+    ptrs = np.array([buf.ctypes.data], dtype=np.uint64)  # void*[1] -> the params bytes
+    (err,) = driver.cuLaunchKernelEx(config, driver.CUfunction(fn.ptr), ptrs.ctypes.data, 0)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        from ninfer.core.cuda import CudaError
+
+        raise CudaError(f"launch of {name or 'kernel'} (PDL)", int(err), err.name, "")
     if _DEBUG_SYNC:
         _debug_sync(name or getattr(fn, "name", "kernel"))
 

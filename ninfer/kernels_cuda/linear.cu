@@ -234,7 +234,8 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 // mma_gemv.cuh), accumulating over the stages in order; the tile's output is the warps'
 // partials summed in warp order. Every output element's arithmetic is a function of K alone
 // (batch invariant; not bitwise equal to linear_mma_kernel, whose k pairing differs). x rows
-// past N read row N - 1 (outputs not stored). XS > 0 (K <= XS SK): each lane splits its x
+// past N read row N - 1 (outputs not stored). Launched with PDL allowed (NINFER_GEMV_PDL), the
+// producer starts streaming weights before the previous kernel has finished. XS > 0 (K <= XS SK): each lane splits its x
 // fragments of all XS stages once, into registers, and reuses them for every tile (no x reads
 // per tile: at N = 8 they cost as much L2 traffic as the weights); the same values and mma
 // order as XS = 0, so bitwise the same results.
@@ -286,6 +287,9 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   const int tiles = (p.m + TILE - 1) / TILE;
   const int stages = (p.k + SK - 1) / SK;
   const int n0 = blockIdx.y * 8;
+  // PDL (linear.py GEMV_PDL): the next GEMV may start as soon as every block of this one runs;
+  // it then streams its weights while this one finishes (its consumers wait below)
+  pdl_launch_dependents();
   if (threadIdx.x == 0) {
     for (int i = 0; i < (int)STAGES; ++i) {
       mbar_init(full + i, 1);
@@ -320,7 +324,9 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
     }
     return;
   }
-  // consumers
+  // consumers: everything they read (x) or write (out) may belong to the previous kernel in the
+  // stream, which may still run under PDL; the producer only reads weights and writes the ring
+  pdl_wait();
   const int g = lane >> 2, t = lane & 3;
   const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)

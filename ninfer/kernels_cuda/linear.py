@@ -28,7 +28,7 @@ from ninfer import envs
 from ninfer.core.cuda.device import read_properties
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
-from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch, launch_dependent
 
 GEMV_MAX_ROWS = 8
 TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 * 1024
@@ -153,6 +153,9 @@ TMA_SK = envs.gemv_tma_sk()  # k per ring stage
 TMA_CONSUMERS = envs.gemv_tma_consumers()  # consumer warps (+ 1 producer warp)
 TMA_RING_KIB = envs.gemv_tma_ring_kib()
 TMA_MAX_STAGES = 16  # linear.cu
+# NINFER_GEMV_PDL (read once at import; default off until measured): linear_tma_kernel launches
+# with programmatic dependent launch allowed (launch_dependent).
+GEMV_PDL = envs.gemv_pdl()
 
 
 def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
@@ -190,12 +193,12 @@ def _compute_capability() -> int:
 def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
-                x_regs: bool = True) -> None:
+                x_regs: bool = True, pdl: bool | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
     `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
-    same results)."""
+    same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL)."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
@@ -210,8 +213,13 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-    launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
-           shared_mem=smem, name="linear_swiglu_tma" if swiglu else "linear_tma")
+    name = "linear_swiglu_tma" if swiglu else "linear_tma"
+    if GEMV_PDL if pdl is None else pdl:
+        launch_dependent(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), params,
+                         shared_mem=smem, name=name)
+    else:
+        launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
+               shared_mem=smem, name=name)
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,

@@ -318,3 +318,52 @@ def test_gemv_tma_x_in_registers_same_bits(rng, k, swiglu):
         for row_blocks in (None, 3):
             got = _tma(x_d, w_d, swiglu=swiglu, sk=1024, consumers=16, row_blocks=row_blocks)
             assert_same_bits(got, want, f"k={k} n={n} row_blocks={row_blocks}")
+
+
+def _pdl_chain(x_d, ws, outs, *, pdl):
+    """x -> SwiGLU GEMV -> linear -> linear ... each GEMV reading the previous one's output, all
+    linear_tma_kernel launches, back to back on one stream."""
+    cur = x_d
+    for i, (w, out) in enumerate(zip(ws, outs)):
+        n, k = cur.shape
+        swiglu = i == 0
+        m = w.shape[0] // 2 if swiglu else w.shape[0]
+        klinear._launch_tma(cur, C.row_stride(cur, "x"), w, C.row_stride(w, "w"), out,
+                            C.row_stride(out, "out"), m, k, n, swiglu=swiglu, pdl=pdl)
+        cur = out
+
+
+def test_gemv_tma_pdl_chain_equals_plain_launches(rng):
+    """With programmatic dependent launch each GEMV may start before its producer finishes; its
+    consumers wait (griddepcontrol.wait) before reading x, so a dependent chain gives the bits of
+    plain launches, eagerly and replayed from a captured graph."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    n, dims = 3, [2048, 4096, 1024, 3072, 4096]  # gate_up 2*4096 x 2048, then dims[i+1] x dims[i]
+    ws = [_padded_bf16_weight(rng, 2 * dims[1], dims[0])]
+    ws += [_padded_bf16_weight(rng, dims[i + 1], dims[i]) for i in range(1, len(dims) - 1)]
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        _, x_d = _strided_x(rng, n, dims[0])
+        plain = [poisoned((n, d)) for d in dims[1:]]
+        _pdl_chain(x_d, ws, plain, pdl=False)
+        ctx.synchronize()
+        assert np.isfinite(host(plain[-1])).all()
+        for _ in range(3):
+            got = [poisoned((n, d)) for d in dims[1:]]
+            _pdl_chain(x_d, ws, got, pdl=True)
+            ctx.synchronize()
+            for i, (a, b) in enumerate(zip(got, plain)):
+                assert_same_bits(a, b, f"eager PDL chain, GEMV {i}")
+        got = [poisoned((n, d)) for d in dims[1:]]
+        graph = CudaGraph("pdl-chain")
+        with graph.capture(ctx.stream):
+            _pdl_chain(x_d, ws, got, pdl=True)
+        for _ in range(3):
+            for g in got:
+                g.fill(np.nan)
+            graph.launch(ctx.stream)
+            ctx.synchronize()
+            for i, (a, b) in enumerate(zip(got, plain)):
+                assert_same_bits(a, b, f"graph PDL chain, GEMV {i}")
+        graph.destroy()
