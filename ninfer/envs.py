@@ -86,10 +86,10 @@ TMA_X_STAGES = (0, 4, 5)
 
 
 def gemv_pdl() -> bool:
-    """NINFER_GEMV_PDL (default off; "1" turns it on): linear_tma_kernel is launched with
+    """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.
     Read once, at import of the launcher."""
-    return _flag("NINFER_GEMV_PDL", False)
+    return _flag("NINFER_GEMV_PDL", True)
 
 
 def gemv_tma_sk() -> int:

@@ -217,7 +217,8 @@ def launch_dependent(fn, grid, block, params, shared_mem: int = 0, *, name: str 
     config.numAttrs = 1
     buf = np.ascontiguousarray(params)
     ptrs = np.array([buf.ctypes.data], dtype=np.uint64)  # void*[1] -> the params bytes
-    (err,) = driver.cuLaunchKernelEx(config, driver.CUfunction(fn.ptr), ptrs.ctypes.data, 0)
+    handle = getattr(fn, "kernel", fn).ptr  # a RawKernel holds its cupy Function in .kernel
+    (err,) = driver.cuLaunchKernelEx(config, driver.CUfunction(handle), ptrs.ctypes.data, 0)
     if err != driver.CUresult.CUDA_SUCCESS:
         from ninfer.core.cuda import CudaError
 

@@ -153,8 +153,10 @@ TMA_SK = envs.gemv_tma_sk()  # k per ring stage
 TMA_CONSUMERS = envs.gemv_tma_consumers()  # consumer warps (+ 1 producer warp)
 TMA_RING_KIB = envs.gemv_tma_ring_kib()
 TMA_MAX_STAGES = 16  # linear.cu
-# NINFER_GEMV_PDL (read once at import; default off until measured): linear_tma_kernel launches
-# with programmatic dependent launch allowed (launch_dependent).
+# NINFER_GEMV_PDL (read once at import; default on): linear_tma_kernel launches with
+# programmatic dependent launch allowed (launch_dependent): each GEMV's producer streams weights
+# while the previous kernel finishes. H200 decode graph, same machine, B = 1 / 8 ms: 9B 4.99 /
+# 6.02 against 5.09 / 6.12 without; 27B 15.67 / 18.95 against 15.94 / 19.23.
 GEMV_PDL = envs.gemv_pdl()
 
 
