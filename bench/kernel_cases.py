@@ -100,22 +100,15 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         ws = katt.AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
         label = f"decode B={batch} ctx={context} bf16 KV"
 
-        def call(stages):
-            return lambda i: katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos,
-                                                  s.head_dim ** -0.5, o, workspace=ws,
-                                                  stages=stages)
+        def call(i):
+            katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos, s.head_dim ** -0.5, o,
+                                 workspace=ws)
 
-        out.append(Measure("paged_attention", f"{label} eager", ctx.time(call(None)),
-                           bytes=per_set, note=f"1 launch, {katt.DEFAULT_STAGES} stages"))
-        group = s.heads // s.kv_heads
-        for stages in katt.STAGES:
-            used = katt.pipeline_stages(stages, True, s.head_dim, group, batch <=
-                                        katt.SPLIT_MAX_ROWS)
-            if used != stages:  # this shape cannot run it (shared memory)
-                continue
-            ms, reps = ctx.time_graph(call(stages))
-            out.append(Measure("paged_attention", f"{label} graph st={stages}", ms,
-                               bytes=per_set, note=f"graph of {reps} launches, {copies} sets"))
+        out.append(Measure("paged_attention", f"{label} eager", ctx.time(call), bytes=per_set,
+                           note="1 launch"))
+        ms, reps = ctx.time_graph(call)
+        out.append(Measure("paged_attention", f"{label} graph", ms, bytes=per_set,
+                           note=f"graph of {reps} launches, {copies} sets"))
     return out
 
 

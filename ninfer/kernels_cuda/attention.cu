@@ -19,7 +19,7 @@
 //   8 for bf16 D=256: a lane stages 128 bytes of K and 128 of V per tile); tile t goes to key
 //   warp t % KW. Lane l owns dims [l*DPL, (l+1)*DPL) (D = 32*DPL) of every key.
 //   Per warp, software-pipelined over its tiles (a ring of NST = 2..4 buffers of 8 KiB of
-//   shared memory; NST = 2 is the default, 3 and 4 are built for bf16 D >= 128 split launches):
+//   shared memory; attention.py builds NST = 2 only: 3 and 4 were slower on the H200):
 //     - lane j < KPW looks up key j's page NST tiles ahead; the tile's K and V rows go global ->
 //       shared with cp.async (a lane copies its own bytes; keys that are not valid read as zero)
 //       while the previous tiles are computed, so every warp has NST - 1 tiles in flight;

@@ -3,9 +3,9 @@
 `paged_attention` cuts each row's context into chunks whose size depends only on the row's
 own length (`chunk_keys`): 64 keys up to a context of 4096, then ceil(len / 64) rounded up to a
 multiple of 64, so a row never has more than `MAX_CHUNKS` = 64 chunks. A block computes one
-chunk of one KV head (all its query heads) with <= 4 warps that keep their next tiles of keys in
-flight (a cp.async ring of `stages` buffers per warp: 2 by default; 3 or 4, selectable, for bf16
-pages with head_dim 128 / 256 in the split mode; the same bits for every stage count). With at
+chunk of one KV head (all its query heads) with <= 4 warps that keep their next tile of keys in
+flight (a cp.async double buffer per warp; deeper rings of 3 and 4 buffers measured slower on
+the H200 in every decode case and were removed, docs/performance.md). With at
 most `SPLIT_MAX_ROWS` rows (decode), every chunk runs in its own block (flash-decoding): the
 chunk partials go to an `AttentionWorkspace` and are merged inside the same launch, by the last
 block of each group of 8 chunks and then the last group (atomic counters; no second kernel).
@@ -30,18 +30,11 @@ SPLIT_MAX_ROWS = 64
 _BUF_FLOATS = 2048  # per warp and pipeline buffer (ATTN_BUF_FLOATS)
 _DPL = (1, 2, 4, 8)  # head_dim = 32 * DPL
 _GW = (1, 2, 3, 4)
-STAGES = (2, 3, 4)  # K/V pipeline buffers per warp (NST): NST - 1 tiles in flight
-# the deeper pipelines are built for the split (decode) mode with bf16 pages and head_dim 128 /
-# 256 only (`pipeline_stages`; each doubles the module's ~30 s compile otherwise)
-_DEEP_DPL = (4, 8)
-DEFAULT_STAGES = 2  # the bench sets this module attribute to A/B the pipelines
-_SMEM_LIMIT = 226 * 1024  # sm_90: 227 KiB per block (opt-in maximum), less static + margin
+PIPELINE_BUFFERS = 2  # K/V buffers per warp (NST in attention.cu): one tile in flight
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
-    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, 2>"
-       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
-    + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {gw}, {dpl}, 1, {nst}>"
-       for nst in STAGES[1:] for gw in _GW for dpl in _DEEP_DPL]))
+    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}>"
+       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -150,33 +143,15 @@ def head_layout(group: int) -> tuple[int, int, int]:
     raise ValueError(f"unsupported GQA group size {group} (query heads per KV head)")
 
 
-def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool,
-                stages: int = 2) -> int:
+def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool) -> int:
     """Dynamic shared memory of paged_attention_kernel (layout comment in attention.cu)."""
-    floats = nwarps * (stages * _BUF_FLOATS + 64) + 3 * kw * group + group
+    floats = nwarps * (PIPELINE_BUFFERS * _BUF_FLOATS + 64) + 3 * kw * group + group
     floats += 3 * group * GROUP + group if split else 2 * group * dim + 8 * group
     return 4 * floats
 
 
-def pipeline_stages(requested: int | None, bf16: bool, dim: int, group: int, split: bool) -> int:
-    """K/V pipeline buffers per warp that a launch uses: `requested` (None: DEFAULT_STAGES), 2
-    where no deeper kernel is built (loop mode, f32 pages, head_dim < 128), and fewer when the
-    block's shared memory would exceed the per-block limit. The stage count never changes the result
-    (bitwise): only how many tiles each warp keeps in flight."""
-    stages = DEFAULT_STAGES if requested is None else int(requested)
-    if stages not in STAGES:
-        raise ValueError(f"stages must be one of {STAGES}, got {requested}")
-    if not split or not bf16 or dim // 32 not in _DEEP_DPL:
-        return 2
-    _gw, hg, kw = head_layout(group)
-    while stages > 2 and _smem_bytes(group, kw, hg * kw, dim, split, stages) > _SMEM_LIMIT:
-        stages -= 1
-    return stages
-
-
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
-                    workspace: AttentionWorkspace | None = None,
-                    stages: int | None = None) -> None:
+                    workspace: AttentionWorkspace | None = None) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
     q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided); pages
@@ -190,8 +165,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     workspace (>= N rows, A heads, D, >= launch_chunks(block_tables.shape[1] * page_size)
     chunks; InvalidInput when smaller); the launch then allocates nothing and never
     synchronises (capturable). workspace=None allocates one per call. With more rows a block
-    loops over its row's chunks and no workspace is used. stages: K/V pipeline buffers per warp
-    (`pipeline_stages`; None = DEFAULT_STAGES); the same bits whatever the value.
+    loops over its row's chunks and no workspace is used.
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
@@ -243,13 +217,12 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1)
-    nst = pipeline_stages(stages, kind is C.WKind.BF16, dim, group, split)
-    smem = _smem_bytes(group, kw, hg * kw, dim, split, nst)
+    smem = _smem_bytes(group, kw, hg * kw, dim, split)
     fn = get_function(SOURCE, f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, "
-                              f"{int(split)}, {nst}>")
+                              f"{int(split)}, {PIPELINE_BUFFERS}>")
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-        # ~70 KiB per 4-warp block with 2 stages (~100 KiB with 3): prefer the largest
+        # ~70 KiB per 4-warp block: prefer the largest
         # shared-memory carveout so that 3 (2) blocks fit on an SM (K/V go through cp.async,
         # L1 matters little); only a hint
         try:

@@ -1,7 +1,7 @@
 """paged_attention's launch planning, on the CPU: chunk sizes (a function of the row's own length
-only), the K/V pipeline depth each call gets (`pipeline_stages`) and that the shared memory of
-the deeper pipelines fits the blocks per SM it is meant for (H100 / H200: 228 KiB per SM,
-227 KiB per block, 1 KiB reserved per block)."""
+only), that every launched instance is built, and that a block's shared memory fits the blocks
+per SM it is meant for (H100 / H200: 228 KiB per SM, 227 KiB per block, 1 KiB reserved per
+block)."""
 from __future__ import annotations
 
 import pytest
@@ -29,40 +29,20 @@ def test_chunk_rule():
 
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16])
 @pytest.mark.parametrize("dim", [32, 64, 128, 256])
-def test_pipeline_stages(group, dim):
-    """The requested depth, or 2 where no deeper kernel is built (loop mode, f32 pages,
-    head_dim < 128), or less when the block would not fit; every launched instance is built."""
+def test_every_launch_is_built_and_fits(group, dim):
     names = set(katt.SOURCE.name_expressions)
     gw, hg, kw = katt.head_layout(group)
     for split in (True, False):
-        for bf16 in (True, False):
-            for req in katt.STAGES:
-                nst = katt.pipeline_stages(req, bf16, dim, group, split)
-                assert 2 <= nst <= req
-                if not split or not bf16 or dim < 128:
-                    assert nst == 2
-                smem = katt._smem_bytes(group, kw, hg * kw, dim, split, nst)
-                assert smem + RESERVED <= BLOCK_SMEM_MAX
-                ctype = "unsigned short" if bf16 else "float"
-                assert (f"paged_attention_kernel<{ctype}, {gw}, {dim // 32}, {int(split)}, "
-                        f"{nst}>") in names
-
-
-def test_pipeline_stages_default_and_errors(monkeypatch):
-    assert katt.pipeline_stages(None, True, 256, 4, True) == katt.DEFAULT_STAGES
-    monkeypatch.setattr(katt, "DEFAULT_STAGES", 3)
-    assert katt.pipeline_stages(None, True, 256, 4, True) == 3
-    assert katt.pipeline_stages(None, True, 256, 4, False) == 2
-    for bad in (0, 1, 5):
-        with pytest.raises(ValueError, match="stages"):
-            katt.pipeline_stages(bad, True, 256, 4, True)
+        for ctype in ("unsigned short", "float"):
+            smem = katt._smem_bytes(group, kw, hg * kw, dim, split)
+            assert smem + RESERVED <= BLOCK_SMEM_MAX
+            assert (f"paged_attention_kernel<{ctype}, {gw}, {dim // 32}, {int(split)}, "
+                    f"{katt.PIPELINE_BUFFERS}>") in names
 
 
 @pytest.mark.parametrize("group", [2, 4, 8])  # Qwen3.5 GQA groups
-def test_deep_pipeline_blocks_per_sm(group):
-    """With head_dim 256 (bf16): 2 stages fit 3 blocks per SM (the kernel's launch bounds),
-    3 stages 2 blocks, 4 stages 1 block."""
+def test_blocks_per_sm(group):
+    """With head_dim 256 (bf16, split mode) 3 blocks fit an SM (the kernel's launch bounds)."""
     gw, hg, kw = katt.head_layout(group)
-    for nst, blocks in ((2, 3), (3, 2), (4, 1)):
-        smem = katt._smem_bytes(group, kw, hg * kw, 256, True, nst) + RESERVED
-        assert blocks * smem <= SM_SMEM < (blocks + 1) * smem, (nst, smem)
+    smem = katt._smem_bytes(group, kw, hg * kw, 256, True) + RESERVED
+    assert 3 * smem <= SM_SMEM < 4 * smem, smem

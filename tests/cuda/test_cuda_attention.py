@@ -62,12 +62,12 @@ class _Kv:
             self._k64, self._v64 = ref.pages_f64(self.kp), ref.pages_f64(self.vp)
         return ref.paged_attention(q, self._k64, self._v64, self.bt, row_seq, row_pos, scale)
 
-    def run(self, q_d, row_seq, row_pos, scale, out=None, workspace=None, stages=None):
+    def run(self, q_d, row_seq, row_pos, scale, out=None, workspace=None):
         n, heads, d = q_d.shape
         out = poisoned((n, heads, d)) if out is None else out
         katt.paged_attention(q_d, self.kp_d, self.vp_d, self.bt_d, dev(np.asarray(row_seq,
                              np.int32)), dev(np.asarray(row_pos, np.int32)), scale, out,
-                             workspace=workspace, stages=stages)
+                             workspace=workspace)
         return out
 
 
@@ -181,8 +181,8 @@ def test_paged_attention_bitwise_batch_invariance(rng, monkeypatch, heads, hkv, 
     assert_same_bits(loop, batch, "loop mode vs split mode")
 
 
-@pytest.mark.parametrize("split,stages", [(True, 2), (True, 3), (True, 4), (False, 2)])
-def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split, stages):
+@pytest.mark.parametrize("split", [True, False])
+def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split):
     heads, hkv, d, page_size = 8, 2, 128, 16
     lengths = [3000, 100]
     kv = _Kv(rng, lengths, hkv, d, True, page_size)
@@ -203,7 +203,7 @@ def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split, stages):
     ws = katt.AttentionWorkspace.allocate(n, heads, d, cols * page_size)
     out = poisoned((n, heads, d))
     katt.paged_attention(q, kv.kp_d, kv.vp_d, bt_d, dev(row_seq), dev(row_pos), d ** -0.5, out,
-                         workspace=ws, stages=stages)
+                         workspace=ws)
     o = host(out)
     for i in range(n):
         if i in nan_rows:
@@ -212,8 +212,7 @@ def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split, stages):
             assert np.isfinite(o[i]).all(), f"row {i} should be finite"
             one = poisoned((1, heads, d))
             katt.paged_attention(q[i:i + 1], kv.kp_d, kv.vp_d, bt_d, dev(row_seq[i:i + 1]),
-                                 dev(row_pos[i:i + 1]), d ** -0.5, one, workspace=ws,
-                                 stages=stages)
+                                 dev(row_pos[i:i + 1]), d ** -0.5, one, workspace=ws)
             assert_same_bits(one[0], out[i], f"row {i}")
     assert not host(ws.counters).any()
 
@@ -232,50 +231,3 @@ def test_workspace_too_small_raises(rng):
             kv.run(q, *rows, d ** -0.5, workspace=ws)
     ok = katt.AttentionWorkspace.allocate(4, heads, d, max_context)
     assert np.isfinite(host(kv.run(q, *rows, d ** -0.5, workspace=ok))).all()
-
-
-@pytest.mark.parametrize("stages", [3, 4])
-@pytest.mark.parametrize("heads,hkv,d", [(16, 4, 256), (16, 2, 256), (8, 4, 128), (7, 1, 128),
-                                         (4, 4, 256), (12, 4, 128)])
-def test_pipeline_stages_same_bits(rng, monkeypatch, stages, heads, hkv, d):
-    """The deeper K/V pipelines (bf16 pages, split mode) give the bits of the default 2-stage
-    one, within TOL of float64, on fresh random rows: 1..8 rows of different odd lengths, one
-    past 4096 (chunks > 64 keys); each row alone and in loop (prefill) mode: the same bits."""
-    n = int(rng.integers(1, 9))
-    lengths = [int(x) | 1 for x in rng.integers(1, 9000, n)]
-    lengths[0] = 4097 + 2 * int(rng.integers(0, 2500))
-    rng.shuffle(lengths)
-    kv = _Kv(rng, lengths, hkv, d, True)
-    row_seq = np.arange(n, dtype=np.int32)
-    row_pos = np.array([x - 1 for x in lengths], np.int32)
-    q_h = randn(rng, (n, heads, d), 2.0)
-    q = dev(q_h)
-    scale = d ** -0.5
-    ws = katt.AttentionWorkspace.allocate(8, heads, d, kv.bt.shape[1] * kv.page_size)
-    base = kv.run(q, row_seq, row_pos, scale, workspace=ws, stages=2)
-    deep = kv.run(q, row_seq, row_pos, scale, workspace=ws, stages=stages)
-    assert_same_bits(deep, base, f"{stages} stages vs 2")
-    expect = kv.oracle(q_h, row_seq, row_pos, scale)
-    o = host(deep)
-    for i in range(n):
-        assert_close(o[i], expect[i], TOL, f"row {i} (len {lengths[i]})")
-    for i in range(n):
-        one = kv.run(q[i:i + 1], row_seq[i:i + 1], row_pos[i:i + 1], scale, workspace=ws,
-                     stages=stages)
-        assert_same_bits(one, deep[i:i + 1], f"row {i} alone")
-    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
-    monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
-    loop = kv.run(q, row_seq, row_pos, scale, stages=stages)
-    assert_same_bits(loop, deep, "loop mode vs split mode")
-
-
-def test_default_stages_switch(rng, monkeypatch):
-    """DEFAULT_STAGES (what the bench A/Bs) picks the pipeline of calls without `stages`."""
-    heads, hkv, d = 16, 4, 256
-    kv = _Kv(rng, [6001, 777], hkv, d, True)
-    row_seq, row_pos = np.array([0, 1], np.int32), np.array([6000, 776], np.int32)
-    q = dev(randn(rng, (2, heads, d)))
-    base = kv.run(q, row_seq, row_pos, d ** -0.5)
-    for nst in katt.STAGES:
-        monkeypatch.setattr(katt, "DEFAULT_STAGES", nst)
-        assert_same_bits(kv.run(q, row_seq, row_pos, d ** -0.5), base, f"default {nst}")
