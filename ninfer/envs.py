@@ -133,15 +133,13 @@ def gdn_chunk_split_o() -> bool:
     return _flag("NINFER_GDN_CHUNK_SPLIT_O", False)
 
 
+GDN_CHUNK_STATE_COLS = (16, 32)
+
+
 def gdn_chunk_state_cols() -> int:
     """NINFER_GDN_CHUNK_STATE_COLS (16 or 32, default 32): state columns per block of the split
     GDN chunk state pass (16: twice the blocks). Read once, at import of the launcher."""
-    cols = _int_or_none("NINFER_GDN_CHUNK_STATE_COLS")
-    if cols is None:
-        return 32
-    if cols not in (16, 32):
-        raise ValueError(f"NINFER_GDN_CHUNK_STATE_COLS must be 16 or 32, got {cols}")
-    return cols
+    return _choice("NINFER_GDN_CHUNK_STATE_COLS", 32, GDN_CHUNK_STATE_COLS)
 
 
 GDN_CHUNK_PRECISIONS = ("tf32x3", "bf16")

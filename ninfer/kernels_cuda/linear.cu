@@ -111,16 +111,6 @@ __global__ void __launch_bounds__(512) linear_mma_kernel(const GemvParams p) {
 // at 512 threads (2 blocks of 16 warps per SM). PERSIST: 0 one tile per block, 1 persistent.
 extern __shared__ uint4 mma_rows_smem[];
 
-// Bit j set: tile row 2j + h (lane half h) of the tile starting at output row m0 is inside M.
-template <int SWIGLU>
-__device__ __forceinline__ unsigned mma_rows_valid(int m0, int h, int m) {
-  unsigned valid = 0u;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < m) valid |= 1u << j;
-  return valid;
-}
-
 template <int SWIGLU, int PERSIST>
 __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParams p) {
   constexpr int TILE = SWIGLU ? 8 : 16;

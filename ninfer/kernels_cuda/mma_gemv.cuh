@@ -212,6 +212,18 @@ __device__ __forceinline__ i64 mma_rows_row_offset(int j, i64 hib, i64 rsb) {
   return (j < 4 ? 0 : hib) + 2 * (j & 3) * rsb;
 }
 
+// The `valid` mask of mma_rows_load for the tile starting at output row m0 (M rows): bit j set
+// when tile row 2j + h (lane half h) is inside M (SWIGLU: rows j >= 4 are the up rows of the gate
+// rows j - 4, valid with them).
+template <int SWIGLU>
+__device__ __forceinline__ unsigned mma_rows_valid(int m0, int h, int m) {
+  unsigned valid = 0u;
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < m) valid |= 1u << j;
+  return valid;
+}
+
 // A whole-unit batch: v[j] = w[tile row 2j + h][k .. k + 7] (16-byte loads; unit: byte address
 // of w[tile row h][k]), zeros when !in (k >= k_end) or bit j of `valid` is clear (row past M).
 // Needs k + 8 <= k_end whenever k < k_end. The strides pass through an opaque move so that the

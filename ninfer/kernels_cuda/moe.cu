@@ -313,17 +313,6 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
 // slack. At most 64 registers (4 blocks of 8 warps per SM).
 extern __shared__ uint4 moe_rows_smem[];
 
-// Bit j set: tile row 2j + h (lane half h) of the tile starting at output row m0 is inside M
-// (linear.cu mma_rows_valid; SWIGLU: rows j >= 4 are the up rows of the gate rows j - 4).
-template <int SWIGLU>
-__device__ __forceinline__ unsigned moe_rows_valid(int m0, int h, int m) {
-  unsigned valid = 0u;
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    if (m0 + (SWIGLU ? 2 * (j & 3) : 2 * j) + h < m) valid |= 1u << j;
-  return valid;
-}
-
 // The warp's K range (span = k_end - k_begin elements) of one 16-row tile through the staging
 // buffer, accumulated into c in mma_gemv_accumulate's order. wp: byte address of this lane's
 // first unit (tile row h, k_begin + ku, ku = 8 (lane % 16)); v: the first batch's loads, already
@@ -377,7 +366,7 @@ __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParam
   const i64 rsb = 2 * p.w_rs, hib = (i64)(SWIGLU ? p.up_offset : 8) * rsb;  // bytes
   // bits 0..7: the rows read (none for a bad expert); bit 31: the expert is bad (kept here
   // rather than in a register of its own across the K loop, which spilled at 64 registers)
-  const unsigned valid = bad ? 1u << 31 : moe_rows_valid<SWIGLU>(m0, h, p.m);
+  const unsigned valid = bad ? 1u << 31 : mma_rows_valid<SWIGLU>(m0, h, p.m);
   const char* wp = reinterpret_cast<const char*>(
       static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es +
       (i64)(m0 + h) * p.w_rs + k_begin + ku);

@@ -25,6 +25,7 @@ def test_chunk_rule():
         assert (nc - 1) * cs < length <= nc * cs
         worst = max(worst, nc)
         assert katt.launch_chunks(length) >= worst
+    assert katt.launch_chunks(10 ** 7) == katt.MAX_CHUNKS
 
 
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16])

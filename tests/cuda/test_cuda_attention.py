@@ -71,21 +71,6 @@ class _Kv:
         return out
 
 
-def test_chunking_bounds():
-    """Chunk sizes are multiples of 64 and at most 64 chunks per row; a split launch (sized by
-    launch_chunks of the table width) has a block for every chunk of every shorter row."""
-    assert [katt.num_chunks(n) for n in (1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000)] == \
-        [1, 1, 1, 2, 16, 64, 33, 40, 47]
-    worst = 0
-    for length in range(1, 70000, 7):
-        cs, nc = katt.chunk_keys(length), katt.num_chunks(length)
-        assert cs % katt.CHUNK_GRAIN == 0 and nc <= katt.MAX_CHUNKS
-        assert (nc - 1) * cs < length <= nc * cs
-        worst = max(worst, nc)
-        assert katt.launch_chunks(length) >= worst
-    assert katt.launch_chunks(10 ** 7) == katt.MAX_CHUNKS
-
-
 @pytest.mark.parametrize("bf16", [False, True])
 def test_kv_write(rng, bf16):
     hkv, page_size, d, num_pages = 2, 16, 64, 12

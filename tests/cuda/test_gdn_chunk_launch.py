@@ -15,18 +15,6 @@ TF32, BF16 = Precision.TF32X3, Precision.BF16
 SM_SMEM, BLOCK_SMEM_MAX, RESERVED = 228 * 1024, 227 * 1024, 1024
 
 
-def test_state_cols_flag(monkeypatch):
-    monkeypatch.delenv("NINFER_GDN_CHUNK_STATE_COLS", raising=False)
-    assert envs.gdn_chunk_state_cols() == 32
-    for raw, want in (("16", 16), ("32", 32), ("", 32)):
-        monkeypatch.setenv("NINFER_GDN_CHUNK_STATE_COLS", raw)
-        assert envs.gdn_chunk_state_cols() == want, raw
-    for raw in ("8", "64", "x"):
-        monkeypatch.setenv("NINFER_GDN_CHUNK_STATE_COLS", raw)
-        with pytest.raises(ValueError):
-            envs.gdn_chunk_state_cols()
-
-
 def test_precision_flag(monkeypatch):
     monkeypatch.delenv("NINFER_GDN_CHUNK_PRECISION", raising=False)
     assert envs.gdn_chunk_precision() is None
