@@ -16,9 +16,13 @@
 // order. Each output element's arithmetic is independent of N (batch invariance). Streams the
 // weights at the same rate for N = 1 and N = 8 (the f32 FMA kernel is issue-bound at N = 8).
 //
-// linear_mma_rows_kernel<SWIGLU> (the default; NINFER_GEMV_ROWS=0 selects linear_mma_kernel):
+// linear_mma_rows_kernel<SWIGLU, PERSIST> (NINFER_GEMV_ROWS=0 selects linear_mma_kernel):
 // linear_mma_kernel with the weight tile read row-contiguously and staged through shared memory;
 // bitwise the same results.
+//
+// linear_tma_kernel<SWIGLU, SK, CONS, XS> (the default on sm_90 for K % 16 == 0; see below):
+// the weights streamed by bulk copies into a shared-memory ring; batch invariant, another k
+// pairing than the two above.
 //
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
@@ -207,7 +211,7 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
   } while (PERSIST && tile < tiles);
 }
 
-// linear_tma_kernel<SWIGLU, SK, CONS> (sm_90, K % 16 == 0, bf16 weights with 16-byte aligned rows, x
+// linear_tma_kernel<SWIGLU, SK, CONS, XS> (sm_90, K % 16 == 0, bf16 weights with 16-byte aligned rows, x
 // rows 8-byte aligned; NINFER_GEMV_TMA): the tensor-core GEMV with the weights streamed by bulk
 // copies (bulk_copy.cuh) into a ring of shared-memory stages, so the bytes in flight are bounded
 // by the ring, not by registers. Block = CONS consumer warps + 1 producer warp, one

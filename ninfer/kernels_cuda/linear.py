@@ -128,16 +128,19 @@ def mma_rows_smem(splits: int) -> int:
     return splits * MMA_ROWS_WARP_SMEM + 2 * MMA_PARTIALS_SMEM + MMA_ROWS_ALIGN
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(ordinal: int) -> int:
-    return read_properties(ordinal).sm_count
+_device_properties = functools.lru_cache(maxsize=None)(read_properties)
+
+
+def _current_device():
+    """The current device's properties (read once per device)."""
+    return _device_properties(C.cupy().cuda.Device().id)
 
 
 def _persist_blocks(splits: int) -> int:
     """Row-tile blocks of a persistent launch (per column tile): all that are resident at once,
     PERSIST_WARPS_PER_SM // splits per SM (2 at 16 splits, whose 2 x 80.25 KiB of shared memory
     fit an SM too)."""
-    return max(1, PERSIST_WARPS_PER_SM // splits) * _sm_count(C.cupy().cuda.Device().id)
+    return max(1, PERSIST_WARPS_PER_SM // splits) * _current_device().sm_count
 
 
 # NINFER_GEMV_TMA (read once at import; default on): GEMVs with K % 16 == 0 on sm_90 run
@@ -176,20 +179,10 @@ def tma_x_stages(k: int, sk: int, consumers: int) -> int:
     return stages if sk == 1024 and consumers == 16 and stages <= TMA_X_STAGES else 0
 
 
-def tma_ok(k: int, x_rs: int) -> bool:
-    """Whether linear_tma_kernel takes a call (bf16 weights and aligned rows checked by the
-    caller): K a multiple of 16 and an sm_90+ device."""
-    return k % 16 == 0 and x_rs % 2 == 0 and _compute_capability() >= 90
-
-
-@functools.lru_cache(maxsize=None)
-def _cc(ordinal: int) -> int:
-    major, minor = read_properties(ordinal).compute_capability
-    return 10 * major + minor
-
-
-def _compute_capability() -> int:
-    return _cc(C.cupy().cuda.Device().id)
+def tma_ok(k: int) -> bool:
+    """Whether linear_tma_kernel takes a call whose operands passed `_mma_ok` (bf16 weights,
+    16-byte aligned rows of w and x): K a multiple of 16 and an sm_90+ device."""
+    return k % 16 == 0 and _current_device().compute_capability >= (9, 0)
 
 
 def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
@@ -204,7 +197,7 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
-        row_blocks = max(1, _sm_count(C.cupy().cuda.Device().id) // col_tiles)
+        row_blocks = max(1, _current_device().sm_count // col_tiles)
     row_blocks = max(1, min(tiles, row_blocks))
     sk = TMA_SK if sk is None else sk
     consumers = TMA_CONSUMERS if consumers is None else consumers
@@ -232,7 +225,7 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     Rows kernel only: `row_blocks` blocks along the row tiles (None: all that fit at once when
     GEMV_PERSIST and the blocks have MMA_MAX_SPLITS warps, else one per tile); fewer blocks than
     tiles make the launch persistent."""
-    if (GEMV_TMA if tma is None else tma) and tma_ok(k, x_rs):
+    if (GEMV_TMA if tma is None else tma) and tma_ok(k):
         _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=swiglu)
         return
     rows = GEMV_ROWS if rows is None else rows
