@@ -92,6 +92,14 @@ def gemv_pdl() -> bool:
     return _flag("NINFER_GEMV_PDL", True)
 
 
+def pdl() -> bool:
+    """NINFER_PDL (default on; "0" turns it off): the decode step's small kernels (norms, GDN
+    decode, attention, elementwise, MoE routing) are launched with programmatic dependent launch
+    on sm_90, so each starts while its predecessor drains and lets its successor start early.
+    The GEMV has its own switch (NINFER_GEMV_PDL). Read once, at import of the loader."""
+    return _flag("NINFER_PDL", True)
+
+
 def gemv_tma_sk() -> int:
     """NINFER_GEMV_TMA_SK (default 1024; 1024 or 2048): k per ring stage of linear_tma_kernel,
     i.e. bytes / 2 of each row's bulk copy. Read once, at import of the launcher."""

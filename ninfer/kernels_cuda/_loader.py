@@ -182,25 +182,46 @@ def compile_records() -> list[CompileRecord]:
     return _CACHE.records()
 
 
-def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "") -> None:
+def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "",
+           pdl: bool = False) -> None:
     """Launch `fn` on CuPy's current stream; in debug mode synchronize and check right after.
 
     `grid`/`block` are tuples of up to three ints. Never allocates (capturable in a graph).
+    `pdl`: the kernel calls `pdl_wait` (common.cuh) before touching memory earlier kernels use,
+    so it may be launched with programmatic dependent launch (`launch_dependent`); done on sm_90
+    and newer unless NINFER_PDL=0.
     """
+    if pdl and _PDL and _pdl_device():
+        launch_dependent(fn, grid, block, args, shared_mem, name=name)
+        return
     fn(tuple(grid), tuple(block), args, shared_mem=shared_mem)
     if _DEBUG_SYNC:
         _debug_sync(name or getattr(fn, "name", "kernel"))
 
 
-def launch_dependent(fn, grid, block, params, shared_mem: int = 0, *, name: str = "") -> None:
-    """`launch` with programmatic dependent launch (PDL) allowed: the kernel may start while the
-    previous kernel in the stream is still running (once all of that kernel's blocks have
-    executed `griddepcontrol.launch_dependents` or exited). The kernel must execute
-    `griddepcontrol.wait` before it reads anything earlier kernels wrote or writes anything they
-    read. `params`: the one params struct (`_checks.pack`). Through cuda-python's
-    cuLaunchKernelEx (CuPy's launch takes no attributes); capturable (a programmatic edge in the
-    graph)."""
+_PDL = envs.pdl()
+_PDL_DEVICES: dict[int, bool] = {}
+_PDL_CONFIGS: dict[tuple, object] = {}  # (grid, block, shared_mem, stream) -> CUlaunchConfig
+
+
+def _pdl_device() -> bool:
+    """Whether the current device runs griddepcontrol (sm_90+), cached per device."""
     import cupy
+
+    device_id = cupy.cuda.runtime.getDevice()
+    ok = _PDL_DEVICES.get(device_id)
+    if ok is None:
+        ok = _PDL_DEVICES[device_id] = int(cupy.cuda.Device(device_id).compute_capability) >= 90
+    return ok
+
+
+def _pdl_config(grid, block, shared_mem: int, stream_ptr: int):
+    """The cuLaunchKernelEx config (PDL attribute set) for one launch geometry and stream,
+    built once: building it costs tens of microseconds of cuda-python calls per launch."""
+    key = (tuple(grid), tuple(block), shared_mem, stream_ptr)
+    config = _PDL_CONFIGS.get(key)
+    if config is not None:
+        return config
     from cuda.bindings import driver
 
     config = driver.CUlaunchConfig()
@@ -209,14 +230,48 @@ def launch_dependent(fn, grid, block, params, shared_mem: int = 0, *, name: str 
     config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
     config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
     config.sharedMemBytes = shared_mem
-    config.hStream = driver.CUstream(cupy.cuda.get_current_stream().ptr)
+    config.hStream = driver.CUstream(stream_ptr)
     attr = driver.CUlaunchAttribute()
     attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value.programmaticStreamSerializationAllowed = 1
     config.attrs = [attr]
     config.numAttrs = 1
-    buf = np.ascontiguousarray(params)
-    ptrs = np.array([buf.ctypes.data], dtype=np.uint64)  # void*[1] -> the params bytes
+    if len(_PDL_CONFIGS) > 4096:  # geometries vary with the batch; keep the cache bounded
+        _PDL_CONFIGS.clear()
+    _PDL_CONFIGS[key] = config
+    return config
+
+
+def _arg_bytes(arg) -> np.ndarray:
+    """The bytes one kernel argument is passed as: a packed params struct (`_checks.pack`) or a
+    NumPy scalar as is, a CuPy array (or None) as its device pointer."""
+    if isinstance(arg, np.ndarray):
+        return arg
+    if isinstance(arg, np.generic):
+        return np.array(arg)
+    if arg is None:
+        return np.zeros(1, dtype=np.uint64)
+    ptr = getattr(getattr(arg, "data", None), "ptr", None)
+    if ptr is None:
+        raise TypeError(f"kernel argument of type {type(arg).__name__}: expected a CuPy array, "
+                        f"None, a NumPy scalar or a packed params struct")
+    return np.array(ptr, dtype=np.uint64)
+
+
+def launch_dependent(fn, grid, block, args, shared_mem: int = 0, *, name: str = "") -> None:
+    """`launch` with programmatic dependent launch (PDL) allowed: the kernel may start while the
+    previous kernel in the stream is still running (once all of that kernel's blocks have
+    executed `griddepcontrol.launch_dependents` or exited). The kernel must execute
+    `griddepcontrol.wait` before it reads anything earlier kernels wrote or writes anything they
+    read. `args`: as for `launch` (packed params structs, NumPy scalars, CuPy arrays, None).
+    Through cuda-python's cuLaunchKernelEx (CuPy's launch takes no attributes); capturable (a
+    programmatic edge in the graph)."""
+    import cupy
+    from cuda.bindings import driver
+
+    config = _pdl_config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr)
+    held = [_arg_bytes(a) for a in args]  # alive until the launch has copied them
+    ptrs = np.array([b.ctypes.data for b in held], dtype=np.uint64)  # void*[] -> each argument
     handle = getattr(fn, "kernel", fn).ptr  # a RawKernel holds its cupy Function in .kernel
     (err,) = driver.cuLaunchKernelEx(config, driver.CUfunction(handle), ptrs.ctypes.data, 0)
     if err != driver.CUresult.CUDA_SUCCESS:

@@ -26,15 +26,6 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
 }
 
 #if BULK_COPY_OK
-// Programmatic dependent launch (sm_90): `pdl_launch_dependents` lets the next kernel in the
-// stream (when launched with PDL allowed) start once every block of this grid has called it or
-// exited; `pdl_wait` blocks until the previous kernel has completed and its writes are visible
-// (returns at once when this launch had no programmatic dependency).
-__device__ __forceinline__ void pdl_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-
 __device__ __forceinline__ void mbar_init(mbar_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count)
                : "memory");

@@ -15,6 +15,30 @@ typedef long long i64;
 #define NINFER_INF __int_as_float(0x7f800000)
 #define NINFER_NAN __int_as_float(0x7fffffff)
 
+// Programmatic dependent launch (PDL, sm_90; no-ops below): `pdl_launch_dependents` lets the
+// next kernel in the stream (when launched with PDL allowed: _loader.launch(..., pdl=True)) start
+// once every block of this grid has called it or exited; `pdl_wait` blocks until the previous
+// kernel has completed and its writes are visible (at once when this launch had no programmatic
+// dependency). A kernel launched with pdl=True must call `pdl_wait` before it reads anything an
+// earlier kernel wrote or writes anything an earlier kernel reads; `pdl_enter` (wait, then let
+// the next kernel launch) is the prologue of the small kernels. Waiting before triggering bounds
+// the overlap: while such a kernel runs, at most its predecessor's tail and its successor's
+// pre-wait part run beside it.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_dependents();
+}
+
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16raw v) {
   return __uint_as_float(((unsigned int)v) << 16);

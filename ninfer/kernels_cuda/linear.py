@@ -210,7 +210,7 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
         fn.max_dynamic_shared_size_bytes = smem
     name = "linear_swiglu_tma" if swiglu else "linear_tma"
     if GEMV_PDL if pdl is None else pdl:
-        launch_dependent(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), params,
+        launch_dependent(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
                          shared_mem=smem, name=name)
     else:
         launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
