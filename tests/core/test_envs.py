@@ -12,6 +12,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gemv_tma, "NINFER_GEMV_TMA", True),
     (envs.gemv_pdl, "NINFER_GEMV_PDL", True),
     (envs.pdl, "NINFER_PDL", True),
+    (envs.gemv_tma_split, "NINFER_GEMV_TMA_SPLIT", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
     (envs.gdn_chunk_split_o, "NINFER_GDN_CHUNK_SPLIT_O", False),
 ]
