@@ -294,6 +294,23 @@ def test_moe_block_equals_the_separate_ops_bitwise(rng, dtype, n, batch_invarian
     assert_close(out, expect, TOL_BF16_X if prefill_bf16 else TOL_F32)
 
 
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_moe_block_equals_the_separate_ops_bitwise_tma_shape(rng, n):
+    """As above with K % 16 == 0 in both stages (H = 304, Im = 48: moe_tma_kernel on sm_90)."""
+    top_k, experts = 8, 256
+    (gu_h, gu), (dn_h, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts,
+                                                              304, 48)
+    got = _moe_block(x, logits, top_k, gu, dn, shared)
+    want = _separate_ops(x, logits, top_k, gu, dn, shared)
+    for g, e, what in zip(got, want, ("weights", "ids", "out")):
+        assert_same_bits(g, e, what)
+    w, ids, out = (host(a) for a in got)
+    gate = host(logits)[:, experts:].astype(np.float64)
+    expect = (ref.moe_experts(host(x), gu_h, dn_h, ids, w)
+              + host(shared) / (1.0 + np.exp(-gate)))
+    assert_close(out, expect, TOL_F32)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_moe_block_without_shared_equals_route_and_experts(rng, dtype):
     (_, gu), (_, dn), x, logits, _ = _block_inputs(rng, dtype, 5, 256)
@@ -568,8 +585,8 @@ def test_moe_tma_kernel_vs_float64_and_rows_kernel(rng, m, k, swiglu, by_pair, e
 @pytest.mark.usefixtures("sm90")
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_moe_tma_kernel_bad_expert_rows_are_nan(rng, swiglu):
-    """An expert id outside [0, E) (E and -1) gives NaN rows and reads no weights; the other
-    pairs are unaffected and bitwise what they are without the bad pairs."""
+    """An expert id outside [0, E) (E and -1) gives NaN rows (no weights are copied for it); the
+    other pairs are unaffected and bitwise what they are without the bad pairs."""
     experts, top_k, n, m, k = 8, 2, 3, 40, 256
     _, w_d = _padded_experts(rng, experts, 2 * m if swiglu else m, k)
     ids_h = _routing(rng, n, experts, top_k)[0]
