@@ -69,6 +69,14 @@ def gemv_tma() -> bool:
     return _flag("NINFER_GEMV_TMA", True)
 
 
+def moe_tma() -> bool:
+    """NINFER_MOE_TMA (default on; "0" turns it off): the decode MoE expert GEMVs (bf16 weights,
+    K % 16 == 0, sm_90) use moe_tma_kernel (the selected experts' weights streamed by bulk copies
+    into a shared-memory ring) instead of moe_mma_rows_kernel / moe_mma_kernel. Batch invariant,
+    but not bitwise equal to those (another k pairing). Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA", True)
+
+
 def _choice(name: str, default: int, allowed: tuple[int, ...]) -> int:
     """An integer switch restricted to `allowed` (unset or empty: `default`)."""
     raw = os.environ.get(name, "").strip()

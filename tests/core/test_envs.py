@@ -11,6 +11,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gemv_persist, "NINFER_GEMV_PERSIST", True),
     (envs.gemv_tma, "NINFER_GEMV_TMA", True),
     (envs.gemv_pdl, "NINFER_GEMV_PDL", True),
+    (envs.moe_tma, "NINFER_MOE_TMA", True),
     (envs.pdl, "NINFER_PDL", True),
     (envs.gemv_tma_split, "NINFER_GEMV_TMA_SPLIT", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
