@@ -162,6 +162,11 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
+    """The fused decode step at B = 1 and 8: one eager call, and the per-call time of back-to-back
+    calls replayed from a CUDA graph (as inside the decode graph, PDL overlap included) for the
+    default kernel (sm_90: a cluster of 4 blocks of 32 state columns per head) and for the
+    one-block-per-head kernel (the path below sm_90)."""
+    from ninfer.kernels_cuda import gdn_decode as kdec
     from ninfer.kernels_cuda.gdn_decode import decode_counters, gdn_decode_fused
 
     s = ctx.shape
@@ -169,7 +174,9 @@ def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
     c = s.conv_channels
     state_bytes = s.value_heads * s.dk * s.dv * 4
     for batch in (1, 8):
-        copies = ctx.copies(batch * state_bytes * 2, limit=32)
+        # >= 2 sets: back-to-back PDL launches must not share state slots (the kernel reads S
+        # before pdl_wait)
+        copies = max(2, ctx.copies(batch * state_bytes * 2, limit=32))
         slots_n = copies * batch
         state = f32_random(cp, (slots_n, s.value_heads, s.dk, s.dv), 0.01)
         conv = f32_random(cp, (slots_n, s.conv - 1, c))
@@ -181,13 +188,26 @@ def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
              for shape in ((c, s.conv), (s.value_heads,), (s.value_heads,), (s.dv,))]
         o = cp.empty((batch, s.value_heads, s.dv), dtype=cp.float32)
         counters = decode_counters(batch, s.key_heads)
-        ms = ctx.time(lambda i: gdn_decode_fused(qkv, w[0], conv, a, b, w[1], w[2], state,
-                                                 slot_sets[i % copies], z, w[3], 1e-6, o,
-                                                 counters=counters))
-        meas = Measure("gdn_decode_fused", f"B={batch} Hv={s.value_heads}", ms,
-                       bytes=batch * (2 * state_bytes + 2 * (s.conv - 1) * c * 4 + c * 4))
-        out.append(_peer(meas, ctx, lambda: peers.fla_recurrent(batch, s.key_heads,
-                                                                s.value_heads, s.dk, s.dv)))
+        nbytes = batch * (2 * state_bytes + 2 * (s.conv - 1) * c * 4 + c * 4)
+        label = f"B={batch} Hv={s.value_heads}"
+
+        def call(i):
+            gdn_decode_fused(qkv, w[0], conv, a, b, w[1], w[2], state, slot_sets[i % copies],
+                             z, w[3], 1e-6, o, counters=counters)
+
+        default = kdec.USE_CLUSTER
+        try:
+            meas = Measure("gdn_decode_fused", f"{label} eager", ctx.time(call), bytes=nbytes,
+                           note="1 launch")
+            out.append(_peer(meas, ctx, lambda: peers.fla_recurrent(
+                batch, s.key_heads, s.value_heads, s.dk, s.dv)))
+            for use_cluster, kind in ((None, "graph"), (False, "graph, one block per head")):
+                kdec.USE_CLUSTER = use_cluster
+                ms, reps = ctx.time_graph(call)
+                out.append(Measure("gdn_decode_fused", f"{label} {kind}", ms, bytes=nbytes,
+                                   note=f"graph of {reps} launches, {copies} sets"))
+        finally:
+            kdec.USE_CLUSTER = default
     return out
 
 

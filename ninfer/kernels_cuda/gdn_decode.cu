@@ -1,18 +1,41 @@
 // gdn_decode.cu: one fused kernel per GDN layer per decode step (one token per row).
 //
-// gdn_decode_fused_kernel: grid (Hv, N), 512 threads; block (h, n) does, for row n's token:
-//   1. conv update + SiLU of the channels value head h needs: q and k of key head
-//      kh = h / (Hv / Hk) and v of head h, from the slot's conv state and the new qkv row;
-//   2. L2 norm of q (times dk^-1/2) and k; 3. g = -exp(a_log) softplus(a + dt_bias), beta;
-//   4. the delta-rule step on S[slot, h] (thread: column j = t % 128, rows (t / 128) * 32 + r,
-//      column sums over the 4 row quarters added in quarter order);
-//   5. the gated RMSNorm w * (o / rms(o)) * silu(z) into out[n, h].
-// Conv state ownership: the v channels of head h belong to block (h, n), which shifts them in
-// place. The q/k channels of key head kh are read by all r = Hv/Hk blocks of the group, so the
-// last of them to finish reading (counted on counters[n * Hk + kh], which it resets to 0 for
-// the next launch) shifts them. counters must be zero before the first launch.
+// For row n's token and value head h: 1. conv update + SiLU of the channels head h needs (q and
+// k of key head kh = h / (Hv / Hk), v of head h) from the slot's conv state and the new qkv row;
+// 2. L2 norm of q (times dk^-1/2) and k; 3. g = -exp(a_log) softplus(a + dt_bias), beta;
+// 4. the delta-rule step on S[slot, h] (dk x dv); 5. the gated RMSNorm w * (o / rms(o)) * silu(z)
+// into out[n, h].
+//
+// The dv columns of a head form DEC_GROUPS column groups of 32 (one column per lane). The delta
+// rule is exact per column: with raw (unnormalized) conv outputs q, k, rq = dk^-1/2 / |q|,
+// rk = 1 / |k|, d = exp(g) and the column sums K_j = sum_i k_i S_ij, Q_j = sum_i q_i S_ij,
+//   kv_j = d rk K_j, delta_j = beta (v_j - kv_j), S'_ij = d S_ij + k_i (rk delta_j),
+//   o_j = rq (d Q_j + (rk delta_j) (q . k)),
+// so one reduction round gives K_j, Q_j, |q|^2, |k|^2 and q . k. Only the RMSNorm couples the
+// columns of a head (through sum_j o_j^2).
+//
+// gdn_decode_fused_kernel (sm_90): grid (DEC_GROUPS * Hv, N), clusters of DEC_GROUPS blocks
+// (one per head), 512 threads; block (x, n) does column group x % DEC_GROUPS of head
+// x / DEC_GROUPS. Warp w holds rows 8w..8w+7 of its 32 columns in registers, loaded before
+// pdl_wait (no kernel of the step before this one writes S or the slots) so the loads overlap
+// the conv, norm and gate work. Each block's sum of o_j^2 over its 32 columns is stored into
+// every block of the cluster (distributed shared memory); every block adds the DEC_GROUPS
+// partials in group order.
+// gdn_decode_fused_head_kernel (any arch): grid (Hv, N), one block per head doing the column
+// groups one after another with the same arithmetic, bitwise equal to the cluster kernel.
+// Threads 0-127 / 128-255 / 256-: the conv of the q / k / v channels (one each).
+// Both: column sums over the 16 warps are added in warp order; no atomics in the arithmetic, so
+// the results are deterministic and batch invariant.
+//
+// Conv state ownership: the v channel of column j of head h belongs to the block that owns
+// column j, which shifts it in place. The q/k channels of key head kh are read by all blocks of
+// the Hv/Hk heads of the group, so the last of them to finish reading (counted on
+// counters[n * Hk + kh], which it resets to 0 for the next launch) shifts them. counters must be
+// zero before the first launch.
+// PDL: slots, S and the weights are read before pdl_wait; qkv, a, b, z, the conv state and the
+// counters after it, and every write is after it.
 // Weights (conv, a_log, dt_bias, norm) may each be f32 or bf16 (runtime flags, bit i = bf16).
-// dk, dv <= 128.
+// dk, dv <= 128, kc <= 8 (instances for kc <= 4 and kc <= 8).
 #include "common.cuh"
 
 struct DecodeParams {
@@ -41,133 +64,260 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, i64 i) {
 }
 
 #define DEC_THREADS 512
-#define DEC_RPT 32
+#define DEC_WARPS 16
+#define DEC_RPW 8     // state rows per warp (DEC_WARPS * DEC_RPW = 128 >= dk)
+#define DEC_COLS 32   // columns per group (one per lane)
+#define DEC_GROUPS 4  // column groups per head (DEC_GROUPS * DEC_COLS = 128 >= dv)
 
-__global__ void __launch_bounds__(DEC_THREADS) gdn_decode_fused_kernel(const DecodeParams p) {
-  __shared__ float qs[128], ks[128], vs[128];
-  __shared__ float red[4][128];
-  __shared__ float scratch[32];
-  __shared__ int last_flag;
-  const int t = threadIdx.x;
-  const int h = blockIdx.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define DEC_CLUSTER_OK 0
+#define DEC_CLUSTER_DIMS
+#else
+#define DEC_CLUSTER_OK 1
+#define DEC_CLUSTER_DIMS __cluster_dims__(DEC_GROUPS, 1, 1)
+#endif
+
+// Cluster barrier halves and a store into another block's shared memory (sm_90; no-ops below,
+// where the cluster kernel is never launched).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if DEC_CLUSTER_OK
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if DEC_CLUSTER_OK
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if DEC_CLUSTER_OK
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+// *local_ptr of block `rank` of the cluster = v.
+__device__ __forceinline__ void st_cluster_f32(float* local_ptr, unsigned rank, float v) {
+#if DEC_CLUSTER_OK
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local_ptr));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#endif
+}
+
+struct DecShared {
+  float qs[128], ks[128];               // raw conv outputs of q and k (zero past dk)
+  float vs[DEC_GROUPS * DEC_COLS];      // the block's v channels
+  float red_k[DEC_WARPS][DEC_COLS];     // per-warp column sums of k_i S_ij
+  float red_q[DEC_WARPS][DEC_COLS];     // ... of q_i S_ij
+  float scal[4][3];                     // per warp 0..3: sum q^2, k^2, q k
+  float xch[DEC_GROUPS];                // per column group: sum of o_j^2 (cluster kernel)
+  int last;                             // this block shifts the q/k conv channels
+};
+
+// One block's work; CLUSTER: one column group (the cluster holds the head), else all groups.
+// MAXK: the largest kc - 1 handled (the size of the register windows; kc itself is runtime).
+template <bool CLUSTER, int MAXK>
+__device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared& sh) {
+  constexpr int NG = CLUSTER ? 1 : DEC_GROUPS;  // column groups done by this block
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int h = CLUSTER ? blockIdx.x / DEC_GROUPS : blockIdx.x;
+  const int g0 = CLUSTER ? blockIdx.x % DEC_GROUPS : 0;  // = the cluster rank
   const i64 n = blockIdx.y;
   const int group = p.value_heads / p.key_heads;
   const int kh = h / group;
-  const int slot = p.slots[n];
   const int keep = p.kc - 1;
+  const int dk = p.dk, dv = p.dv;
+  if (CLUSTER) cluster_arrive_relaxed();  // paired with the wait before the exchange
+
+  // ---- before pdl_wait: slot, S, weights (no kernel of the step before writes them)
+  const int slot = p.slots[n];
+  float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
+  const int row0 = warp * DEC_RPW;
+  float s[NG][DEC_RPW];
+#pragma unroll
+  for (int gi = 0; gi < NG; ++gi) {
+    const int col = (g0 + gi) * DEC_COLS + lane;
+#pragma unroll
+    for (int r = 0; r < DEC_RPW; ++r) {
+      const int i = row0 + r;
+      s[gi][r] = (i < dk && col < dv) ? S[(i64)i * dv + col] : 0.0f;
+    }
+  }
+  // thread t: q channel t (t < 128), k channel t - 128 (t < 256) or the v channel of local
+  // column t - 256 (t < 256 + NG * 32); channel -1: none
   const bool w_bf16 = p.bf16_flags & 1;
+  int c = -1;
+  if (t < 256) {
+    const int i = t & 127;
+    if (i < dk) c = (t < 128 ? kh * dk : (p.key_heads + kh) * dk) + i;
+  } else if (t < 256 + NG * DEC_COLS) {
+    const int col = g0 * DEC_COLS + t - 256;
+    if (col < dv) c = 2 * p.key_heads * dk + h * dv + col;
+  }
+  float w[MAXK + 1];
+#pragma unroll
+  for (int j = 0; j <= MAXK; ++j)
+    w[j] = (c >= 0 && j <= keep) ? load_any(p.conv_w, w_bf16, (i64)c * p.conv_w_rs + j) : 0.0f;
+  const float a_log = load_any(p.a_log, p.bf16_flags & 2, h);
+  const float dt_bias = load_any(p.dt_bias, p.bf16_flags & 4, h);
+  float nw[NG];
+#pragma unroll
+  for (int gi = 0; gi < NG; ++gi) {
+    const int col = (g0 + gi) * DEC_COLS + lane;
+    nw[gi] = (warp == 0 && col < dv) ? load_any(p.norm_w, p.bf16_flags & 8, col) : 0.0f;
+  }
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // ---- 1. conv (reads the old state of every needed channel)
   const float* xrow = p.qkv + n * p.qkv_rs;
   float* cst = p.conv_state + (i64)slot * p.conv_ss;
-
-  // 1. conv (reads the old state of all needed channels; writes only the v channels)
+  float x = 0.0f, win[MAXK];
+  if (c >= 0) x = xrow[c];
+#pragma unroll
+  for (int j = 0; j < MAXK; ++j)
+    win[j] = (c >= 0 && j < keep) ? cst[(i64)j * p.channels + c] : 0.0f;
+  const float av = p.a[n * p.a_rs + h] + dt_bias;
+  const float bv = p.b[n * p.b_rs + h];
+  float zv[NG];
+#pragma unroll
+  for (int gi = 0; gi < NG; ++gi) {
+    const int col = (g0 + gi) * DEC_COLS + lane;
+    zv[gi] = (warp == 0 && col < dv) ? p.z[n * p.z_rs + (i64)h * p.z_hs + col] : 0.0f;
+  }
   {
-    int c = -1;
-    float* dst = nullptr;
-    bool own = false;
-    if (t < p.dk) {
-      c = kh * p.dk + t;
-      dst = qs + t;
-    } else if (t < 2 * p.dk) {
-      c = p.key_heads * p.dk + kh * p.dk + (t - p.dk);
-      dst = ks + (t - p.dk);
-    } else if (t < 2 * p.dk + p.dv) {
-      c = 2 * p.key_heads * p.dk + h * p.dv + (t - 2 * p.dk);
-      dst = vs + (t - 2 * p.dk);
-      own = true;
+    float acc = 0.0f, wl = 0.0f;  // wl: the tap on the new input (index keep)
+#pragma unroll
+    for (int j = 0; j <= MAXK; ++j) {
+      if (j < keep) acc = fmaf(w[j], win[j], acc);
+      if (j == keep) wl = w[j];
     }
-    if (c >= 0) {
-      const float xv = xrow[c];
-      float win[8];
-      float acc = 0.0f;
+    acc = fmaf(wl, x, acc);
+    const float u = c >= 0 ? silu_f(acc) : 0.0f;
+    if (t < 128) sh.qs[t] = u;
+    else if (t < 256) sh.ks[t - 128] = u;
+    else if (t < 256 + NG * DEC_COLS) sh.vs[t - 256] = u;
+  }
+  // conv state: the owner shifts a v channel now; the shifted q/k window goes to shared memory
+  // for the last block of the key head (the registers are needed for the state)
+  __shared__ float qk_win[MAXK][256];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        if (j < keep) {
-          win[j] = cst[(i64)j * p.channels + c];
-          acc = fmaf(load_any(p.conv_w, w_bf16, (i64)c * p.conv_w_rs + j), win[j], acc);
-        }
-      }
-      acc = fmaf(load_any(p.conv_w, w_bf16, (i64)c * p.conv_w_rs + keep), xv, acc);
-      *dst = silu_f(acc);
-      if (own) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if (j + 1 < keep) cst[(i64)j * p.channels + c] = win[j + 1];
-          else if (j + 1 == keep) cst[(i64)j * p.channels + c] = xv;
-        }
-      }
+  for (int j = 0; j < MAXK; ++j) {
+    if (j < keep) {
+      const float nv = j + 1 < keep ? win[j + 1] : x;
+      if (t < 256) qk_win[j][t] = nv;
+      else if (c >= 0) cst[(i64)j * p.channels + c] = nv;
     }
   }
   __syncthreads();
-  if (t == 0) {
+  int prev = 0;
+  if (t == 0) {  // every thread's conv-state reads are done (their values were used above)
     __threadfence();
-    const int prev = atomicAdd(p.counters + n * p.key_heads + kh, 1);
-    last_flag = prev == group - 1;
+    prev = atomicAdd(p.counters + n * p.key_heads + kh, 1);
   }
-  // 2. L2 norms of q and k
-  const float qv = t < p.dk ? qs[t] : 0.0f;
-  const float kv0 = t < p.dk ? ks[t] : 0.0f;
-  const float ssq_q = block_sum(qv * qv, scratch);
-  const float ssq_k = block_sum(kv0 * kv0, scratch);
-  if (last_flag) {  // uniform: written before the barriers inside block_sum
-    if (t == 0) p.counters[n * p.key_heads + kh] = 0;
-    if (t < 2 * p.dk) {
-      const int c = t < p.dk ? kh * p.dk + t : p.key_heads * p.dk + kh * p.dk + (t - p.dk);
-      float nv[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j < keep) nv[j] = j + 1 < keep ? cst[(i64)(j + 1) * p.channels + c] : xrow[c];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j < keep) cst[(i64)j * p.channels + c] = nv[j];
+  // ---- 2./3. norms of q and k, gates
+  if (t < 128) {
+    const float qv = sh.qs[t], kv = sh.ks[t];
+    const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
+    if (lane == 0) {
+      sh.scal[warp][0] = sq;
+      sh.scal[warp][1] = sk;
+      sh.scal[warp][2] = sqk;
     }
   }
-  if (t < p.dk) {
-    qs[t] = qv / sqrtf(ssq_q + p.l2_eps) * p.q_scale;
-    ks[t] = kv0 / sqrtf(ssq_k + p.l2_eps);
-  }
-  // 3. gates
-  const float av = p.a[n * p.a_rs + h] + load_any(p.dt_bias, p.bf16_flags & 4, h);
-  const float g = -expf(load_any(p.a_log, p.bf16_flags & 2, h)) * softplus_f(av);
-  const float beta = sigmoid_f(p.b[n * p.b_rs + h]);
+  const float g = -expf(a_log) * softplus_f(av);
+  const float beta = sigmoid_f(bv);
   const float decay = expf(g);
-  __syncthreads();
-  // 4. state update
-  const int j = t & 127, quarter = t >> 7;
-  const bool col_ok = j < p.dv;
-  float* S = p.state + (i64)slot * p.state_ss + (i64)h * p.dk * p.dv;
-  float s[DEC_RPT];
-  float kv = 0.0f;
+  // ---- 4. delta rule, one column group at a time
+  float o_keep[NG], ssq_part[NG];
 #pragma unroll
-  for (int r = 0; r < DEC_RPT; ++r) {
-    const int i = quarter * DEC_RPT + r;
-    s[r] = (i < p.dk && col_ok) ? S[(i64)i * p.dv + j] * decay : 0.0f;
-    kv = fmaf(i < p.dk ? ks[i] : 0.0f, s[r], kv);
+  for (int gi = 0; gi < NG; ++gi) {
+    const int col = (g0 + gi) * DEC_COLS + lane;
+    const bool col_ok = col < dv;
+    if (gi > 0) __syncthreads();  // red_k / red_q of the previous group have been read
+    float pk = 0.0f, pq = 0.0f;
+#pragma unroll
+    for (int r = 0; r < DEC_RPW; ++r) {
+      pk = fmaf(sh.ks[row0 + r], s[gi][r], pk);
+      pq = fmaf(sh.qs[row0 + r], s[gi][r], pq);
+    }
+    sh.red_k[warp][lane] = pk;
+    sh.red_q[warp][lane] = pq;
+    if (gi == 0 && t == 0)
+      sh.last = prev == group * (CLUSTER ? DEC_GROUPS : 1) - 1;
+    __syncthreads();
+    float kc = 0.0f, qc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; ++w) {
+      kc += sh.red_k[w][lane];
+      qc += sh.red_q[w][lane];
+    }
+    const float ssq_q = (sh.scal[0][0] + sh.scal[1][0]) + (sh.scal[2][0] + sh.scal[3][0]);
+    const float ssq_k = (sh.scal[0][1] + sh.scal[1][1]) + (sh.scal[2][1] + sh.scal[3][1]);
+    const float qk = (sh.scal[0][2] + sh.scal[1][2]) + (sh.scal[2][2] + sh.scal[3][2]);
+    const float rq = p.q_scale / sqrtf(ssq_q + p.l2_eps);
+    const float rk = 1.0f / sqrtf(ssq_k + p.l2_eps);
+    const float v = sh.vs[gi * DEC_COLS + lane];
+    // explicit fmas (no contraction choices left to the compiler): both kernels round alike
+    const float kdelta = rk * (beta * fmaf(-decay, rk * kc, v));
+    const float o = rq * fmaf(kdelta, qk, decay * qc);
+    if (col_ok) {
+#pragma unroll
+      for (int r = 0; r < DEC_RPW; ++r) {
+        const int i = row0 + r;
+        if (i < dk) S[(i64)i * dv + col] = fmaf(sh.ks[i], kdelta, decay * s[gi][r]);
+      }
+    }
+    o_keep[gi] = o;
+    ssq_part[gi] = warp_sum(col_ok ? o * o : 0.0f);  // the same in every warp
   }
-  red[quarter][j] = kv;
-  __syncthreads();
-  kv = red[0][j] + red[1][j] + red[2][j] + red[3][j];
-  const float delta = beta * ((col_ok ? vs[j] : 0.0f) - kv);
-  float o = 0.0f;
+  // ---- the last block of the key head shifts the q/k channels (all blocks have read them)
+  if (sh.last) {  // uniform; written before the barrier of group 0
+    if (t == 0) p.counters[n * p.key_heads + kh] = 0;
+    if (t < 256 && c >= 0) {
 #pragma unroll
-  for (int r = 0; r < DEC_RPT; ++r) {
-    const int i = quarter * DEC_RPT + r;
-    if (i < p.dk) {
-      s[r] = fmaf(ks[i], delta, s[r]);
-      o = fmaf(qs[i], s[r], o);
-      if (col_ok) S[(i64)i * p.dv + j] = s[r];
+      for (int j = 0; j < MAXK; ++j)
+        if (j < keep) cst[(i64)j * p.channels + c] = qk_win[j][t];
     }
   }
-  __syncthreads();  // everyone has read red (kv) before it is reused
-  red[quarter][j] = o;
-  __syncthreads();
-  o = red[0][j] + red[1][j] + red[2][j] + red[3][j];
-  // 5. gated RMSNorm over the dv outputs of head h
-  const bool mine = quarter == 0 && col_ok;
-  const float ssq_o = block_sum(mine ? o * o : 0.0f, scratch);
-  if (mine) {
-    const float denom = sqrtf(ssq_o / (float)p.dv + p.eps);
-    const float zv = p.z[n * p.z_rs + (i64)h * p.z_hs + j];
-    const float w = load_any(p.norm_w, p.bf16_flags & 8, j);
-    p.out[n * p.out_rs + (i64)h * p.out_hs + j] = w * (o / denom) * silu_f(zv);
+  // ---- 5. gated RMSNorm over the dv outputs of head h
+  float total;
+  if (CLUSTER) {
+    cluster_wait_acquire();  // every block of the cluster is running
+    if (t < DEC_GROUPS) st_cluster_f32(&sh.xch[g0], t, ssq_part[0]);
+    cluster_arrive_release();
+    cluster_wait_acquire();
+    total = sh.xch[0];
+#pragma unroll
+    for (int r = 1; r < DEC_GROUPS; ++r) total += sh.xch[r];
+  } else {
+    total = ssq_part[0];
+#pragma unroll
+    for (int r = 1; r < NG; ++r) total += ssq_part[r];
   }
+  if (warp == 0) {
+    const float denom = sqrtf(total / (float)dv + p.eps);
+#pragma unroll
+    for (int gi = 0; gi < NG; ++gi) {
+      const int col = (g0 + gi) * DEC_COLS + lane;
+      if (col < dv)
+        p.out[n * p.out_rs + (i64)h * p.out_hs + col] = nw[gi] * (o_keep[gi] / denom) *
+                                                        silu_f(zv[gi]);
+    }
+  }
+}
+
+// MAXK 3 (kc <= 4, Qwen3.5) fits 64 registers without spills: 2 blocks of 512 threads per SM.
+template <int MAXK>
+__global__ void DEC_CLUSTER_DIMS __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
+    gdn_decode_fused_kernel(const DecodeParams p) {
+  __shared__ DecShared sh;
+  gdn_decode_body<true, MAXK>(p, sh);
+}
+
+template <int MAXK>
+__global__ void __launch_bounds__(DEC_THREADS) gdn_decode_fused_head_kernel(const DecodeParams p) {
+  __shared__ DecShared sh;
+  gdn_decode_body<false, MAXK>(p, sh);
 }

@@ -11,7 +11,10 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
-SOURCE = KernelSource("gdn_decode.cu", ("gdn_decode_fused_kernel",))
+_MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
+SOURCE = KernelSource("gdn_decode.cu", tuple(
+    f"{name}<{m}>" for name in ("gdn_decode_fused_kernel", "gdn_decode_fused_head_kernel")
+    for m in _MAXK))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
@@ -21,6 +24,22 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     ("eps", "f32"), ("l2_eps", "f32"), ("q_scale", "f32"), ("bf16_flags", "i32"))
 assert _PARAMS.itemsize == 224
 MAX_DIM = 128
+GROUPS = 4  # column groups of 32 per head (DEC_GROUPS): blocks per head of the cluster kernel
+THREADS = 512
+# Which kernel runs (read per launch, tests set it): None picks the cluster kernel on sm_90+
+# (one block per 32 state columns, a cluster per head) and the one-block-per-head kernel below;
+# True / False force one (they are bitwise equal; the cluster kernel needs sm_90).
+USE_CLUSTER: bool | None = None
+_CLUSTER_DEVICES: dict[int, bool] = {}
+
+
+def _cluster_device() -> bool:
+    cp = C.cupy()
+    device_id = cp.cuda.runtime.getDevice()
+    ok = _CLUSTER_DEVICES.get(device_id)
+    if ok is None:
+        ok = _CLUSTER_DEVICES[device_id] = int(cp.cuda.Device(device_id).compute_capability) >= 90
+    return ok
 
 
 def decode_counters(max_rows: int, key_heads: int):
@@ -39,6 +58,10 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     z f32[N,Hv,dv] rows strided; norm_weight [dv]; out f32[N,Hv,dv] = gated RMSNorm of the
     delta-rule output. `counters`: int32[>= N*Hk] zeros (decode_counters); allocated per call
     when None (not capturable). Rows must use distinct slots. dk, dv <= 128.
+    Launched with programmatic dependent launch (the kernel waits before reading qkv, a, b, z,
+    the conv state or the counters and before any write; it reads slots, state and weights
+    before): the kernel just before it in the stream must not write `state` or `slots` (two
+    launches back to back must use different slots, or have another kernel or a copy between).
     """
     C.device_array(qkv, "qkv", dtype=np.float32, ndim=2)
     n, channels = qkv.shape
@@ -82,5 +105,9 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, kc=kc,
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
                     bf16_flags=flags)
-    launch(get_function(SOURCE, "gdn_decode_fused_kernel"), (value_heads, n), (512,), (params,),
-           name="gdn_decode_fused")
+    cluster = _cluster_device() if USE_CLUSTER is None else USE_CLUSTER
+    maxk = next(m for m in _MAXK if kc - 1 <= m)
+    name = "gdn_decode_fused_kernel" if cluster else "gdn_decode_fused_head_kernel"
+    grid = (GROUPS * value_heads if cluster else value_heads, n)
+    launch(get_function(SOURCE, f"{name}<{maxk}>"), grid, (THREADS,), (params,),
+           name="gdn_decode_fused", pdl=True)
