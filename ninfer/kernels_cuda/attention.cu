@@ -56,6 +56,9 @@
 //   bitwise identical rows (batch invariance across the switch). All per-chunk arithmetic uses
 //   explicit fmaf / __fmul_rn / __fadd_rn so that no contraction choice differs between
 //   instances. An invalid sequence row or page id makes the row's output NaN.
+//
+// Both kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
+// the first statement, before any early exit.
 #include "common.cuh"
 
 #define ATTN_MAX_CHUNKS 64   // chunks per row at most (the workspace's chunk dimension)
@@ -80,6 +83,7 @@ static_assert(sizeof(KvWriteParams) == 120, "KvWriteParams layout is mirrored in
 
 template <typename KT>
 __global__ void __launch_bounds__(256) kv_write_kernel(const KvWriteParams p) {
+  pdl_enter();
   const i64 n = blockIdx.x;
   const int seq = p.row_seq[n];
   const int pos = p.row_pos[n];
@@ -383,6 +387,7 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
 template <typename KT, int GW, int DPL, int SPLIT, int NST>
 __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
     paged_attention_kernel(const AttnParams p) {
+  pdl_enter();  // before the early exits: every block waits and triggers
   constexpr int D = 32 * DPL;
   constexpr int KPW = attn_kpw<KT, DPL>();
   constexpr int LPK = 32 / KPW;  // lanes holding each key's score after the reduction

@@ -11,7 +11,8 @@ chunk partials go to an `AttentionWorkspace` and are merged inside the same laun
 block of each group of 8 chunks and then the last group (atomic counters; no second kernel).
 Pass a workspace sized for the largest decode batch and context (allocated per call when None,
 which is not capturable). With more rows (prefill), each block loops over its row's chunks: no
-workspace. Both modes give bitwise identical rows.
+workspace. Both modes give bitwise identical rows. Both kernels are launched with programmatic
+dependent launch allowed (`_loader.launch(..., pdl=True)`).
 """
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
                     bt_rs=bt_rs, num_pages=num_pages, page_size=page_size, kv_heads=kv_heads,
                     head_dim=dim, num_seqs=block_tables.shape[0], bt_cols=block_tables.shape[1])
     launch(get_function(SOURCE, f"kv_write_kernel<{kind.ctype}>"), (n,), (256,), (params,),
-           name="kv_write")
+           name="kv_write", pdl=True)
 
 
 def head_layout(group: int) -> tuple[int, int, int]:
@@ -230,4 +231,4 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
         except (AttributeError, TypeError):
             pass
     launch(fn, (chunks if split else 1, kv_heads, n), (32 * hg * kw,), (params,),
-           shared_mem=smem, name="paged_attention")
+           shared_mem=smem, name="paged_attention", pdl=True)

@@ -8,7 +8,8 @@
 //                                 [0, num_pages) is skipped, as kv_write does).
 // The arithmetic is that of norm_kernel<WT, float, RMS_ZC, NV, T, RB> (thread i holds
 // elements i + j*T, j ascending; block_sum), then rope_kernel's rotation (fp32 sincosf), so the
-// result equals rms_norm -> rope -> kv_write bit for bit.
+// result equals rms_norm -> rope -> kv_write bit for bit. Launched with programmatic dependent
+// launch (attn_prep.py): `pdl_enter` is the first statement.
 #include "common.cuh"
 
 struct AttnPrepParams {
@@ -37,6 +38,7 @@ static_assert(sizeof(AttnPrepParams) == 256, "AttnPrepParams layout is mirrored 
 
 template <typename WT, typename KT, int NV>
 __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) {
+  pdl_enter();
   extern __shared__ float row[];  // [D]
   __shared__ float scratch[32];
   const i64 n = blockIdx.x;

@@ -2,6 +2,7 @@
 
 Equivalent (bit for bit) to rms_norm(q, zero_centered) -> rope(q), rms_norm(k) -> rope(k) ->
 kv_write(k, v), plus the copy of the gate halves (ninfer.ops.attn_prep documents the operands).
+Launched with programmatic dependent launch allowed (`_loader.launch(..., pdl=True)`).
 """
 from __future__ import annotations
 
@@ -70,4 +71,5 @@ def attn_prep(q_and_gate, k, v, q_norm, k_norm, eps: float, positions, inv_freq,
                     half=half, eps=eps)
     fn = get_function(SOURCE, f"attn_prep_kernel<{wkind.ctype}, {kv_kind.ctype}, {nv}>")
     C.require(n <= 2**31 - 1 and a + hkv <= 65535, "q_and_gate", "too many rows or heads")
-    launch(fn, (n, a + hkv), (threads,), (params,), shared_mem=d * 4, name="attn_prep")
+    launch(fn, (n, a + hkv), (threads,), (params,), shared_mem=d * 4, name="attn_prep",
+           pdl=True)

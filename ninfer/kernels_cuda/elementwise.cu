@@ -12,7 +12,8 @@
 // (16-byte loads, 16- or 8-byte stores) needs M, the row strides of a, b and out multiples of 4
 // and a, b, out aligned to those access sizes (the launcher checks); VEC = 1 takes anything. The
 // functor sees the same values either way. Memory-bound; a float `out` may alias `a` (each
-// element is read and written by the same thread).
+// element is read and written by the same thread). Launched with programmatic dependent launch
+// (elementwise.py): `pdl_enter` is the first statement.
 #include "common.cuh"
 
 struct EwParams {
@@ -64,6 +65,7 @@ __device__ __forceinline__ void store_vec(OT* p, const float v[VEC]) {
 
 template <class Op, typename OT, int VEC>
 __global__ void __launch_bounds__(256) ew_kernel(const EwParams p) {
+  pdl_enter();
   const int col = (blockIdx.y * 256 + threadIdx.x) * VEC;
   const i64 row = blockIdx.x;
   if (col >= p.m) return;

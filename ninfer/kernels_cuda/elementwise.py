@@ -3,8 +3,8 @@
 Contracts: docs/ops.md. All operands are f32 CuPy arrays on the executing device, 2-D with a
 contiguous last axis (rows may be strided), except that `sigmoid_mul` and `swiglu` may write
 uint16 bf16 bits: the f32 result rounded to nearest even, bit for bit what `linear.to_bf16` makes
-of the f32 output (the operand of a cuBLAS bf16 GEMM). Launch on CuPy's current stream; no
-allocation.
+of the f32 output (the operand of a cuBLAS bf16 GEMM). Launch on CuPy's current stream, with
+programmatic dependent launch allowed (`_loader.launch(..., pdl=True)`); no allocation.
 """
 from __future__ import annotations
 
@@ -57,7 +57,8 @@ def _run(op: str, a, b, out, c=None, c_rs=0, c_cs=0) -> None:
     vec = _vec(m, a, a_rs, b, b_rs, out, out_rs)
     fn = get_function(SOURCE, f"ew_kernel<{op}, {_OUT_TYPES[out.dtype]}, {vec}>")
     per_block = _THREADS * vec
-    launch(fn, (n, (m + per_block - 1) // per_block), (_THREADS,), (params,), name=op)
+    launch(fn, (n, (m + per_block - 1) // per_block), (_THREADS,), (params,), name=op,
+           pdl=True)
 
 
 def sigmoid_mul(x, gate, out) -> None:

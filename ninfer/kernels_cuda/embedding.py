@@ -1,4 +1,5 @@
-"""Launcher for embedding.cu: `embedding(ids, table, out)` (docs/ops.md)."""
+"""Launcher for embedding.cu: `embedding(ids, table, out)` (docs/ops.md), with programmatic
+dependent launch allowed (`_loader.launch(..., pdl=True)`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -25,4 +26,4 @@ def embedding(ids, table, out) -> None:
     fn = get_function(SOURCE, f"embedding_kernel<{kind.ctype}>")
     launch(fn, (n,), (256,), (ids, w, np.int64(C.row_stride(w, "table")), np.int32(vocab),
                               np.int32(hidden), out, np.int64(C.row_stride(out, "out"))),
-           name="embedding")
+           name="embedding", pdl=True)

@@ -21,6 +21,7 @@
 //           more rows in flight.
 // A float `out` may alias `x` (each element is read and written by the same thread, after the
 // reduction); a bf16 `out` must not overlap any input.
+// Launched with programmatic dependent launch (norm.py): `pdl_enter` is the first statement.
 #include "common.cuh"
 
 struct NormParams {
@@ -154,6 +155,7 @@ template <typename WT, typename OT, int MODE, int NV, int T, int RB>
 __global__ void __launch_bounds__(NORM_THREADS, 1024 / NORM_THREADS)
     norm_kernel(const NormParams p) {
   static_assert(RB == 1 || (NV > 0 && T <= 1024), "one warp per row needs NV > 0");
+  pdl_enter();  // before the RB > 1 early return: every block waits and triggers
   __shared__ float scratch[32];
   if constexpr (RB == 1) {
     const i64 n = blockIdx.x / p.heads, h = blockIdx.x % p.heads;

@@ -4,6 +4,7 @@ Inputs are f32 CuPy arrays, 2-D `[N, D]` or 3-D `[N, heads, D]` with a contiguou
 arbitrary row/head strides; the norm runs over the last axis. Weights are f32 or bf16. `out` is
 f32, or (every mode but L2) uint16 holding bf16 bits: the f32 result rounded to nearest even,
 bit for bit what `linear.to_bf16` makes of the f32 output (the operand of a cuBLAS bf16 GEMM).
+Every launch allows programmatic dependent launch (`_loader.launch(..., pdl=True)`).
 """
 from __future__ import annotations
 
@@ -117,10 +118,8 @@ def _launch(mode: int, x, out, weight=None, z=None, residual=None, eps=0.0, scal
         source, rb = REFERENCE_SOURCE, 1
     fn = get_function(source, f"norm_kernel<{kind.ctype}, {out_type}, {mode}, {nv}, {threads}, "
                               f"{rb}>")
-    if rb == 1:
-        launch(fn, (n * heads,), (threads,), (params,), name=f"norm[{mode}]")
-    else:
-        launch(fn, (-(-n * heads // rb),), (32 * rb,), (params,), name=f"norm[{mode}]")
+    grid, block = (n * heads, threads) if rb == 1 else (-(-n * heads // rb), 32 * rb)
+    launch(fn, (grid,), (block,), (params,), name=f"norm[{mode}]", pdl=True)
 
 
 def rms_norm(x, weight, eps: float, out, *, zero_centered: bool) -> None:

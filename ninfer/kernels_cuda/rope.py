@@ -1,4 +1,5 @@
-"""Launcher for rope.cu: `rope(x, positions, inv_freq, freq_axis)` in place (docs/ops.md)."""
+"""Launcher for rope.cu: `rope(x, positions, inv_freq, freq_axis)` in place (docs/ops.md), with
+programmatic dependent launch allowed (`_loader.launch(..., pdl=True)`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,4 +38,4 @@ def rope(x, positions, inv_freq, freq_axis) -> None:
     threads = min(256, max(32, (half + 31) // 32 * 32))
     launch(get_function(SOURCE, "rope_kernel"), (n * heads,), (threads,),
            (x, np.int64(st[0]), np.int64(st[1]), np.int32(heads), positions, np.int64(pos_rs),
-            inv_freq, freq_axis, np.int32(half)), name="rope")
+            inv_freq, freq_axis, np.int32(half)), name="rope", pdl=True)

@@ -23,6 +23,8 @@
 //      candidates hold less than top_p of the mass, i.e. a flat distribution): the same walks
 //      done by mass-radix searches with 2^-44 fixed-point masses (integer atomics: deterministic).
 // uniform(seed, n) is the splitmix64 finaliser of docs/ops.md, in uint64 arithmetic.
+// Both kernels are launched with programmatic dependent launch (sampling.py): `pdl_enter` is
+// the first statement.
 #include "select.cuh"
 
 struct SampleParams {
@@ -69,6 +71,7 @@ __device__ __forceinline__ void slice_range(int vocab, int n_slices, int i, int&
 }
 
 __global__ void __launch_bounds__(256) sample_stats_kernel(const SampleParams p) {
+  pdl_enter();
   __shared__ float fred[32];
   __shared__ int ired[32];
   __shared__ double dred[32];
@@ -116,6 +119,7 @@ __global__ void __launch_bounds__(256) sample_stats_kernel(const SampleParams p)
 }
 
 __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p) {
+  pdl_enter();
   __shared__ SampleShared sh;
   const int b = blockIdx.x;
   const int vocab = p.vocab;

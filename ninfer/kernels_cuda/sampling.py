@@ -7,6 +7,7 @@ None to allocate per call (not capturable). Tokens match the CPU sampler's
 for the same seeds: both compute e_j = exp(l_j / T - l_max / T) in fp32 and walk candidates in
 descending e with ties to the lower id (see sampling.cu for where the GPU uses fixed-point
 masses instead of the CPU's sequential fp64 sums: flat distributions without top_k only).
+Both launches allow programmatic dependent launch (`_loader.launch(..., pdl=True)`).
 """
 from __future__ import annotations
 
@@ -88,5 +89,6 @@ def sample(logits, temperature, top_k, top_p, min_p, repetition_penalty, presenc
                     scratch_rs=C.row_stride(scratch, "scratch"), top_rs=top_rs, vocab=vocab,
                     n_top=n_top, n_slices=n_slices(vocab), **ptrs)
     launch(get_function(SOURCE, "sample_stats_kernel"), (n_slices(vocab), b), (256,), (params,),
-           name="sample_stats")
-    launch(get_function(SOURCE, "sample_kernel"), (b,), (1024,), (params,), name="sample")
+           name="sample_stats", pdl=True)
+    launch(get_function(SOURCE, "sample_kernel"), (b,), (1024,), (params,), name="sample",
+           pdl=True)
