@@ -132,7 +132,8 @@ def attention_prefill(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
-    """One 8192-token segment in each precision (FLA's bf16 Triton kernel as the peer)."""
+    """One 8192-token segment in each precision, bf16 also on the bf16-tile path with 32 and 64
+    state columns per block (FLA's bf16 Triton kernel as the peer)."""
     from ninfer.kernels_cuda.gdn_chunk import SPLIT_O, STATE_COLS, ChunkWorkspace, Precision
     from ninfer.kernels_cuda.gdn_chunk import gdn_chunk_prefill as chunk
 
@@ -147,15 +148,20 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     starts = cp.asarray(np.array([0, tokens], np.int32))
     slots = cp.zeros(1, dtype=cp.int32)
     o = cp.empty_like(v)
-    ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads)
+    ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads, bf16_tiles=True)
     path = f"split O, {STATE_COLS}-column state tiles" if SPLIT_O else "O in the state pass"
     out = []
-    for prec, mma in ((Precision.TF32X3, "3xTF32 mma"), (Precision.BF16, "bf16 mma")):
+    for prec, cols in ((Precision.TF32X3, 0), (Precision.BF16, 0), (Precision.BF16, 32),
+                       (Precision.BF16, 64)):
+        mma = "3xTF32 mma" if prec is Precision.TF32X3 else "bf16 mma"
+        tiles = (f", bf16 tiles, {cols}-column state blocks, double-buffered"
+                 if cols and not SPLIT_O else "")
         ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws,
-                                      precision=prec))
+                                      precision=prec, bf16_cols=cols))
+        label = f"{prec.value}" + (f" tiles{cols}" if cols else "")
         out.append(_peer(Measure("gdn_chunk_prefill",
-                                 f"T={tokens} Hk={s.key_heads} Hv={s.value_heads} {prec.value}",
-                                 ms, note=f"{mma}, {path}"),
+                                 f"T={tokens} Hk={s.key_heads} Hv={s.value_heads} {label}",
+                                 ms, note=f"{mma}, {path}{tiles}"),
                          ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
                                                       s.dv)))
     return out

@@ -165,6 +165,17 @@ def gdn_chunk_state_cols() -> int:
     return _choice("NINFER_GDN_CHUNK_STATE_COLS", 32, GDN_CHUNK_STATE_COLS)
 
 
+GDN_CHUNK_BF16_COLS = (0, 32, 64)
+
+
+def gdn_chunk_bf16_cols() -> int:
+    """NINFER_GDN_CHUNK_BF16_COLS (0, 32 or 64; default 0): the chunked GDN prefill in bf16
+    precision on the fused path runs its bf16-tile kernels (bf16 workspaces and shared-memory
+    tiles, double-buffered state pass) with that many state columns per block; 0 keeps the
+    fp32-tile kernels (the same results bit for bit). Read once, at import of the launcher."""
+    return _choice("NINFER_GDN_CHUNK_BF16_COLS", 0, GDN_CHUNK_BF16_COLS)
+
+
 GDN_CHUNK_PRECISIONS = ("tf32x3", "bf16")
 
 

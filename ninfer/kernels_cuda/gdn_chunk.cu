@@ -48,6 +48,15 @@
 //                            grid (max_chunks, Hv, ceil(dv / 64)), 256 threads, after the state
 //                            kernel without FUSED_O: O = (Q e^G) S_c + P V' for all chunks in
 //                            parallel (warp w: rows 16(w/2).., column tiles 4(w%2)..+3).
+// gdn_chunk_local16_kernel, gdn_chunk_state16_kernel<SB>   (bf16 only; SB = 32 or 64)
+//                            the bf16-tile path: the local kernel also writes every mma operand
+//                            of the state pass as bf16 (-W, K e^{G_L - G}, Q e^G, P; U stays
+//                            fp32: it seeds the V' accumulators), each the rounding of the same
+//                            fp32 product the fp32-tile kernel rounds per fragment read; the state
+//                            pass keeps them as bf16 tiles (ldmatrix fragments), loads chunk c + 1
+//                            into a second stage while chunk c computes (two barriers per chunk),
+//                            and forms the fused path's products in the same order, so its outputs
+//                            and state equal gdn_chunk_state_kernel<32, true, true>'s bit for bit.
 // The split path (state kernel without FUSED_O, then the output kernel) forms every product with
 // the same operand splits and the same accumulation order as the fused kernel; only the mapping
 // of columns to warps and blocks differs.
@@ -337,8 +346,23 @@ __device__ __forceinline__ int chunk_segment(const ChunkParams& p, int b) {
   return lo;
 }
 
-template <bool BF16>
-__global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams p) {
+// bf16 (nearest even) of x, the rounding of Mma<true>::pack
+__device__ __forceinline__ bf16raw bf16_rn(float x) {
+  bf16raw d;
+  asm("cvt.rn.bf16.f32 %0, %1;\n" : "=h"(d) : "f"(x));
+  return d;
+}
+
+// The local kernel's body. WS16 (BF16 only; gdn_chunk_local16_kernel): the workspaces of the
+// bf16-tile state kernel (gdn_chunk_state16_kernel) instead of fp32 W and P: w_ws as bf16
+// [N, Hv, 256] holding -W (columns 0..127) and K e^{G_L - G} (128..255), p_ws as bf16
+// [max_chunks, Hv, 64, 64] holding P, qg as bf16 [N, Hv, 128] holding Q e^G; each value the
+// bf16 rounding of the fp32 product that Mma<true> rounds as it reads its fragment in
+// gdn_chunk_state_kernel<32, true, true> (same operands, same fp32 multiplications), and zero in
+// the padded columns (d >= dk), so the bf16-tile path forms the same products bit for bit.
+template <bool BF16, bool WS16>
+__device__ __forceinline__ void local_chunk(const ChunkParams& p, bf16raw* qg) {
+  static_assert(BF16 || !WS16, "bf16 workspaces only in bf16 mode");
   using M = Mma<BF16>;
   constexpr int QK_LD = M::QK_LD, A_LD = M::A_LD;
   extern __shared__ float4 smem4[];
@@ -395,16 +419,48 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
         M::mma(aq[n], fq, fb);
       }
     }
-    float* pw = p.p_ws + ((i64)b * p.value_heads + h) * CH * CH;
+    if constexpr (WS16) {  // P as bf16 pairs (j, j + 1)
+      unsigned* pw2 = reinterpret_cast<unsigned*>(p.p_ws) +  // [64][32] bf16x2 of chunk b
+                      ((i64)b * p.value_heads + h) * CH * CH / 2;
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+      for (int n = 0; n < 4; ++n)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t + (r & 1);
-        const float decay = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
-        As[i * A_LD + j] = j < i ? bet[i] * decay * ak[n][r] : 0.0f;
-        pw[i * CH + j] = j <= i ? decay * aq[n][r] : 0.0f;
+        for (int r = 0; r < 4; r += 2) {
+          const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t;
+          const float d0 = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
+          const float d1 = j + 1 <= i ? expf(gam[i] - gam[j + 1]) : 0.0f;
+          As[i * A_LD + j] = j < i ? bet[i] * d0 * ak[n][r] : 0.0f;
+          As[i * A_LD + j + 1] = j + 1 < i ? bet[i] * d1 * ak[n][r + 1] : 0.0f;
+          pw2[(i * CH + j) / 2] = Mma<true>::pack(j <= i ? d0 * aq[n][r] : 0.0f,
+                                                  j + 1 <= i ? d1 * aq[n][r + 1] : 0.0f);
+        }
+    } else {
+      float* pw = p.p_ws + ((i64)b * p.value_heads + h) * CH * CH;
+#pragma unroll
+      for (int n = 0; n < 4; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t + (r & 1);
+          const float decay = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
+          As[i * A_LD + j] = j < i ? bet[i] * decay * ak[n][r] : 0.0f;
+          pw[i * CH + j] = j <= i ? decay * aq[n][r] : 0.0f;
+        }
+    }
+  }
+  if constexpr (WS16) {  // K e^{G_L - G} and Q e^G (bf16 pairs, rows < L, all 128 columns)
+    bf16raw* kw = reinterpret_cast<bf16raw*>(p.w_ws);
+    const float g_last = gam[L - 1];
+    for (int idx = tid; idx < CH * DMAX / 2; idx += 256) {
+      const int i = idx >> 6, d = 2 * (idx & 63);
+      if (i < L) {
+        const float ek = expf(g_last - gam[i]), eg = expf(gam[i]);
+        const i64 row = (i64)(t_start + i) * p.value_heads + h;
+        *reinterpret_cast<unsigned*>(kw + row * 2 * DMAX + DMAX + d) =
+            Mma<true>::pack(Ks[i * QK_LD + d] * ek, Ks[i * QK_LD + d + 1] * ek);
+        *reinterpret_cast<unsigned*>(qg + row * DMAX + d) =
+            Mma<true>::pack(Qs[i * QK_LD + d] * eg, Qs[i * QK_LD + d + 1] * eg);
       }
+    }
   }
   __syncthreads();
 
@@ -438,16 +494,38 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
       }
       x[i] = acc0 + acc1;
     }
-    float* dst = c < DMAX ? p.u_ws : p.w_ws;
-    const int col = c < DMAX ? c : c - DMAX;
-    const int lim = c < DMAX ? p.dv : p.dk;
-    if (col < lim) {
+    if (WS16 && c >= DMAX) {  // -W as bf16, -0 in the padded columns (as -1 * a zero fill)
+      const int col = c - DMAX;
+      bf16raw* dst = reinterpret_cast<bf16raw*>(p.w_ws);
 #pragma unroll
       for (int i = 0; i < CH; ++i)
-        if (i < L) dst[((i64)(t_start + i) * p.value_heads + h) * DMAX + col] = x[i];
+        if (i < L)
+          dst[((i64)(t_start + i) * p.value_heads + h) * 2 * DMAX + col] =
+              bf16_rn(col < p.dk ? -x[i] : -0.0f);
+    } else {
+      float* dst = c < DMAX ? p.u_ws : p.w_ws;
+      const int col = c < DMAX ? c : c - DMAX;
+      const int lim = c < DMAX ? p.dv : p.dk;
+      if (col < lim) {
+#pragma unroll
+        for (int i = 0; i < CH; ++i)
+          if (i < L) dst[((i64)(t_start + i) * p.value_heads + h) * DMAX + col] = x[i];
+      }
     }
     if (tid < L) p.gam_ws[(i64)(t_start + tid) * p.value_heads + h] = gam[tid];
   }
+}
+
+template <bool BF16>
+__global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams p) {
+  local_chunk<BF16, false>(p, nullptr);
+}
+
+// The local kernel of the bf16-tile path: also writes K e^{G_L - G} and Q e^G (qg), all operand
+// workspaces in bf16 (local_chunk<true, true>).
+__global__ void __launch_bounds__(256) gdn_chunk_local16_kernel(const ChunkParams p,
+                                                                bf16raw* qg) {
+  local_chunk<true, true>(p, qg);
 }
 
 // Phase-A operands of the chunk at token cs (L tokens): W, the SB-column U tile (at column
@@ -627,6 +705,235 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
     __syncthreads();  // S, and the K/P/V' buffers free for the next chunk
   }
   store_tile<DMAX, SB>(S + jbase, p.dv, Ss, LD, p.dk, p.dv - jbase, tid);
+}
+
+// ---- bf16-tile path: gdn_chunk_local16_kernel, then gdn_chunk_state16_kernel<SB> ------------
+// The operands as bf16 in the workspaces (local_chunk<true, true>) and in shared memory,
+// fragments read with ldmatrix; every product the bf16 rounding of the same fp32 value, in the
+// same accumulation order, as gdn_chunk_state_kernel<32, true, true> (so the outputs and state
+// match it bit for bit, up to the sign of exact zeros in padded rows).
+#define BLD 136  // bf16 row stride of [64][128] tiles: 272 B = 16 mod 128, conflict-free ldmatrix
+#define PLD 72   // [64][64] P tile: 144 B
+
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], const bf16raw* ptr) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+__device__ __forceinline__ void ldsm4t(unsigned (&r)[4], const bf16raw* ptr) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(ptr));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+// d += a b (m16n8k16 bf16, fp32 accumulation; fragments as Mma<true>)
+__device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                      unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// ldmatrix lane addresses (lane l, r = l % 8, j = l / 8) of a 16 x 16 block at row k0, col c0:
+//   A row-major [m][k]        ldsm4  row m0 + l % 16,             col k0 + 8 (l / 16)
+//   A^T stored [k][m]         ldsm4t row k0 + r + 8 (j / 2),      col m0 + 8 (j % 2)
+//   B pair stored [k][n]      ldsm4t row k0 + r + 8 (j % 2),      col n0 + 8 (j / 2)
+//                             (b0, b1 of column tile n0 / 8, then b0, b1 of the next)
+__device__ __forceinline__ const bf16raw* a_addr(const bf16raw* X, int ld, int lane) {
+  return X + (lane & 15) * ld + 8 * (lane >> 4);
+}
+__device__ __forceinline__ const bf16raw* at_addr(const bf16raw* X, int ld, int lane) {
+  return X + ((lane & 7) + 8 * (lane >> 4)) * ld + 8 * ((lane >> 3) & 1);
+}
+__device__ __forceinline__ const bf16raw* b_addr(const bf16raw* Y, int ld, int lane) {
+  return Y + ((lane & 7) + 8 * ((lane >> 3) & 1)) * ld + 8 * (lane >> 4);
+}
+
+// ROWS rows of NB bytes (row i at src + i * rs bytes; all bytes valid when i < rows) into dst
+// (row stride ld bytes), zeros in rows >= rows; 16-byte copies, 256 threads.
+template <int ROWS, int NB>
+__device__ __forceinline__ void async_rows(void* dst, int ld, const void* src, i64 rs, int rows,
+                                           int tid) {
+  constexpr int V = NB / 16;
+  static_assert(ROWS * V % 256 == 0, "whole copies per thread");
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+#pragma unroll
+  for (int r = 0; r < ROWS * V / 256; ++r) {
+    const unsigned idx = tid + 256 * r;
+    const int i = idx / V, c = 16 * (idx % V);
+    const bool ok = i < rows;
+    cp_async16(reinterpret_cast<float*>(d + i * ld + c),
+               reinterpret_cast<const float*>(ok ? s + i * rs + c : s), ok ? 16 : 0);
+  }
+}
+
+// Bytes of one pipeline stage of gdn_chunk_state16_kernel<SB>: -W, K e^{G_L - G}, Q e^G
+// [64][BLD] bf16; P [64][PLD] bf16; U [64][SB + 4] fp32.
+template <int SB>
+__host__ __device__ constexpr int state16_stage_bytes() {
+  return 3 * CH * BLD * 2 + CH * PLD * 2 + CH * (SB + 4) * 4;
+}
+
+// The state pass with the output inside it (as gdn_chunk_state_kernel<32, true, true>) on bf16
+// tiles: grid (G, Hv, ceil(dv / SB)), 256 threads, one block per SM. Chunk c + 1's operands
+// (-W, K e^{G_L - G}, Q e^G, P from local_chunk<true, true>, the SB-column U tile, G_L) load
+// with cp.async into the other of two stages while chunk c computes; two barriers per chunk:
+//   B1  chunk c's stage landed, S (bf16 copy) written, chunk c - 1 done with the other stage
+//   phase A  V' = U - W S, O = (Q e^G) S (warp w: rows 16(w/2).., column tiles SB/16 (w%2)..);
+//            V' to shared memory as bf16
+//   B2  V' visible, S reads done
+//   phase B  O += P V' (stored); S = e^{G_L} S + K'^T V' (warp w: rows 16w.., fp32 in registers)
+//            and its bf16 copy for the next phase A.
+// Shared memory: two stages, S [128][SB + 8] and V' [64][SB + 8] bf16 (80 / 144 B rows:
+// conflict-free ldmatrix and bf16x2 writes), G_L [2].
+template <int SB>
+__global__ void __launch_bounds__(256, 1)
+    gdn_chunk_state16_kernel(const ChunkParams p, const bf16raw* qg) {
+  static_assert(SB == 32 || SB == 64, "state column tile");
+  constexpr int ULD = SB + 4, SLD = SB + 8;
+  constexpr int NV = SB / 16;  // V' and O column tiles per warp
+  constexpr int NS = SB / 8;   // S column tiles per warp
+  constexpr int STAGE = state16_stage_bytes<SB>();
+  extern __shared__ float4 smem4[];
+  char* smem = reinterpret_cast<char*>(smem4);
+  bf16raw* Sb = reinterpret_cast<bf16raw*>(smem + 2 * STAGE);  // [128][SLD]
+  bf16raw* Vb = Sb + DMAX * SLD;                                // [64][SLD]
+  float* gl = reinterpret_cast<float*>(Vb + CH * SLD);          // [2] G_L per stage
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int seg = blockIdx.x, h = blockIdx.y, jbase = blockIdx.z * SB;
+  const int t0 = p.seg_starts[seg], t1 = p.seg_starts[seg + 1];
+  if (t1 <= t0) return;
+  float* S = p.state + (i64)p.seg_slots[seg] * p.state_ss + (i64)h * p.dk * p.dv;
+  const i64 hv = p.value_heads;
+  const bf16raw* wk = reinterpret_cast<const bf16raw*>(p.w_ws);  // [N, Hv, 256]: -W | K'
+  const bf16raw* pb = reinterpret_cast<const bf16raw*>(p.p_ws);  // [chunks, Hv, 64, 64]
+  const int chunk0 = p.chunk_offsets[seg], nch = (t1 - t0 + CH - 1) / CH;
+
+  auto load = [&](int c, int st) {  // chunk c's operands into stage st (one cp.async group)
+    char* base = smem + st * STAGE;
+    const int cs = t0 + c * CH, L = min(CH, t1 - cs);
+    const bf16raw* w = wk + ((i64)cs * hv + h) * 2 * DMAX;
+    async_rows<CH, 2 * DMAX>(base, 2 * BLD, w, hv * 4 * DMAX, L, tid);
+    async_rows<CH, 2 * DMAX>(base + 2 * CH * BLD, 2 * BLD, w + DMAX, hv * 4 * DMAX, L, tid);
+    async_rows<CH, 2 * DMAX>(base + 4 * CH * BLD, 2 * BLD, qg + ((i64)cs * hv + h) * DMAX,
+                             hv * 2 * DMAX, L, tid);
+    async_rows<CH, 2 * CH>(base + 6 * CH * BLD, 2 * PLD, pb + ((i64)(chunk0 + c) * hv + h) * CH * CH,
+                           2 * CH, CH, tid);
+    async_tile<CH, SB>(reinterpret_cast<float*>(base + 6 * CH * BLD + 2 * CH * PLD), ULD,
+                       p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, L, p.dv - jbase,
+                       tid);
+    if (tid == 0) cp_async4(gl + st, p.gam_ws + (i64)(cs + L - 1) * hv + h, 4);
+    cp_async_commit();
+  };
+  load(0, 0);
+
+  // S rows 16 warp + g (+8), columns 8n + 2t (+1): accumulator fragments of NS column tiles
+  float sacc[NS][4];
+#pragma unroll
+  for (int n = 0; n < NS; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int d = 16 * warp + g + 8 * (r >> 1), col = jbase + 8 * n + 2 * t + (r & 1);
+      sacc[n][r] = (d < p.dk && col < p.dv) ? S[(i64)d * p.dv + col] : 0.0f;
+    }
+  auto write_s = [&]() {
+#pragma unroll
+    for (int n = 0; n < NS; ++n) {
+      unsigned* s0 = reinterpret_cast<unsigned*>(Sb + (16 * warp + g) * SLD + 8 * n + 2 * t);
+      s0[0] = Mma<true>::pack(sacc[n][0], sacc[n][1]);
+      s0[4 * SLD] = Mma<true>::pack(sacc[n][2], sacc[n][3]);  // row + 8
+    }
+  };
+  write_s();
+  const int ma = warp >> 1, na = NV * (warp & 1);  // V' / O tile: rows 16 ma.., col tiles na..
+  const int r0 = 16 * ma + g;
+
+  for (int c = 0; c < nch; ++c) {
+    const int st = c & 1, cs = t0 + c * CH, L = min(CH, t1 - cs);
+    cp_async_wait<0>();
+    __syncthreads();  // B1
+    if (c + 1 < nch) load(c + 1, st ^ 1);
+    const bf16raw* Wb = reinterpret_cast<const bf16raw*>(smem + st * STAGE);
+    const bf16raw* Kb = Wb + CH * BLD;
+    const bf16raw* Qb = Kb + CH * BLD;
+    const bf16raw* Pb = Qb + CH * BLD;
+    const float* Uf = reinterpret_cast<const float*>(Pb + CH * PLD);
+
+    // ---- phase A: V' = U - W S, O = (Q e^G) S ----
+    float vacc[NV][4], oacc[NV][4];
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      const int col = 8 * (na + n) + 2 * t;
+      const float2 u0 = *reinterpret_cast<const float2*>(Uf + r0 * ULD + col);
+      const float2 u1 = *reinterpret_cast<const float2*>(Uf + (r0 + 8) * ULD + col);
+      vacc[n][0] = u0.x; vacc[n][1] = u0.y; vacc[n][2] = u1.x; vacc[n][3] = u1.y;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
+    }
+#pragma unroll 4
+    for (int ks = 0; ks < DMAX / 16; ++ks) {
+      unsigned aw[4], aq[4];
+      ldsm4(aw, a_addr(Wb + 16 * ma * BLD + 16 * ks, BLD, lane));
+      ldsm4(aq, a_addr(Qb + 16 * ma * BLD + 16 * ks, BLD, lane));
+#pragma unroll
+      for (int n = 0; n < NV; n += 2) {
+        unsigned b[4];
+        ldsm4t(b, b_addr(Sb + 16 * ks * SLD + 8 * (na + n), SLD, lane));
+        mma16(vacc[n], aw, b[0], b[1]);
+        mma16(oacc[n], aq, b[0], b[1]);
+        mma16(vacc[n + 1], aw, b[2], b[3]);
+        mma16(oacc[n + 1], aq, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NV; ++n) {
+      unsigned* v0 = reinterpret_cast<unsigned*>(Vb + r0 * SLD + 8 * (na + n) + 2 * t);
+      v0[0] = Mma<true>::pack(vacc[n][0], vacc[n][1]);
+      v0[4 * SLD] = Mma<true>::pack(vacc[n][2], vacc[n][3]);  // row + 8
+    }
+    __syncthreads();  // B2
+
+    // ---- phase B: O += P V' (stored), S = e^{G_L} S + (K e^{G_L - G})^T V' ----
+#pragma unroll
+    for (int ks = 0; ks < CH / 16; ++ks) {
+      unsigned ap[4];
+      ldsm4(ap, a_addr(Pb + 16 * ma * PLD + 16 * ks, PLD, lane));
+#pragma unroll
+      for (int n = 0; n < NV; n += 2) {
+        unsigned b[4];
+        ldsm4t(b, b_addr(Vb + 16 * ks * SLD + 8 * (na + n), SLD, lane));
+        mma16(oacc[n], ap, b[0], b[1]);
+        mma16(oacc[n + 1], ap, b[2], b[3]);
+      }
+    }
+    store_o<NV>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
+    const float decay = expf(gl[st]);
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) sacc[n][r] *= decay;
+#pragma unroll
+    for (int ks = 0; ks < CH / 16; ++ks) {
+      unsigned ak[4];  // A[m = d][k = i] = K'[i][d]
+      ldsm4t(ak, at_addr(Kb + 16 * ks * BLD + 16 * warp, BLD, lane));
+#pragma unroll
+      for (int n = 0; n < NS; n += 2) {
+        unsigned b[4];
+        ldsm4t(b, b_addr(Vb + 16 * ks * SLD + 8 * n, SLD, lane));
+        mma16(sacc[n], ak, b[0], b[1]);
+        mma16(sacc[n + 1], ak, b[2], b[3]);
+      }
+    }
+    write_s();  // this warp's rows; every phase-A read of S was before B2
+  }
+#pragma unroll
+  for (int n = 0; n < NS; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int d = 16 * warp + g + 8 * (r >> 1), col = jbase + 8 * n + 2 * t + (r & 1);
+      if (d < p.dk && col < p.dv) S[(i64)d * p.dv + col] = sacc[n][r];
+    }
 }
 
 // O = (Q e^G) S_c + P V' of chunk blockIdx.x, head blockIdx.y, columns 64 blockIdx.z.. (S_c:

@@ -7,6 +7,13 @@ the output. The split path (``split_o=True``, NINFER_GDN_CHUNK_SPLIT_O=1; slower
 3xTF32) stores the state entering each chunk and computes the output for all chunks in parallel
 after the state pass; both form every product the same way.
 
+The bf16-tile path (``bf16_cols`` 32 or 64, NINFER_GDN_CHUNK_BF16_COLS; BF16 precision with the
+output in the state pass only): the local kernel also writes its operands as bf16 (-W,
+K e^{G_L - G}, Q e^G, P; U stays fp32), and the state pass keeps them as bf16 in shared memory
+(ldmatrix fragments), double-buffered per chunk, with `bf16_cols` state columns per block. Every
+product rounds the same fp32 values in the same order as the fp32-tile BF16 kernels, so its
+results equal theirs bit for bit.
+
 `Precision` picks how the matrix products run on tensor cores (operands, gates, the state and
 the forward substitution stay fp32 in memory either way):
 - TF32X3 (default): split hi/lo tf32 operands, 3 mma per product, fp32 accumulation; equal to
@@ -37,6 +44,8 @@ OUTPUT_COLS = 64  # OB in gdn_chunk.cu
 STATE_COLS_CHOICES = (16, 32)
 SPLIT_O = envs.gdn_chunk_split_o()
 STATE_COLS = envs.gdn_chunk_state_cols()
+BF16_COLS_CHOICES = envs.GDN_CHUNK_BF16_COLS  # 0: the fp32-tile kernels
+BF16_COLS = envs.gdn_chunk_bf16_cols()
 
 
 class Precision(enum.Enum):
@@ -84,7 +93,9 @@ SOURCE = KernelSource("gdn_chunk.cu", (
     *[name for prec in Precision for name in (
         f"gdn_chunk_local_kernel<{prec.bf16}>", f"gdn_chunk_state_kernel<32, true, {prec.bf16}>",
         *[f"gdn_chunk_state_kernel<{sb}, false, {prec.bf16}>" for sb in STATE_COLS_CHOICES],
-        f"gdn_chunk_output_kernel<{prec.bf16}>")]))
+        f"gdn_chunk_output_kernel<{prec.bf16}>")],
+    "gdn_chunk_local16_kernel",
+    *[f"gdn_chunk_state16_kernel<{sb}>" for sb in BF16_COLS_CHOICES if sb]))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "q", "k", "v", "g", "beta", "state", "seg_starts", "seg_slots", "out", "chunk_offsets",
     "w_ws", "u_ws", "gam_ws", "p_ws", "s_ws")],
@@ -138,6 +149,21 @@ def state_launch(split_o: bool, state_cols: int,
                        floats * 4)
 
 
+@functools.cache
+def state16_launch(cols: int) -> KernelLaunch:
+    """The bf16-tile state kernel with `cols` state columns per block (32 or 64)."""
+    C.require(cols in BF16_COLS_CHOICES and cols > 0, "bf16_cols",
+              f"must be one of {BF16_COLS_CHOICES}")
+    # two stages of -W, K', Q e^G [64][136] bf16, P [64][72] bf16, U [64][cols + 4] fp32;
+    # S [128][cols + 8], V' [64][cols + 8] bf16; G_L [2] (padded to 16 bytes)
+    stage = 3 * CHUNK * 136 * 2 + CHUNK * 72 * 2 + CHUNK * (cols + 4) * 4
+    smem = 2 * stage + (DMAX + CHUNK) * (cols + 8) * 2 + 16
+    return KernelLaunch(f"gdn_chunk_state16_kernel<{cols}>", cols, smem)
+
+
+LOCAL16 = KernelLaunch("gdn_chunk_local16_kernel", CHUNK, local_launch(Precision.BF16).smem)
+
+
 def max_chunks(n_tokens: int, n_segments: int) -> int:
     """Upper bound of the chunks of n_tokens split into n_segments segments."""
     return (n_tokens + CHUNK - 1) // CHUNK + n_segments
@@ -153,12 +179,16 @@ class ChunkWorkspace:
     p: object        # f32 [max_chunks, Hv, 64, 64]
     s: object        # f32 [max_chunks, Hv, 128, 128] state entering each chunk, or None
     offsets: object  # i32 [max_segments + 1]
+    qg: object = None  # bf16 bits (u16) [max_tokens, Hv, 128]: Q e^G of the bf16-tile path
 
     @classmethod
     def allocate(cls, max_tokens: int, max_segments: int, value_heads: int, *,
-                 chunk_states: bool = True):
+                 chunk_states: bool = True, bf16_tiles: bool | None = None):
         """chunk_states=False leaves out `s` (only the split path reads it; 64 KiB per chunk and
-        head)."""
+        head); bf16_tiles (None: NINFER_GDN_CHUNK_BF16_COLS != 0) adds `qg` (the bf16-tile path
+        needs it; 256 bytes per token and head)."""
+        if bf16_tiles is None:
+            bf16_tiles = BF16_COLS != 0
         cp = C.cupy()
         nb = max_chunks(max_tokens, max_segments)
         return cls(cp.empty((max_tokens, value_heads, DMAX), dtype=np.float32),
@@ -167,13 +197,17 @@ class ChunkWorkspace:
                    cp.empty((nb, value_heads, CHUNK, CHUNK), dtype=np.float32),
                    cp.empty((nb, value_heads, DMAX, DMAX), dtype=np.float32)
                    if chunk_states else None,
-                   cp.empty(max_segments + 1, dtype=np.int32))
+                   cp.empty(max_segments + 1, dtype=np.int32),
+                   cp.empty((max_tokens, value_heads, DMAX), dtype=np.uint16)
+                   if bf16_tiles else None)
 
-    def fits(self, n_tokens: int, n_segments: int, value_heads: int, split_o: bool) -> bool:
+    def fits(self, n_tokens: int, n_segments: int, value_heads: int, split_o: bool,
+             bf16_tiles: bool = False) -> bool:
         nb = max_chunks(n_tokens, n_segments)
         return (self.w.shape[0] >= n_tokens and self.w.shape[1] == value_heads
                 and self.offsets.shape[0] >= n_segments + 1 and self.p.shape[0] >= nb
-                and (not split_o or (self.s is not None and self.s.shape[0] >= nb)))
+                and (not split_o or (self.s is not None and self.s.shape[0] >= nb))
+                and (not bf16_tiles or (self.qg is not None and self.qg.shape[0] >= n_tokens)))
 
 
 def _prepare_smem(fn, nbytes: int) -> None:
@@ -184,14 +218,17 @@ def _prepare_smem(fn, nbytes: int) -> None:
 def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                       workspace: ChunkWorkspace | None = None, split_o: bool | None = None,
                       state_cols: int | None = None,
-                      precision: Precision | str | None = None) -> None:
+                      precision: Precision | str | None = None,
+                      bf16_cols: int | None = None) -> None:
     """Chunkwise gated delta rule over segments (operands as `gdn_recurrence`; dk, dv <= 128).
 
     split_o: output in a parallel kernel after the state pass (True) or inside it (False);
     state_cols: state columns per block of the split state pass (16 or 32); precision: a
-    `Precision` or its value ("tf32x3", "bf16"). None: SPLIT_O, STATE_COLS and PRECISION
-    (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS, NINFER_GDN_CHUNK_PRECISION, read at
-    import).
+    `Precision` or its value ("tf32x3", "bf16"); bf16_cols: 0 (the fp32-tile kernels), or 32 /
+    64 for the bf16-tile path with that many state columns per block, taken only in BF16
+    precision on the fused path (split_o False; else the fp32-tile kernels run). None: SPLIT_O,
+    STATE_COLS, PRECISION and BF16_COLS (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS,
+    NINFER_GDN_CHUNK_PRECISION, NINFER_GDN_CHUNK_BF16_COLS, read at import).
     """
     f = O.recurrence_operands(q, k, v, g, beta, state, seg_starts, seg_slots, out)
     n = f.pop("n")
@@ -199,12 +236,18 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     split_o = SPLIT_O if split_o is None else split_o
     prec = PRECISION if precision is None else Precision(precision)
     config = state_launch(split_o, STATE_COLS if state_cols is None else state_cols, prec)
+    bf16_cols = BF16_COLS if bf16_cols is None else bf16_cols
+    C.require(bf16_cols in BF16_COLS_CHOICES, "bf16_cols", f"must be one of {BF16_COLS_CHOICES}")
+    tiles16 = bf16_cols != 0 and prec is Precision.BF16 and not split_o
+    if tiles16:
+        config = state16_launch(bf16_cols)
     segs, heads, dv = f["num_segs"], f["value_heads"], f["dv"]
     if n == 0 or segs == 0:
         return
     if workspace is None:
-        workspace = ChunkWorkspace.allocate(n, segs, heads, chunk_states=split_o)
-    C.require(workspace.fits(n, segs, heads, split_o), "workspace",
+        workspace = ChunkWorkspace.allocate(n, segs, heads, chunk_states=split_o,
+                                            bf16_tiles=tiles16)
+    C.require(workspace.fits(n, segs, heads, split_o, tiles16), "workspace",
               f"too small for {n} tokens, {segs} segments, {heads} heads")
     nb = max_chunks(n, segs)
     # 16-byte cp.async of q / k rows needs 16-byte aligned bases and strides (else 4-byte copies)
@@ -217,6 +260,11 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                     vec_qk=int(vec_qk), pad_=0)
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
+    if tiles16:
+        _launch(LOCAL16, (nb, heads), (params, workspace.qg), "gdn_chunk_local16")
+        _launch(config, (segs, heads, -(-dv // config.cols)), (params, workspace.qg),
+                "gdn_chunk_state16")
+        return
     _launch(local_launch(prec), (nb, heads), params, "gdn_chunk_local")
     _launch(config, (segs, heads, -(-dv // config.cols)), params, "gdn_chunk_state")
     if split_o:
@@ -224,7 +272,9 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                 "gdn_chunk_output")
 
 
-def _launch(config: KernelLaunch, grid: tuple, params, name: str) -> None:
+def _launch(config: KernelLaunch, grid: tuple, args, name: str) -> None:
+    """args: the params struct, or a tuple of kernel arguments."""
     fn = get_function(SOURCE, config.kernel)
     _prepare_smem(fn, config.smem)
-    launch(fn, grid, (256,), (params,), shared_mem=config.smem, name=name)
+    launch(fn, grid, (256,), args if isinstance(args, tuple) else (args,),
+           shared_mem=config.smem, name=name)

@@ -5,7 +5,10 @@ views, untouched slots, NaN-poisoned outputs and workspaces, and bitwise split i
 multiples of 64 tokens; each in both precisions on the fused path (output inside the state pass)
 and the split path (output kernel after it, 32- and 16-column state tiles), and the two paths
 against each other. Tolerances (relative Frobenius error): TOL_F32 for 3xTF32, TOL_BF16 for bf16
-(FLA's policy: bf16 operands, fp32 accumulation and state)."""
+(FLA's policy: bf16 operands, fp32 accumulation and state). The bf16-tile path (bf16_cols 32,
+64) against float64, against the fp32-tile bf16 kernels (equal values) and itself cut at
+multiples of 64 tokens (bitwise), on odd lengths, several segments and slots, head dims 128, 96,
+64 and padded ones."""
 from __future__ import annotations
 
 import numpy as np
@@ -150,3 +153,119 @@ def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths, precisi
         assert_close(st, exp_state, TOLS[precision], f"{what} state")
     assert_close(out_split, host(out_fused), TOL_PATHS, "split vs fused output")
     assert_close(st_split, host(st_fused), TOL_PATHS, "split vs fused state")
+
+
+# ---- bf16-tile path (bf16_cols 32 / 64: gdn_chunk_local16_kernel + gdn_chunk_state16_kernel) ----
+BF16_COLS = (32, 64)
+
+
+def _poisoned_workspace16(n: int, segs: int, hv: int) -> ChunkWorkspace:
+    """A bf16-tile workspace whose float buffers are NaN and whose bf16 buffer (Q e^G) is NaN
+    bits (0x7fc0): a read of anything not written this call poisons the output."""
+    ws = ChunkWorkspace.allocate(n, segs, hv, chunk_states=False, bf16_tiles=True)
+    for a in (ws.w, ws.u, ws.gam, ws.p):
+        a.fill(np.nan)
+    ws.qg.fill(0x7FC0)
+    return ws
+
+
+def _run(args, st, starts, seg_slots, out, ws, bf16_cols: int) -> None:
+    kgdn.gdn_chunk_prefill(*args, st, dev(starts), dev(seg_slots), out, workspace=ws,
+                           split_o=False, precision="bf16", bf16_cols=bf16_cols)
+
+
+def _assert_equal_values(a, b, what: str) -> None:
+    """Equal as numbers (bitwise up to the sign of exact zeros), with the first difference."""
+    a, b = host(a), host(b)
+    bad = np.argwhere(~((a == b) | (np.isnan(a) & np.isnan(b))))
+    assert bad.size == 0, (f"{what}: {len(bad)} of {a.size} differ, first at {tuple(bad[0])}: "
+                           f"{a[tuple(bad[0])]!r} vs {b[tuple(bad[0])]!r}")
+
+
+@pytest.mark.parametrize("bf16_cols", BF16_COLS)
+@pytest.mark.parametrize("hk,hv,dk,dv,lengths,g_scale", [
+    (2, 4, 128, 128, (131, 1, 0, 77, 64, 200), 0.1),   # 6 segments, a 1-token and an empty one
+    (2, 4, 128, 128, (1000,), 0.05),                     # 16 chunks carried
+    (2, 4, 128, 128, (63, 65), 0.3),
+    (1, 2, 64, 64, (200, 1), 0.1),
+    (2, 4, 96, 96, (65, 130), 0.1),
+    (1, 2, 37, 33, (131, 1, 0, 77), 0.1),               # padded head dims
+    (2, 4, 128, 100, (64, 300, 5), 0.1),                 # a partial column tile
+])
+def test_bf16_tiles_vs_float64_and_fp32_tiles(rng, bf16_cols, hk, hv, dk, dv, lengths, g_scale):
+    """The bf16-tile path against float64 (TOL_BF16) and against the fp32-tile bf16 kernels
+    (equal values: the same bf16 operands, products and accumulation order), on NaN-poisoned
+    workspaces, with an untouched slot."""
+    slots = tuple(range(len(lengths)))[::-1]
+    starts, seg_slots = segments(lengths, slots)
+    n = int(starts[-1])
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, g_scale)
+    nslots = len(lengths) + 1  # the last slot is in no segment
+    st_h, st_new, _ = slot_strided(rng, nslots, (hv, dk, dv), scale=0.1)
+    _, st_old, _ = slot_strided(rng, nslots, (hv, dk, dv), scale=0.1)
+    st_old[...] = st_new
+    untouched = host(st_new)[nslots - 1].copy()
+    exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
+    args = [dev(a) for a in (q, k, v, g, beta)]
+    out_new, out_old = poisoned((n, hv, dv)), poisoned((n, hv, dv))
+    _run(args, st_new, starts, seg_slots, out_new, _poisoned_workspace16(n, len(lengths), hv),
+         bf16_cols)
+    _run(args, st_old, starts, seg_slots, out_old, _poisoned_workspace(n, len(lengths), hv), 0)
+    assert_close(out_new, exp_out, TOL_BF16, "bf16-tile output vs float64")
+    assert_close(st_new, exp_state, TOL_BF16, "bf16-tile state vs float64")
+    assert_same_bits(host(st_new)[nslots - 1], untouched, "slot outside every segment")
+    _assert_equal_values(out_new, out_old, "bf16-tile vs fp32-tile output")
+    _assert_equal_values(st_new, st_old, "bf16-tile vs fp32-tile state")
+
+
+@pytest.mark.parametrize("bf16_cols", BF16_COLS)
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200])
+def test_bf16_tiles_odd_lengths(rng, bf16_cols, n):
+    """One segment of n tokens (a partial first / last chunk) against float64."""
+    hk, hv, dk, dv = 2, 4, 128, 128
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
+    starts, seg_slots = segments((n,), (1,))
+    st_h, st_d, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+    exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
+    out = poisoned((n, hv, dv))
+    _run([dev(a) for a in (q, k, v, g, beta)], st_d, starts, seg_slots, out,
+         _poisoned_workspace16(n, 1, hv), bf16_cols)
+    assert_close(out, exp_out, TOL_BF16, f"output, T={n}")
+    assert_close(st_d, exp_state, TOL_BF16, f"state, T={n}")
+
+
+@pytest.mark.parametrize("bf16_cols", BF16_COLS)
+@pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
+def test_bf16_tiles_split_bitwise(rng, bf16_cols, cuts):
+    """A prompt cut at multiples of 64 tokens: output and state bitwise those of the whole."""
+    n, hk, hv, dk, dv = 301, 2, 4, 128, 128
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
+    _, st_whole, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+    st_split = cp().ascontiguousarray(st_whole)
+    ws = _poisoned_workspace16(n, 1, hv)
+    slot = np.array([1], np.int32)
+    whole = poisoned((n, hv, dv))
+    _run([dev(a) for a in (q, k, v, g, beta)], st_whole, np.array([0, n], np.int32), slot,
+         whole, ws, bf16_cols)
+    split = poisoned((n, hv, dv))
+    bounds = (0,) + tuple(cuts) + (n,)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        _run([dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
+             np.array([0, hi - lo], np.int32), slot, split[lo:hi], ws, bf16_cols)
+    assert_same_bits(split, whole, "output")
+    assert_same_bits(st_split, st_whole, "state")
+
+
+def test_bf16_tiles_unaligned_qk(rng):
+    """q / k views with odd strides (4-byte copies in the local kernel)."""
+    hk, hv, dk, dv, lengths = 2, 4, 128, 128, (77, 130)
+    starts, seg_slots = segments(lengths, (0, 1))
+    n = int(starts[-1])
+    q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
+    st_h, st_d, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+    exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
+    out = poisoned((n, hv, dv))
+    _run([_unaligned(q), _unaligned(k), dev(v), dev(g), dev(beta)], st_d, starts, seg_slots,
+         out, _poisoned_workspace16(n, 2, hv), 32)
+    assert_close(out, exp_out, TOL_BF16, "output")
+    assert_close(st_d, exp_state, TOL_BF16, "state")

@@ -99,3 +99,26 @@ def test_strides_conflict_free(prec):
     else:
         assert prec.qk_ld % 32 == 4 and prec.ks_ld % 32 == 8
         assert all(ld % 32 in (8, 24) for ld in cols)
+
+
+@pytest.mark.parametrize("cols,smem", [(32, 156688), (64, 185360)])
+def test_state16_launch(cols, smem):
+    """Two stages of -W, K', Q e^G [64][136] bf16, P [64][72] bf16, U [64][cols + 4] fp32; S
+    [128][cols + 8] and V' [64][cols + 8] bf16; G_L (16 bytes): one block per SM."""
+    cfg = kchunk.state16_launch(cols)
+    assert (cfg.kernel, cfg.cols, cfg.smem) == (f"gdn_chunk_state16_kernel<{cols}>", cols, smem)
+    assert cfg.kernel in kchunk.SOURCE.name_expressions
+    assert _fits(cfg.smem, 1)  # __launch_bounds__(256, 1)
+    assert kchunk.LOCAL16.kernel in kchunk.SOURCE.name_expressions
+    assert kchunk.LOCAL16.smem == kchunk.local_launch(BF16).smem and _fits(kchunk.LOCAL16.smem, 2)
+
+
+@pytest.mark.parametrize("cols", (0, 16, 128))
+def test_state16_launch_rejects_other_tiles(cols):
+    with pytest.raises(ValueError):
+        kchunk.state16_launch(cols)
+
+
+def test_bf16_cols_choices():
+    assert kchunk.BF16_COLS_CHOICES == envs.GDN_CHUNK_BF16_COLS == (0, 32, 64)
+    assert kchunk.BF16_COLS in kchunk.BF16_COLS_CHOICES
