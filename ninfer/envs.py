@@ -108,13 +108,6 @@ def pdl() -> bool:
     return _flag("NINFER_PDL", True)
 
 
-def gemv_tma_split() -> bool:
-    """NINFER_GEMV_TMA_SPLIT (default on; "0" turns it off): linear_tma_kernel splits a row
-    tile's K over blocks where that balances the tiles over the SMs (linear.py tma_parts). Read
-    once, at import of the launcher."""
-    return _flag("NINFER_GEMV_TMA_SPLIT", True)
-
-
 def gemv_tma_sk() -> int:
     """NINFER_GEMV_TMA_SK (default 1024; 1024 or 2048): k per ring stage of linear_tma_kernel,
     i.e. bytes / 2 of each row's bulk copy. Read once, at import of the launcher."""

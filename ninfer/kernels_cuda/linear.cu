@@ -265,27 +265,9 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
   mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[2], xf[3]);
 }
 
-// Split K (SPLIT = 1 instances; TmaParams.parts = P > 1, chosen by linear.py tma_parts from M, K and the SM count
-// only, so results stay batch invariant): the work units are (tile, part) pairs, u = tile * P +
-// part, part p covering stages [p S / P, (p + 1) S / P) of the tile's S; blocks walk the units
-// as they walk the tiles with P = 1 (u = b, b + gridDim.x, ...). A part's 16 x 8 raw sums (the
-// warps' partials summed in warp order) go to part_ws[col tile][tile][part]; the block that
-// completes a tile's last part (counted on part_cnt[col tile][tile], reset to 0 by that block)
-// adds the parts in part order and stores the outputs (SWIGLU after the sum). Balances shapes
-// whose tile count is just over a multiple of the SM count (27B down: 320 tiles on 132 SMs run
-// 3 rounds at P = 1, 5 rounds of half tiles at P = 2).
-struct TmaParams {
-  GemvParams g;
-  float* part_ws;  // [col tiles][tiles][P][16 * 8] (P > 1)
-  int* part_cnt;   // [col tiles][tiles], zero between launches (P > 1)
-  int parts;
-  int pad;
-};
-
-template <int SWIGLU, int SK, int CONS, int XS, int SPLIT>
-__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const TmaParams tp) {
+template <int SWIGLU, int SK, int CONS, int XS>
+__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
-  const GemvParams& p = tp.g;
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
@@ -298,8 +280,6 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Tm
   unsigned char* ring = tma_smem + TMA_BAR_BYTES + 2 * sizeof(MmaPartials<CONS>);
   const int tiles = (p.m + TILE - 1) / TILE;
   const int stages = (p.k + SK - 1) / SK;
-  const int parts = SPLIT ? tp.parts : 1;  // SPLIT = 0: P = 1 at compile time (registers)
-  const int units = tiles * parts;
   const int n0 = blockIdx.y * 8;
   // PDL (linear.py GEMV_PDL): the next GEMV may start as soon as every block of this one runs;
   // it then streams its weights while this one finishes (its consumers wait below)
@@ -317,15 +297,13 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Tm
     const bf16raw* w = static_cast<const bf16raw*>(p.w);
     const int r = lane & 15;  // this lane's stage row
     unsigned q = 0;           // the block's stage sequence number
-    for (int u = blockIdx.x; u < units; u += gridDim.x) {
-      const int tile = u / parts, part = u - tile * parts;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
       const int m0 = tile * TILE;
       const int live = min(TILE, p.m - m0);  // output rows of the tile inside M
       const bool row_ok = lane < 16 && (SWIGLU ? (r & 7) < live : r < live);
       const i64 row = SWIGLU ? (r < 8 ? m0 + r : p.m + m0 + r - 8) : m0 + r;
       const bf16raw* src = w + row * p.w_rs;
-      const int s_end = (part + 1) * stages / parts;
-      for (int s = part * stages / parts; s < s_end; ++s, ++q) {
+      for (int s = 0; s < stages; ++s, ++q) {
         const unsigned slot = q % STAGES, use = q / STAGES;
         const unsigned bytes = 2u * (unsigned)min(SK, p.k - s * SK);
         if (lane == 0) {
@@ -364,21 +342,16 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Tm
         split_bf16x2(x1.x, x1.y, xf[s][j][1], xf[s][j][3]);
       }
   }
-  __shared__ int last_part;
-  const i64 cnt0 = (i64)blockIdx.y * tiles;
   unsigned q = 0;
   int parity = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const int tile = u / parts, part = u - tile * parts;
-    const int s_begin = part * stages / parts, s_end = (part + 1) * stages / parts;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     if (XS > 0) {
 #pragma unroll
       for (int s = 0; s < XN; ++s) {
-        if (s >= s_end) break;
-        if (s < s_begin) continue;
-        const unsigned slot = (q + s - s_begin) % STAGES;
-        mbar_wait(full + slot, ((q + s - s_begin) / STAGES) & 1u);
+        if (s >= stages) break;
+        const unsigned slot = (q + s) % STAGES;
+        mbar_wait(full + slot, ((q + s) / STAGES) & 1u);
         const unsigned a = ring_s + slot * STAGE;
         const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
 #pragma unroll
@@ -387,9 +360,9 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Tm
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + slot);
       }
-      q += s_end - s_begin;
+      q += stages;
     }
-    for (int s = (XS > 0 ? s_end : s_begin); s < s_end; ++s, ++q) {
+    for (int s = 0; s < (XS > 0 ? 0 : stages); ++s, ++q) {
       const unsigned slot = q % STAGES;
       mbar_wait(full + slot, (q / STAGES) & 1u);
       const unsigned a = ring_s + slot * STAGE;
@@ -407,40 +380,11 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Tm
     mma_store_partials(red[parity], warp, g, t, c);
     asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
     const int m0 = tile * TILE;
-    if (parts == 1) {
-      for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
-        const int rr = idx >> 3, n = idx & 7;
-        if (m0 + rr < p.m && n0 + n < p.n)
-          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
-              mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
-      }
-    } else {
-      float* ws = tp.part_ws + ((cnt0 + tile) * parts) * 128;
-      if (threadIdx.x < 128) {  // the part's raw sums, rows r (and SWIGLU's up rows r + 8)
-        const int rr = threadIdx.x >> 3, n = threadIdx.x & 7;
-        float v = 0.0f;
-        for (int w2 = 0; w2 < CONS; ++w2) v += red[parity][w2][rr][n];
-        ws[part * 128 + threadIdx.x] = v;
-        __threadfence();
-      }
-      asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-      if (threadIdx.x == 0) {
-        const int prev = atomicAdd(tp.part_cnt + cnt0 + tile, 1);
-        last_part = prev == parts - 1;
-        if (prev == parts - 1) tp.part_cnt[cnt0 + tile] = 0;  // for the next launch
-      }
-      asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-      if (last_part && threadIdx.x < TILE * 8) {
-        __threadfence();
-        const int rr = threadIdx.x >> 3, n = threadIdx.x & 7;
-        float v = 0.0f, up = 0.0f;
-        for (int q2 = 0; q2 < parts; ++q2) v += __ldcg(ws + q2 * 128 + threadIdx.x);
-        if (SWIGLU) {
-          for (int q2 = 0; q2 < parts; ++q2) up += __ldcg(ws + q2 * 128 + 64 + threadIdx.x);
-          v = silu_f(v) * up;
-        }
-        if (m0 + rr < p.m && n0 + n < p.n) p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] = v;
-      }
+    for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
+      const int rr = idx >> 3, n = idx & 7;
+      if (m0 + rr < p.m && n0 + n < p.n)
+        p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
+            mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
     }
     parity ^= 1;
   }

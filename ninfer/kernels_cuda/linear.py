@@ -33,10 +33,6 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch, laun
 GEMV_MAX_ROWS = 8
 TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 * 1024
 TMA_X_STAGES = envs.gemv_tma_x_stages()  # NINFER_GEMV_TMA_X_STAGES: the largest XS used
-# linear_tma_kernel split-K instances (SPLIT = 1): stage k 1024, 16 consumers, XS <= 3 (with more
-# x stages in registers the split bookkeeping spills at the 96-register cap; the shapes with
-# 4-5 stages, the 9B/27B hidden-size GEMVs, balance without a split)
-TMA_SPLIT_MAX_XS = 3
 MAX_SPLITS = 8
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 
@@ -45,21 +41,14 @@ SOURCE = KernelSource("linear.cu", tuple(
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 0>" for sk in envs.TMA_STAGE_K
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0>" for sk in envs.TMA_STAGE_K
        for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 0>" for xs in range(1, TMA_MAX_X_STAGES + 1)
-       for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1>" for xs in range(TMA_SPLIT_MAX_XS + 1)
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"))
 assert GEMV_PARAMS.itemsize == 64
-TMA_PARAMS = C.struct(*[(name, "ptr" if name in ("w", "x", "out") else
-                         ("i64" if name.endswith("_rs") else "i32"))
-                        for name in GEMV_PARAMS.names],
-                      ("part_ws", "ptr"), ("part_cnt", "ptr"), ("parts", "i32"), ("pad", "i32"))
-assert TMA_PARAMS.itemsize == 88
 
 def k_splits(k: int) -> int:
     """Warps (K ranges) per output element: a function of K only (batch invariance)."""
@@ -196,101 +185,27 @@ def tma_ok(k: int) -> bool:
     return k % 16 == 0 and _current_device().compute_capability >= (9, 0)
 
 
-# NINFER_GEMV_TMA_SPLIT (read once at import; default on): linear_tma_kernel splits each row
-# tile's K into `tma_parts` parts where that balances the tiles over the SMs better (see
-# linear.cu): 27B's K = 17408 and K = 6144 GEMVs have 320 row tiles, 3 rounds on 132 SMs of
-# which the last is 42% full, against 5 full rounds of half tiles.
-GEMV_TMA_SPLIT = envs.gemv_tma_split()
-TMA_MAX_PARTS = 4
-
-
-def tma_split_ok(k: int, sk: int, consumers: int) -> bool:
-    """Whether a split-K instance serves K: 1024-k stages, 16 consumers, and K of at most
-    TMA_SPLIT_MAX_XS or more than TMA_MAX_X_STAGES stages. A function of K (not of whether x
-    sits in registers), so x_regs and NINFER_GEMV_TMA_X_STAGES never change the bits."""
-    stages = -(-k // sk)
-    return (sk == 1024 and consumers == 16
-            and (stages <= TMA_SPLIT_MAX_XS or stages > TMA_MAX_X_STAGES))
-
-
-def tma_parts(m: int, k: int, swiglu: bool, sk: int, sm_count: int) -> int:
-    """Parts P per row tile of linear_tma_kernel: the P <= min(4, stages) whose units
-    (tiles x P) fill the SMs' rounds best, when that beats one part by >= 5% (else 1). A
-    function of M, K and the SM count only, never of N (batch invariance)."""
-    tiles = -(-m // (8 if swiglu else 16))
-    stages = -(-k // sk)
-
-    def fill(p: int) -> float:
-        units = tiles * p
-        return units / (sm_count * -(-units // sm_count))
-
-    best = max(range(1, min(TMA_MAX_PARTS, stages) + 1), key=lambda p: (fill(p), -p))
-    return best if fill(best) >= 1.05 * fill(1) else 1
-
-
-# (device, stream) -> (partials f32, counters int32): grow-only; every buffer ever handed out is
-# kept (a captured graph holds its pointers)
-_SPLIT_SCRATCH: dict[tuple[int, int], tuple] = {}
-_SPLIT_SCRATCH_KEEP: list = []
-
-
-def _split_scratch(slots: int, counters: int):
-    """linear_tma_kernel's split-K scratch for the current stream: f32 [>= slots * 128] part
-    sums and int32 [>= counters] zeroed tile counters (the kernel leaves them zero). Allocated on
-    first need, outside graph capture (a decode graph's eager warm-up allocates it)."""
-    cp = C.cupy()
-    stream = cp.cuda.get_current_stream()
-    key = (cp.cuda.Device().id, stream.ptr)
-    found = _SPLIT_SCRATCH.get(key)
-    if found is not None and found[0].size >= slots * 128 and found[1].size >= counters:
-        return found
-    C.require(not stream.is_capturing(), "x",
-              "this GEMV splits K (linear_tma_kernel) and needs a scratch buffer that is "
-              "allocated on its first eager launch; run the same shape once before capturing a "
-              "graph (or set NINFER_GEMV_TMA_SPLIT=0)")
-    have = found or (cp.zeros(0, np.float32), cp.zeros(0, np.int32))
-    found = (cp.zeros(max(slots * 128, have[0].size), np.float32),
-             cp.zeros(max(counters, have[1].size), np.int32))
-    _SPLIT_SCRATCH[key] = found
-    _SPLIT_SCRATCH_KEEP.append(found)
-    return found
-
-
 def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
-                x_regs: bool = True, pdl: bool | None = None, parts: int | None = None) -> None:
+                x_regs: bool = True, pdl: bool | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
-    (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the work
-    units (None: one per SM, at most one per unit) per column tile of 8 activation rows.
+    (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
+    tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
     `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
-    same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL). `parts`:
-    K parts per row tile (None: tma_parts when GEMV_TMA_SPLIT, else 1; always 1 without a
-    split instance: sk != 1024, consumers != 16 or more than TMA_SPLIT_MAX_XS x stages)."""
+    same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL)."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
-    sk = TMA_SK if sk is None else sk
-    sm_count = _current_device().sm_count
-    consumers = TMA_CONSUMERS if consumers is None else consumers
-    xs = tma_x_stages(k, sk, consumers) if x_regs else 0
-    if parts is None:
-        parts = tma_parts(m, k, swiglu, sk, sm_count) if GEMV_TMA_SPLIT else 1
-    if not tma_split_ok(k, sk, consumers):
-        parts = 1
-    parts = max(1, min(parts, -(-k // sk)))
     if row_blocks is None:
-        row_blocks = max(1, sm_count // col_tiles)
-    row_blocks = max(1, min(tiles * parts, row_blocks))
+        row_blocks = max(1, _current_device().sm_count // col_tiles)
+    row_blocks = max(1, min(tiles, row_blocks))
+    sk = TMA_SK if sk is None else sk
+    consumers = TMA_CONSUMERS if consumers is None else consumers
     stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
-    part_ws = part_cnt = 0
-    if parts > 1:
-        ws, cnt = _split_scratch(col_tiles * tiles * parts, col_tiles * tiles)
-        part_ws, part_cnt = C.ptr(ws), C.ptr(cnt)
-    params = C.pack(TMA_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out_rs, m=m, k=k, n=n, splits=stages, part_ws=part_ws,
-                    part_cnt=part_cnt, parts=parts)
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, "
-                              f"{int(parts > 1)}>")
+    params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out_rs, m=m, k=k, n=n, splits=stages)
+    xs = tma_x_stages(k, sk, consumers) if x_regs else 0
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     name = "linear_swiglu_tma" if swiglu else "linear_tma"

@@ -13,7 +13,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gemv_pdl, "NINFER_GEMV_PDL", True),
     (envs.moe_tma, "NINFER_MOE_TMA", True),
     (envs.pdl, "NINFER_PDL", True),
-    (envs.gemv_tma_split, "NINFER_GEMV_TMA_SPLIT", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
     (envs.gdn_chunk_split_o, "NINFER_GDN_CHUNK_SPLIT_O", False),
 ]

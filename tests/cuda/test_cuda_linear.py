@@ -227,14 +227,13 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
 # rows or the number of persistent blocks.
 
 def _tma(x_d, w_d, *, swiglu, row_blocks=None, sk=None, consumers=None, ring_kib=None,
-         x_regs=True, parts=None):
+         x_regs=True):
     n, k = x_d.shape
     m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
     out = poisoned((n, m))
     klinear._launch_tma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
                         C.row_stride(out, "out"), m, k, n, swiglu=swiglu, row_blocks=row_blocks,
-                        sk=sk, consumers=consumers, ring_kib=ring_kib, x_regs=x_regs,
-                        parts=parts)
+                        sk=sk, consumers=consumers, ring_kib=ring_kib, x_regs=x_regs)
     return out
 
 
@@ -319,57 +318,6 @@ def test_gemv_tma_x_in_registers_same_bits(rng, k, swiglu):
         for row_blocks in (None, 3):
             got = _tma(x_d, w_d, swiglu=swiglu, sk=1024, consumers=16, row_blocks=row_blocks)
             assert_same_bits(got, want, f"k={k} n={n} row_blocks={row_blocks}")
-
-
-# Split K (linear_tma_kernel SPLIT = 1): a row tile's stages in P parts on different blocks, the
-# parts' sums added in part order by the block finishing the last one.
-
-@pytest.mark.parametrize("swiglu", [False, True])
-@pytest.mark.parametrize("k, parts", [(2048, 2), (3072 - 16, 3), (6144 + 48, 2), (6144, 4),
-                                      (17408, 2), (1024, 2)])
-def test_gemv_tma_split_k_vs_float64_and_batch_invariant(rng, k, parts, swiglu):
-    """P parts against float64; each row of N = 1..11 rows equals that row alone, bitwise, for
-    any number of persistent blocks; the tile counters are left at zero (a second launch gives
-    the same bits)."""
-    assert klinear.tma_split_ok(k, 1024, 16)
-    m = 147 if swiglu else 301
-    w_full = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)
-    x_h, x_d = _strided_x(rng, 11, k)
-    got = _tma(x_d, w_full, swiglu=swiglu, sk=1024, consumers=16, parts=parts)
-    want = ref.linear(x_h, bf16_bits_to_f32(host(w_full)))
-    assert_close(got, ref.swiglu(want) if swiglu else want, what=f"k={k} parts={parts}")
-    alone = [_tma(x_d[i:i + 1], w_full, swiglu=swiglu, sk=1024, consumers=16, parts=parts)
-             for i in range(11)]
-    for n in (1, 3, 8, 11):
-        for row_blocks in (None, 5, 1):
-            again = _tma(x_d[:n], w_full, swiglu=swiglu, sk=1024, consumers=16, parts=parts,
-                         row_blocks=row_blocks)
-            for i in range(n):
-                assert_same_bits(again[i:i + 1], alone[i],
-                                 f"k={k} parts={parts} n={n} row {i} row_blocks={row_blocks}")
-
-
-def test_gemv_tma_split_k_routing(rng, monkeypatch):
-    """`linear` splits K by tma_parts (unbalanced tile counts) and gives the bits of an explicit
-    split launch; with GEMV_TMA_SPLIT off (NINFER_GEMV_TMA_SPLIT=0) those of one part."""
-    monkeypatch.setattr(klinear, "GEMV_TMA", True)
-    monkeypatch.setattr(klinear, "GEMV_TMA_SPLIT", True)
-    sm = klinear._current_device().sm_count
-    k, m = 6144, 16 * (2 * sm + sm // 3)  # 2.33 rounds of tiles at P = 1
-    parts = klinear.tma_parts(m, k, False, 1024, sm)
-    assert parts > 1
-    _, x_d = _strided_x(rng, 2, k)
-    w_d = _padded_bf16_weight(rng, m, k)
-    out = poisoned((2, m))
-    klinear.linear(x_d, w_d, out)
-    assert_same_bits(out, _tma(x_d, w_d, swiglu=False, parts=parts), "linear vs explicit split")
-    one = _tma(x_d, w_d, swiglu=False, parts=1)
-    assert not np.array_equal(host(one), host(out)), "the split changed nothing: not exercised"
-    assert_close(out, host(one), what="split vs one part")
-    monkeypatch.setattr(klinear, "GEMV_TMA_SPLIT", False)
-    off = poisoned((2, m))
-    klinear.linear(x_d, w_d, off)
-    assert_same_bits(off, one, "GEMV_TMA_SPLIT off")
 
 
 def _pdl_chain(x_d, ws, outs, *, pdl):
