@@ -5,9 +5,9 @@ paths:
 - grouped GEMV (capturable, batch invariant, reads each selected expert's weights once per
   group of <= 8 rows): N <= GEMV_MAX_ROWS, or while capturing, or `batch_invariant=True`;
   intermediates live in a `MoeWorkspace` (allocated per call when None); bf16 weights with
-  16-byte aligned rows run the tensor-core `moe_tma_kernel` on sm_90 when K % 16 == 0 (the
-  selected experts' weights streamed by bulk copies into a shared ring; NINFER_MOE_TMA=0 turns
-  it off; batch invariant, another k pairing than the next two), else `moe_mma_rows_kernel`
+  16-byte aligned rows run the tensor-core `moe_tma_kernel` on sm_90 when K % 16 == 0 and
+  NINFER_MOE_TMA=1 (the selected experts' weights streamed by bulk copies into a shared ring;
+  batch invariant, another k pairing than the next two), else `moe_mma_rows_kernel`
   (groups of up to 8 pairs; NINFER_GEMV_ROWS=0: `moe_mma_kernel`, bitwise the same), others
   the f32-FMA `moe_gemv_kernel`;
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
@@ -47,10 +47,11 @@ MMA_SPLITS = 8  # moe_mma(_rows)_kernel: at most 8 warps (K ranges) per block
 # shared memory), bitwise equal to moe_mma_kernel. H200, 35B-A3B decode graph, B = 1 / 8:
 # 4.43 / 8.96 ms, against 4.64 / 8.83 ms with moe_mma_kernel (measured on another machine).
 GEMV_ROWS = envs.gemv_rows()
-# NINFER_MOE_TMA (read once at import; default on): on sm_90 the bf16 expert stages with
+# NINFER_MOE_TMA (read once at import; default off): on sm_90 the bf16 expert stages with
 # K % 16 == 0 run moe_tma_kernel (one persistent block of TMA_CONSUMERS + 1 warps per SM walking
 # the (group, row tile) items; each stage of 16 weight rows x sk k arrives by bulk copies into a
-# TMA_RING_KIB KiB ring), as linear_tma_kernel does for the dense GEMVs. Not timed on the GPU yet.
+# TMA_RING_KIB KiB ring), as linear_tma_kernel does for the dense GEMVs. H200, 35B-A3B decode
+# graph, B = 1 / 8: 3.576 / 9.311 ms against 3.548 / 8.737 with moe_mma_rows_kernel, hence off.
 MOE_TMA = envs.moe_tma()
 TMA_STAGE_K = (512, 1024)  # moe_tma_kernel instances: k per ring stage (tma_stage_k picks)
 TMA_CONSUMERS = 16

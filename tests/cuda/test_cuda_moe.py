@@ -501,7 +501,7 @@ def test_gemv_rows_flag_routes_moe_experts(rng, monkeypatch):
         assert np.isfinite(host(got[0][2])).all()
 
 
-# moe_tma_kernel (NINFER_MOE_TMA, the default on sm_90 for K % 16 == 0): the expert stages on a
+# moe_tma_kernel (NINFER_MOE_TMA=1 on sm_90 for K % 16 == 0; off by default): the expert stages on a
 # bulk-copy ring. Another k pairing than moe_mma(_rows)_kernel, so compared with float64 and
 # (closely, not bitwise) with the rows kernel; bitwise: row alone vs batch, PDL on vs off, graph
 # replay vs eager.
