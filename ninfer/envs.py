@@ -93,6 +93,7 @@ TMA_STAGE_K = (1024, 2048)
 TMA_CONSUMERS = (8, 16)
 TMA_RING_KIB = (64, 96, 128, 160, 192)
 TMA_X_STAGES = (0, 4, 5)
+TMA_TILE_GROUPS = (1, 2, 4)
 
 
 def gemv_pdl() -> bool:
@@ -108,6 +109,13 @@ def pdl() -> bool:
     on sm_90, so each starts while its predecessor drains and lets its successor start early.
     The GEMV has its own switch (NINFER_GEMV_PDL). Read once, at import of the loader."""
     return _flag("NINFER_PDL", True)
+
+
+def gemv_tma_tile_group() -> int:
+    """NINFER_GEMV_TMA_TILE_GROUP (1, 2 or 4; default 1): row tiles linear_tma_kernel walks in
+    lockstep over the stages when it reads x per stage, reading each stage's x once per group
+    (bitwise the same results). Read once, at import of the launcher."""
+    return _choice("NINFER_GEMV_TMA_TILE_GROUP", 1, TMA_TILE_GROUPS)
 
 
 def gemv_tma_sk() -> int:

@@ -240,22 +240,9 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 __host__ __device__ constexpr int tma_pitch(int sk) { return 2 * sk + 16; }
 extern __shared__ __align__(128) unsigned char tma_smem[];
 
-// One k16 step: A fragment from the stage at shared address `a` (this lane's ldmatrix row),
-// x[row][k + 2t .. + 1] and x[row][k + 8 + 2t .. + 1] at xk.
-__device__ __forceinline__ void tma_step(unsigned a, const float* xk, float (&c)[4]) {
-  uint4 f;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(f.x), "=r"(f.y), "=r"(f.z), "=r"(f.w) : "r"(a) : "memory");
-  const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk));
-  const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 8));
-  unsigned hi0, lo0, hi1, lo1;
-  split_bf16x2(x0.x, x0.y, hi0, lo0);
-  split_bf16x2(x1.x, x1.y, hi1, lo1);
-  mma_bf16_16816(c, f.x, f.y, f.z, f.w, hi0, hi1);
-  mma_bf16_16816(c, f.x, f.y, f.z, f.w, lo0, lo1);
-}
-
-// The same step with x already split: xf = {hi(x0), hi(x1), lo(x0), lo(x1)}.
+// One k16 step: A fragment from the stage at shared address `a` (this lane's ldmatrix row)
+// times x[row][k + 2t .. + 1], x[row][k + 8 + 2t .. + 1] already split into bf16 hi + lo
+// (mma_gemv.cuh split_bf16x2): xf = {hi(x0), hi(x1), lo(x0), lo(x1)}; the hi product first.
 __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[4],
                                                float (&c)[4]) {
   uint4 f;
@@ -265,13 +252,20 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
   mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[2], xf[3]);
 }
 
-template <int SWIGLU, int SK, int CONS, int XS>
+// TG > 1 (XS = 0 only): a block walks its row tiles in groups of TG (tiles t0 + i gridDim.x,
+// i < TG) in lockstep over the stages (ring order: stage s of each tile of the group, then
+// stage s + 1), so each lane reads its x fragments of a stage once per group instead of once per
+// tile: at N = 8 and K > 5 SK the per-tile x reads cost as much L2 traffic as the weights. Each
+// tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
+// same bits.
+template <int SWIGLU, int SK, int CONS, int XS, int TG>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
   static_assert(WK % 16 == 0 && 2 * TMA_MAX_STAGES * 8 <= TMA_BAR_BYTES, "geometry");
+  static_assert(TG >= 1 && (XS == 0 || TG == 1), "tile groups read x per stage (XS = 0)");
   const unsigned STAGES = (unsigned)p.splits;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   mbar_t* full = reinterpret_cast<mbar_t*>(tma_smem);
@@ -281,6 +275,7 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   const int tiles = (p.m + TILE - 1) / TILE;
   const int stages = (p.k + SK - 1) / SK;
   const int n0 = blockIdx.y * 8;
+  const int G = gridDim.x;
   // PDL (linear.py GEMV_PDL): the next GEMV may start as soon as every block of this one runs;
   // it then streams its weights while this one finishes (its consumers wait below)
   pdl_launch_dependents();
@@ -297,23 +292,35 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
     const bf16raw* w = static_cast<const bf16raw*>(p.w);
     const int r = lane & 15;  // this lane's stage row
     unsigned q = 0;           // the block's stage sequence number
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const int m0 = tile * TILE;
-      const int live = min(TILE, p.m - m0);  // output rows of the tile inside M
-      const bool row_ok = lane < 16 && (SWIGLU ? (r & 7) < live : r < live);
-      const i64 row = SWIGLU ? (r < 8 ? m0 + r : p.m + m0 + r - 8) : m0 + r;
-      const bf16raw* src = w + row * p.w_rs;
-      for (int s = 0; s < stages; ++s, ++q) {
-        const unsigned slot = q % STAGES, use = q / STAGES;
+    for (int t0 = blockIdx.x; t0 < tiles; t0 += TG * G) {
+      const bf16raw* src[TG];
+      unsigned tx[TG];   // bytes per k of the tile's stage (its live rows)
+      bool row_ok[TG];
+#pragma unroll
+      for (int i = 0; i < TG; ++i) {
+        const int m0 = (t0 + i * G) * TILE;
+        const int live = max(0, min(TILE, p.m - m0));  // output rows of the tile inside M
+        row_ok[i] = lane < 16 && (SWIGLU ? (r & 7) < live : r < live);
+        const i64 row = SWIGLU ? (r < 8 ? m0 + r : p.m + m0 + r - 8) : m0 + r;
+        src[i] = w + row * p.w_rs;
+        tx[i] = (unsigned)(SWIGLU ? 2 * live : live);
+      }
+      for (int s = 0; s < stages; ++s) {
         const unsigned bytes = 2u * (unsigned)min(SK, p.k - s * SK);
-        if (lane == 0) {
-          mbar_wait(empty + slot, (use & 1u) ^ 1u);
-          mbar_arrive_expect_tx(full + slot, bytes * (unsigned)(SWIGLU ? 2 * live : live));
+#pragma unroll
+        for (int i = 0; i < TG; ++i) {
+          if (t0 + i * G >= tiles) break;
+          const unsigned slot = q % STAGES, use = q / STAGES;
+          if (lane == 0) {
+            mbar_wait(empty + slot, (use & 1u) ^ 1u);
+            mbar_arrive_expect_tx(full + slot, bytes * tx[i]);
+          }
+          __syncwarp();
+          if (row_ok[i])
+            bulk_copy_g2s(ring + slot * STAGE + r * PITCH, src[i] + s * SK, bytes, full + slot,
+                          policy);
+          ++q;
         }
-        __syncwarp();
-        if (row_ok)
-          bulk_copy_g2s(ring + slot * STAGE + r * PITCH, src + s * SK, bytes, full + slot,
-                        policy);
       }
     }
     return;
@@ -344,8 +351,10 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   }
   unsigned q = 0;
   int parity = 0;
-  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int t0 = blockIdx.x; t0 < tiles; t0 += TG * G) {
+    float c[TG][4];
+#pragma unroll
+    for (int i = 0; i < TG; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
     if (XS > 0) {
 #pragma unroll
       for (int s = 0; s < XN; ++s) {
@@ -356,37 +365,55 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
         const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
 #pragma unroll
         for (int j = 0; j < WK / 16; ++j)
-          if (j < steps) tma_step_split(a + 32 * j, xf[s][j], c);
+          if (j < steps) tma_step_split(a + 32 * j, xf[s][j], c[0]);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + slot);
       }
       q += stages;
     }
-    for (int s = 0; s < (XS > 0 ? 0 : stages); ++s, ++q) {
-      const unsigned slot = q % STAGES;
-      mbar_wait(full + slot, (q / STAGES) & 1u);
-      const unsigned a = ring_s + slot * STAGE;
+    for (int s = 0; s < (XS > 0 ? 0 : stages); ++s) {
+      // this stage's x fragments, split once for the group's tiles (as tma_step splits them)
       const float* xk = xrow + s * SK;
       const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
-      if (steps == WK / 16) {
+      unsigned xs[WK / 16][4];
 #pragma unroll
-        for (int j = 0; j < WK / 16; ++j) tma_step(a + 32 * j, xk + 16 * j, c);
-      } else {
-        for (int j = 0; j < steps; ++j) tma_step(a + 32 * j, xk + 16 * j, c);
+      for (int j = 0; j < WK / 16; ++j) {
+        if (j < steps) {
+          const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
+          const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
+          split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][2]);
+          split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][3]);
+        }
       }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + slot);
+#pragma unroll
+      for (int i = 0; i < TG; ++i) {
+        if (t0 + i * G >= tiles) break;
+        const unsigned slot = q % STAGES;
+        mbar_wait(full + slot, (q / STAGES) & 1u);
+        const unsigned a = ring_s + slot * STAGE;
+#pragma unroll
+        for (int j = 0; j < WK / 16; ++j)
+          if (j < steps) tma_step_split(a + 32 * j, xs[j], c[i]);
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + slot);
+        ++q;
+      }
     }
-    mma_store_partials(red[parity], warp, g, t, c);
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-    const int m0 = tile * TILE;
-    for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
-      const int rr = idx >> 3, n = idx & 7;
-      if (m0 + rr < p.m && n0 + n < p.n)
-        p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
-            mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+#pragma unroll
+    for (int i = 0; i < TG; ++i) {
+      const int tile = t0 + i * G;
+      if (tile >= tiles) break;
+      mma_store_partials(red[parity], warp, g, t, c[i]);
+      asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
+      const int m0 = tile * TILE;
+      for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
+        const int rr = idx >> 3, n = idx & 7;
+        if (m0 + rr < p.m && n0 + n < p.n)
+          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
+              mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+      }
+      parity ^= 1;
     }
-    parity ^= 1;
   }
 #else
   __trap();

@@ -41,9 +41,11 @@ SOURCE = KernelSource("linear.cu", tuple(
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0>" for sk in envs.TMA_STAGE_K
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1>" for sk in envs.TMA_STAGE_K
        for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}>" for tg in envs.TMA_TILE_GROUPS if tg > 1
+       for sw in (0, 1)]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
@@ -161,6 +163,11 @@ TMA_MAX_STAGES = 16  # linear.cu
 # while the previous kernel finishes. H200 decode graph, same machine, B = 1 / 8 ms: 9B 4.99 /
 # 6.02 against 5.09 / 6.12 without; 27B 15.67 / 18.95 against 15.94 / 19.23.
 GEMV_PDL = envs.gemv_pdl()
+# NINFER_GEMV_TMA_TILE_GROUP (read once at import): linear_tma_kernel instances that read x per
+# stage (XS = 0: K > 5 stages, or x_regs off) walk their row tiles in groups of this many in
+# lockstep over the stages, reading each stage's x once per group (bitwise the same results;
+# 1024-k stages and 16 consumers only, else 1).
+TMA_TILE_GROUP = envs.gemv_tma_tile_group()
 
 
 def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
@@ -188,12 +195,15 @@ def tma_ok(k: int) -> bool:
 def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
-                x_regs: bool = True, pdl: bool | None = None) -> None:
+                x_regs: bool = True, pdl: bool | None = None,
+                tile_group: int | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
     `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
-    same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL)."""
+    same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL).
+    `tile_group`: row tiles walked in lockstep when x is read per stage (None: TMA_TILE_GROUP;
+    bitwise the same results)."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
@@ -205,7 +215,10 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=stages)
     xs = tma_x_stages(k, sk, consumers) if x_regs else 0
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}>")
+    tg = TMA_TILE_GROUP if tile_group is None else tile_group
+    if xs or sk != 1024 or consumers != 16:
+        tg = 1
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     name = "linear_swiglu_tma" if swiglu else "linear_tma"

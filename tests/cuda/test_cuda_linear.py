@@ -227,13 +227,14 @@ def test_gemv_rows_flag_routes_linear_and_swiglu(rng, monkeypatch):
 # rows or the number of persistent blocks.
 
 def _tma(x_d, w_d, *, swiglu, row_blocks=None, sk=None, consumers=None, ring_kib=None,
-         x_regs=True):
+         x_regs=True, tile_group=None):
     n, k = x_d.shape
     m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
     out = poisoned((n, m))
     klinear._launch_tma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
                         C.row_stride(out, "out"), m, k, n, swiglu=swiglu, row_blocks=row_blocks,
-                        sk=sk, consumers=consumers, ring_kib=ring_kib, x_regs=x_regs)
+                        sk=sk, consumers=consumers, ring_kib=ring_kib, x_regs=x_regs,
+                        tile_group=tile_group)
     return out
 
 
@@ -318,6 +319,28 @@ def test_gemv_tma_x_in_registers_same_bits(rng, k, swiglu):
         for row_blocks in (None, 3):
             got = _tma(x_d, w_d, swiglu=swiglu, sk=1024, consumers=16, row_blocks=row_blocks)
             assert_same_bits(got, want, f"k={k} n={n} row_blocks={row_blocks}")
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("k, x_regs", [(6144 + 48, True), (12288, True), (2048, False),
+                                       (1024 + 16, False)])
+def test_gemv_tma_tile_groups_same_bits(rng, k, x_regs, swiglu):
+    """Row tiles walked in lockstep groups of 2 or 4 (x read once per stage and group) give the
+    bits of one tile at a time, for N = 1..8, with the tiles spread over many blocks (a partial
+    last group) or walked by 5 or 1 blocks; against float64 too."""
+    m = 147 if swiglu else 301
+    w_full = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)
+    for n in (1, 3, 8):
+        x_h, x_d = _strided_x(rng, n, k)
+        want = _tma(x_d, w_full, swiglu=swiglu, sk=1024, consumers=16, x_regs=x_regs,
+                    tile_group=1)
+        ref_out = ref.linear(x_h, bf16_bits_to_f32(host(w_full)))
+        assert_close(want, ref.swiglu(ref_out) if swiglu else ref_out, what=f"k={k} n={n}")
+        for tg in (2, 4):
+            for row_blocks in (None, 5, 1):
+                got = _tma(x_d, w_full, swiglu=swiglu, sk=1024, consumers=16, x_regs=x_regs,
+                           tile_group=tg, row_blocks=row_blocks)
+                assert_same_bits(got, want, f"k={k} n={n} tile_group={tg} row_blocks={row_blocks}")
 
 
 def _pdl_chain(x_d, ws, outs, *, pdl):
