@@ -5,6 +5,9 @@ dk^-1/2) -> gdn_gates -> gdn_recurrence -> gated_rms_norm, one token per row).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+
 import numpy as np
 
 from ninfer.kernels_cuda import _checks as C
@@ -12,9 +15,28 @@ from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One kernel of gdn_decode.cu (all bitwise equal to each other)."""
+
+    kernel: str         # the __global__ template's name
+    blocks_per_head: int  # CL: a cluster of this many blocks holds a head (> 1 needs sm_90)
+    staged: bool        # the state goes through shared memory (cp.async), not registers
+    blocks_per_sm: int  # occupancy of the MAXK 3 instance (launch bounds; shared memory at dk 128)
+
+
+VARIANTS = {
+    "cluster4": Variant("gdn_decode_fused_kernel", 4, False, 2),
+    "cluster2": Variant("gdn_decode_fused_pair_kernel", 2, False, 2),
+    "head": Variant("gdn_decode_fused_head_kernel", 1, False, 1),
+    "staged4": Variant("gdn_decode_staged4_kernel", 4, True, 2),
+    "staged2": Variant("gdn_decode_staged2_kernel", 2, True, 2),
+    "staged1": Variant("gdn_decode_staged1_kernel", 1, True, 2),
+}
 SOURCE = KernelSource("gdn_decode.cu", tuple(
-    f"{name}<{m}>" for name in ("gdn_decode_fused_kernel", "gdn_decode_fused_head_kernel")
-    for m in _MAXK))
+    f"{v.kernel}<{m}>" for v in VARIANTS.values() for m in _MAXK))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
@@ -24,38 +46,58 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     ("eps", "f32"), ("l2_eps", "f32"), ("q_scale", "f32"), ("bf16_flags", "i32"))
 assert _PARAMS.itemsize == 224
 MAX_DIM = 128
-GROUPS = 4  # column groups of 32 per head (DEC_GROUPS): blocks per head of the cluster kernel
+GROUPS = 4  # column groups of 32 per head (DEC_GROUPS)
 THREADS = 512
-# Which kernel runs (read per launch, tests set it): None picks the cluster kernel on sm_90+
-# (one block per 32 state columns, a cluster per head) when its blocks fit one wave (2 per SM),
-# else the one-block-per-head kernel; True / False force one (they are bitwise equal, so the
-# choice by N keeps batch invariance; the cluster kernel needs sm_90). H200, 9B shape (Hv = 32),
-# 20-24 launches in a graph: B = 1 cluster 5.8 us, per head 6.6 us; B = 8 (1024 cluster blocks,
-# 4 waves) cluster 29.6 us, per head 18.5 us.
-USE_CLUSTER: bool | None = None
-CLUSTER_BLOCKS_PER_SM = 2  # 512 threads at 64 registers
-_CLUSTER_DEVICES: dict[int, tuple[bool, int]] = {}
+# Which kernel runs (read per launch; tests and the bench set it): a name of VARIANTS forces
+# that kernel (a staged one raises on a state it cannot stage: 16-byte aligned state and slot
+# stride, dv % 4 == 0); None picks by `choose_variant`. NINFER_GDN_DECODE_KERNEL sets the
+# default (read at import). H200, 9B shape (Hv = 32), graph of 20-24 launches, before the
+# staged / pair kernels existed: B = 1 cluster4 5.8 us, head 6.6 us; B = 8 (1024 cluster4
+# blocks, 4 waves) cluster4 29.6 us, head 18.5 us.
+VARIANT: str | None = os.environ.get("NINFER_GDN_DECODE_KERNEL") or None
+if VARIANT is not None and VARIANT not in VARIANTS:
+    raise ValueError(f"NINFER_GDN_DECODE_KERNEL={VARIANT!r}: expected one of {sorted(VARIANTS)}")
+_DEVICES: dict[int, tuple[bool, int]] = {}
 
 
 def _cluster_device() -> tuple[bool, int]:
     """(sm_90 or newer, SM count) of the current device, read once per device."""
     cp = C.cupy()
     device_id = cp.cuda.runtime.getDevice()
-    found = _CLUSTER_DEVICES.get(device_id)
+    found = _DEVICES.get(device_id)
     if found is None:
         dev = cp.cuda.Device(device_id)
-        found = _CLUSTER_DEVICES[device_id] = (int(dev.compute_capability) >= 90,
-                                               int(dev.attributes["MultiProcessorCount"]))
+        found = _DEVICES[device_id] = (int(dev.compute_capability) >= 90,
+                                       int(dev.attributes["MultiProcessorCount"]))
     return found
 
 
-def use_cluster(value_heads: int, n: int) -> bool:
-    """Whether gdn_decode_fused runs the cluster kernel for N rows of Hv heads (USE_CLUSTER
-    None: on sm_90+ when its GROUPS * Hv * N blocks fit one wave)."""
-    if USE_CLUSTER is not None:
-        return USE_CLUSTER
+def _fits_one_wave(name: str, value_heads: int, n: int, sms: int) -> bool:
+    v = VARIANTS[name]
+    return v.blocks_per_head * value_heads * n <= v.blocks_per_sm * sms
+
+
+def choose_variant(value_heads: int, n: int, stageable: bool = True) -> str:
+    """The kernel gdn_decode_fused runs for N rows of Hv heads (`stageable`: the state meets the
+    staged kernels' alignment). VARIANT forces one. Else, PROVISIONAL (from occupancy, not yet
+    timed on the GPU for the staged / pair kernels): below sm_90 "head"; on sm_90 "cluster4"
+    while its blocks fit one wave (measured best at B = 1, 2 on the 9B shape), then the staged
+    kernel with the most blocks per head that still fits one wave (staged2; staged4 has the
+    occupancy of cluster4, so it only comes in if blocks_per_sm changes), else staged1; "head"
+    when the state cannot be staged."""
+    if VARIANT is not None:
+        return VARIANT
     sm90, sms = _cluster_device()
-    return sm90 and GROUPS * value_heads * n <= CLUSTER_BLOCKS_PER_SM * sms
+    if not sm90:
+        return "head"
+    if _fits_one_wave("cluster4", value_heads, n, sms):
+        return "cluster4"
+    if not stageable:
+        return "head"
+    for name in ("staged4", "staged2"):
+        if _fits_one_wave(name, value_heads, n, sms):
+            return name
+    return "staged1"
 
 
 def decode_counters(max_rows: int, key_heads: int):
@@ -121,9 +163,15 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, kc=kc,
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
                     bf16_flags=flags)
-    cluster = use_cluster(value_heads, n)
+    stageable = state.data.ptr % 16 == 0 and ss % 4 == 0 and dv % 4 == 0
+    name = choose_variant(value_heads, n, stageable)
+    variant = VARIANTS[name]
+    C.require(stageable or not variant.staged, "state",
+              f"kernel {name} needs a 16-byte aligned state, slot stride and dv")
     maxk = next(m for m in _MAXK if kc - 1 <= m)
-    name = "gdn_decode_fused_kernel" if cluster else "gdn_decode_fused_head_kernel"
-    grid = (GROUPS * value_heads if cluster else value_heads, n)
-    launch(get_function(SOURCE, f"{name}<{maxk}>"), grid, (THREADS,), (params,),
+    fn = get_function(SOURCE, f"{variant.kernel}<{maxk}>")
+    smem = dk * (GROUPS // variant.blocks_per_head) * 32 * 4 if variant.staged else 0
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    launch(fn, (variant.blocks_per_head * value_heads, n), (THREADS,), (params,), smem,
            name="gdn_decode_fused", pdl=True)

@@ -1,14 +1,16 @@
 """The fused GDN decode step (gdn_decode.cu) on the GPU: vs the unfused float64 references at the
-Qwen3.5 head ratios (fewer heads) for B = 1, 3, 8 over several steps, f32 and bf16 weights;
-bitwise: a row alone == the row in a batch, the cluster kernel == the one-block-per-head kernel,
-a CUDA graph replay == eager, PDL on == PDL off (behind a GEMV that writes qkv)."""
+Qwen3.5 head ratios (fewer heads) for B = 1, 3, 8 over several steps, f32 and bf16 weights, and
+for every kernel variant (kdec.VARIANTS: cluster4 / cluster2 / head in registers, staged4 /
+staged2 / staged1 through shared memory); bitwise: a row alone == the row in a batch (with the
+variant switching by N), every variant == the one-block-per-head kernel, a CUDA graph replay ==
+eager, PDL on == PDL off (behind a GEMV that writes qkv), per variant."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from ninfer.core.dtypes import DType
-from ninfer.kernels_cuda import _loader
+from ninfer.kernels_cuda import _checks, _loader
 from ninfer.kernels_cuda import gdn_decode as kdec
 from ninfer.ops import reference as ref
 
@@ -21,16 +23,37 @@ EPS = 1e-6
 # (hk, hv, dk, dv): the Qwen3.5 ratios with fewer heads, plus odd sizes (partial column groups)
 SHAPES = {"0.8b": (2, 2, 128, 128), "9b": (2, 4, 128, 128), "27b": (2, 6, 128, 128),
           "35b": (1, 2, 128, 128), "odd": (3, 6, 72, 80)}
+VARIANTS = list(kdec.VARIANTS)
+# slot_strided pads each slot's image by PAD floats on both sides: 8 keeps the state 16-byte
+# aligned (as StateImageStorage does; the staged kernels need it), 7 does not
+ALIGNED, UNALIGNED = 8, 7
+
+
+def _same_bits(a, b, what):
+    """assert_same_bits, saying how many elements differ and where the first one is."""
+    ha, hb = np.ascontiguousarray(host(a)), np.ascontiguousarray(host(b))
+    if ha.shape == hb.shape and not np.array_equal(ha.view(np.uint8), hb.view(np.uint8)):
+        diff = np.argwhere(ha.view(np.uint32 if ha.dtype == np.float32 else np.uint8)
+                           != hb.view(np.uint32 if hb.dtype == np.float32 else np.uint8))
+        first = tuple(int(i) for i in diff[0])
+        what = (f"{what}: {len(diff)} of {ha.size} elements differ, first at {first}: "
+                f"{ha[first]!r} vs {hb[first]!r}")
+    assert_same_bits(ha, hb, what)
+
+
+def _sm90() -> bool:
+    return int(cp().cuda.Device().compute_capability) >= 90
 
 
 class Problem:
     """Random weights and per-slot states (host float64 oracle copy and device copy)."""
 
-    def __init__(self, rng, hk, hv, dk, dv, wdtype, *, kc=4, num_slots=12):
+    def __init__(self, rng, hk, hv, dk, dv, wdtype, *, kc=4, num_slots=12, pad=ALIGNED):
         self.rng, self.hk, self.hv, self.dk, self.dv, self.kc = rng, hk, hv, dk, dv, kc
         self.c = 2 * hk * dk + hv * dv
         self.conv_h, self.conv_d, _ = slot_strided(rng, num_slots, (kc - 1, self.c))
-        self.st_h, self.st_d, _ = slot_strided(rng, num_slots, (hv, dk, dv), scale=0.1)
+        self.st_h, self.st_d, _ = slot_strided(rng, num_slots, (hv, dk, dv), pad=pad,
+                                               scale=0.1)
         self.cw_h, self.cw_d = weight_pair(rng, (self.c, kc), wdtype, scale=0.5)
         self.alog_h, self.alog_d = weight_pair(rng, (hv,), wdtype, scale=0.5)
         self.dt_h, self.dt_d = weight_pair(rng, (hv,), wdtype)
@@ -90,19 +113,42 @@ def test_decode_vs_float64(rng, shape, wdtype):
     _check_vs_reference(Problem(rng, hk, hv, dk, dv, wdtype), (1, 3, 8))
 
 
+def _force(monkeypatch, variant):
+    """Force a kernel variant (skips the cluster ones below sm_90)."""
+    if variant is not None and kdec.VARIANTS[variant].blocks_per_head > 1 and not _sm90():
+        pytest.skip("cluster kernels need sm_90")
+    monkeypatch.setattr(kdec, "VARIANT", variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("shape", ["9b", "odd"])
-def test_head_kernel_vs_float64(rng, monkeypatch, shape):
-    """The one-block-per-head kernel (the path below sm_90)."""
-    monkeypatch.setattr(kdec, "USE_CLUSTER", False)
+def test_variant_vs_float64(rng, monkeypatch, shape, variant):
+    """Each kernel variant forced (odd: dk 72, dv 80, so partial column groups and tiles)."""
+    _force(monkeypatch, variant)
     hk, hv, dk, dv = SHAPES[shape]
-    _check_vs_reference(Problem(rng, hk, hv, dk, dv, DType.BFLOAT16), (1, 3))
+    _check_vs_reference(Problem(rng, hk, hv, dk, dv, DType.BFLOAT16), (1, 3), steps=2)
 
 
-@pytest.mark.parametrize("cluster", [True, False])
-def test_wide_conv_kernel_vs_float64(rng, monkeypatch, cluster):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_wide_conv_kernel_vs_float64(rng, monkeypatch, variant):
     """kc = 6 runs the instances with the wider conv windows (MAXK 7)."""
-    monkeypatch.setattr(kdec, "USE_CLUSTER", cluster)
+    _force(monkeypatch, variant)
     _check_vs_reference(Problem(rng, 2, 4, 128, 96, DType.FLOAT32, kc=6), (1, 3), steps=2)
+
+
+def test_unaligned_state(rng, monkeypatch):
+    """A state that is not 16-byte aligned: a forced staged kernel is refused; the automatic
+    choice (made to want a staged kernel: 1 SM) runs a register kernel."""
+    prob = Problem(rng, 2, 4, 128, 128, DType.BFLOAT16, pad=UNALIGNED)
+    _force(monkeypatch, "staged1")
+    counters = kdec.decode_counters(3, prob.hk)
+    _, dev_in = prob.inputs(3)
+    with pytest.raises(_checks.InvalidInput, match="aligned"):
+        prob.run(dev_in, dev(prob.slots(3)), poisoned((3, prob.hv, prob.dv)), counters)
+    monkeypatch.setattr(kdec, "VARIANT", None)
+    monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 1))
+    assert kdec.choose_variant(prob.hv, 3, stageable=False) == "head"
+    _check_vs_reference(prob, (3,), steps=2)
 
 
 def _copies(prob):
@@ -111,9 +157,16 @@ def _copies(prob):
 
 
 @pytest.mark.parametrize("shape", ["27b", "odd"])
-def test_row_alone_equals_batch_bitwise(rng, shape):
+def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
     """Each row's output and state do not depend on the batch size or on which rows share a
-    launch: rows alone, the full batch, and a subset give the same bits."""
+    launch: rows alone, the full batch, and a subset give the same bits. On sm_90 the SM count
+    the automatic choice sees is faked (12) so that, at Hv = 6, rows alone run cluster4, the
+    subset of 3 and the batch of 8 staged1 (and B = 2 would run staged2)."""
+    monkeypatch.setattr(kdec, "VARIANT", None)
+    if _sm90():
+        monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 12))
+        assert [kdec.choose_variant(6, n) for n in (1, 2, 3, 8)] == \
+            ["cluster4", "staged2", "staged1", "staged1"]
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
     n = 8
@@ -131,39 +184,47 @@ def test_row_alone_equals_batch_bitwise(rng, shape):
             sl = slice(i, i + 1)
             prob.run((qkv[sl], a[sl], b[sl], z[sl]), dev(slots[sl]), out_r[sl], counters,
                      conv=conv_r, state=st_r)
-        assert_same_bits(out_r, out_b, f"step {step}: out, rows alone vs batch of {n}")
-        assert_same_bits(st_r, st_b, f"step {step}: state, rows alone vs batch")
-        assert_same_bits(conv_r, conv_b, f"step {step}: conv state, rows alone vs batch")
+        _same_bits(out_r, out_b, f"step {step}: out, rows alone vs batch of {n}")
+        _same_bits(st_r, st_b, f"step {step}: state, rows alone vs batch")
+        _same_bits(conv_r, conv_b, f"step {step}: conv state, rows alone vs batch")
         sub = np.array([5, 1, 6])
         conv_s, st_s = conv0.copy(), st0.copy()
         out_s = poisoned((len(sub), hv, dv))
         subd = dev(sub)
         prob.run((qkv[subd], a[subd], b[subd], z[subd]), dev(slots[sub]), out_s, counters,
                  conv=conv_s, state=st_s)
-        assert_same_bits(out_s, out_b[subd], f"step {step}: out, rows {sub.tolist()} vs batch")
+        _same_bits(out_s, out_b[subd], f"step {step}: out, rows {sub.tolist()} vs batch")
         conv0, st0 = conv_b, st_b
         assert int(host(counters).sum()) == 0
 
 
+@pytest.mark.parametrize("kc", [4, 6])
 @pytest.mark.parametrize("shape", ["9b", "27b", "odd"])
-def test_cluster_equals_head_kernel_bitwise(rng, monkeypatch, shape):
+def test_variants_equal_bitwise(rng, monkeypatch, shape, kc):
+    """Every variant (sm_90: all; below: head, staged1) gives the bits of the one-block-per-head
+    kernel: output, state and conv state over 3 steps from the same start."""
     hk, hv, dk, dv = SHAPES[shape]
-    prob = Problem(rng, hk, hv, dk, dv, DType.FLOAT32)
+    prob = Problem(rng, hk, hv, dk, dv, DType.FLOAT32, kc=kc)
+    variants = [v for v in VARIANTS if _sm90() or kdec.VARIANTS[v].blocks_per_head == 1]
     n = 3
     counters = kdec.decode_counters(n, hk)
-    conv_c, st_c = _copies(prob)
-    conv_h, st_h = _copies(prob)
+    states = {v: _copies(prob) for v in variants}
     for step in range(3):
         slots = dev(prob.slots(n))
         _, dev_in = prob.inputs(n)
-        outs = []
-        for cluster, conv, st in ((True, conv_c, st_c), (False, conv_h, st_h)):
-            monkeypatch.setattr(kdec, "USE_CLUSTER", cluster)
-            outs.append(poisoned((n, hv, dv)))
-            prob.run(dev_in, slots, outs[-1], counters, conv=conv, state=st)
-        assert_same_bits(outs[0], outs[1], f"step {step}: out, cluster vs head kernel")
-        assert_same_bits(st_c, st_h, f"step {step}: state, cluster vs head kernel")
-        assert_same_bits(conv_c, conv_h, f"step {step}: conv state, cluster vs head kernel")
+        outs = {}
+        for v in variants:
+            monkeypatch.setattr(kdec, "VARIANT", v)
+            outs[v] = poisoned((n, hv, dv))
+            conv, st = states[v]
+            prob.run(dev_in, slots, outs[v], counters, conv=conv, state=st)
+        for v in variants:
+            if v == "head":
+                continue
+            _same_bits(outs[v], outs["head"], f"step {step}: out, {v} vs head")
+            _same_bits(states[v][1], states["head"][1], f"step {step}: state, {v} vs head")
+            _same_bits(states[v][0], states["head"][0], f"step {step}: conv state, {v} vs head")
+        assert int(host(counters).sum()) == 0
 
 
 class Chain:
@@ -202,10 +263,15 @@ class Chain:
 NAMES = ("out", "y", "conv state", "state")
 
 
-@pytest.mark.parametrize("n", [1, 8])
-def test_graph_replay_equals_eager_bitwise(rng, n):
+# (variant, n): the automatic choice at B = 1 and 8, and each variant forced at B = 3
+CHAIN_CASES = [(None, 1), (None, 8)] + [(v, 3) for v in VARIANTS]
+
+
+@pytest.mark.parametrize("variant,n", CHAIN_CASES)
+def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, variant, n):
     from ninfer.core.cuda import CudaGraph, DeviceContext
 
+    _force(monkeypatch, variant)
     ctx = DeviceContext(0)
     with ctx.activate():
         ch = Chain(rng, n)
@@ -229,16 +295,17 @@ def test_graph_replay_equals_eager_bitwise(rng, n):
             ch.x[...] = x
             ch.step()
             for name, got, want in zip(NAMES, ch.snapshot(), replays[i]):
-                assert_same_bits(got, want, f"step {i}: {name}, eager vs graph replay")
+                _same_bits(got, want, f"step {i}: {name}, eager vs graph replay")
         assert int(host(ch.counters).sum()) == 0
 
 
-@pytest.mark.parametrize("n", [1, 8])
-def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
+@pytest.mark.parametrize("variant,n", CHAIN_CASES)
+def test_pdl_on_equals_off_bitwise(rng, monkeypatch, variant, n):
     """The decode kernel reads S before pdl_wait and qkv after it: behind a GEMV that writes qkv
     (and before one that reads its output), PDL launches give the bits of plain launches."""
     from ninfer.core.cuda import DeviceContext
 
+    _force(monkeypatch, variant)
     ctx = DeviceContext(0)
     with ctx.activate():
         ch = Chain(rng, n)
@@ -257,5 +324,5 @@ def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
         ctx.synchronize()
     for i in range(len(xs)):
         for name, on, off in zip(NAMES, runs[True][i], runs[False][i]):
-            assert_same_bits(on, off, f"step {i}: {name}, PDL on vs off")
+            _same_bits(on, off, f"step {i}: {name}, PDL on vs off")
     assert int(host(ch.counters).sum()) == 0
