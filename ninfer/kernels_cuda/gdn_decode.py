@@ -6,10 +6,10 @@ dk^-1/2) -> gdn_gates -> gdn_recurrence -> gated_rms_norm, one token per row).
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
@@ -54,9 +54,7 @@ THREADS = 512
 # default (read at import). H200, 9B shape (Hv = 32), graph of 20-24 launches, before the
 # staged / pair kernels existed: B = 1 cluster4 5.8 us, head 6.6 us; B = 8 (1024 cluster4
 # blocks, 4 waves) cluster4 29.6 us, head 18.5 us.
-VARIANT: str | None = os.environ.get("NINFER_GDN_DECODE_KERNEL") or None
-if VARIANT is not None and VARIANT not in VARIANTS:
-    raise ValueError(f"NINFER_GDN_DECODE_KERNEL={VARIANT!r}: expected one of {sorted(VARIANTS)}")
+VARIANT: str | None = envs.gdn_decode_kernel(tuple(VARIANTS))
 _DEVICES: dict[int, tuple[bool, int]] = {}
 
 
