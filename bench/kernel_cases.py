@@ -133,7 +133,9 @@ def attention_prefill(ctx: BenchContext, cp) -> list[Measure]:
 
 def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     """One 8192-token segment in each precision, bf16 also on the bf16-tile path with 32 and 64
-    state columns per block (FLA's bf16 Triton kernel as the peer)."""
+    state columns per block, 32 columns with each of its local kernels (pair: per value-head
+    pair, (I + A)^-1 by blocks and 3xTF32 mma; local16: per-column forward substitution) (FLA's
+    bf16 Triton kernel as the peer)."""
     from ninfer.kernels_cuda.gdn_chunk import SPLIT_O, STATE_COLS, ChunkWorkspace, Precision
     from ninfer.kernels_cuda.gdn_chunk import gdn_chunk_prefill as chunk
 
@@ -151,17 +153,21 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads, bf16_tiles=True)
     path = f"split O, {STATE_COLS}-column state tiles" if SPLIT_O else "O in the state pass"
     out = []
-    for prec, cols in ((Precision.TF32X3, 0), (Precision.BF16, 0), (Precision.BF16, 32),
-                       (Precision.BF16, 64)):
+    for prec, cols, pair in ((Precision.TF32X3, 0, None), (Precision.BF16, 0, None),
+                             (Precision.BF16, 32, False), (Precision.BF16, 32, True),
+                             (Precision.BF16, 64, True)):
         mma = "3xTF32 mma" if prec is Precision.TF32X3 else "bf16 mma"
         tiles = (f", bf16 tiles, {cols}-column state blocks, double-buffered"
                  if cols and not SPLIT_O else "")
+        local = ("" if not cols or SPLIT_O else
+                 ", local: pair" if pair else ", local: local16")
         ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws,
-                                      precision=prec, bf16_cols=cols))
-        label = f"{prec.value}" + (f" tiles{cols}" if cols else "")
+                                      precision=prec, bf16_cols=cols, local_pair=pair))
+        label = f"{prec.value}" + (f" tiles{cols}" if cols else "") + (
+            (" pair" if pair else " local16") if cols else "")
         out.append(_peer(Measure("gdn_chunk_prefill",
                                  f"T={tokens} Hk={s.key_heads} Hv={s.value_heads} {label}",
-                                 ms, note=f"{mma}, {path}{tiles}"),
+                                 ms, note=f"{mma}, {path}{tiles}{local}"),
                          ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
                                                       s.dv)))
     return out

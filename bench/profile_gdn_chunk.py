@@ -2,6 +2,7 @@
 Nsight Compute per-kernel breakdown (the benchmark CLI interleaves several variants and peers):
 
     ncu --metrics gpu__time_duration.sum --csv python3 bench/profile_gdn_chunk.py [--fla]
+        [--local pair|local16]
 
 Shape: one T-token segment, Hk = 16, Hv = 32, dk = dv = 128 (Qwen3.5 9B / 35B-A3B).
 """
@@ -15,6 +16,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--precision", default="bf16", choices=("bf16", "tf32x3"))
     ap.add_argument("--cols", type=int, default=None, help="bf16_cols (None: the default)")
+    ap.add_argument("--local", choices=("pair", "local16"), default=None,
+                    help="the bf16-tile path's local kernel (None: NINFER_GDN_CHUNK_LOCAL_PAIR)")
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--fla", action="store_true", help="FLA's Triton kernels instead")
     args = ap.parse_args()
@@ -45,7 +48,8 @@ def main() -> None:
     ws = ChunkWorkspace.allocate(t, 1, hv, bf16_tiles=True)
     for _ in range(args.iters):
         gdn_chunk_prefill(q, k, v, g, beta, state, starts, slots, out, workspace=ws,
-                          precision=Precision(args.precision), bf16_cols=args.cols)
+                          precision=Precision(args.precision), bf16_cols=args.cols,
+                          local_pair=None if args.local is None else args.local == "pair")
     cp.cuda.get_current_stream().synchronize()
 
 

@@ -195,6 +195,15 @@ def gdn_chunk_bf16_cols() -> int:
 GDN_CHUNK_PRECISIONS = ("tf32x3", "bf16")
 
 
+def gdn_chunk_local_pair() -> bool:
+    """NINFER_GDN_CHUNK_LOCAL_PAIR (default on; "0" off): the bf16-tile chunked GDN prefill's
+    local kernel is gdn_chunk_localpair_kernel (one block per chunk and value-head pair of a key
+    head: Q K^T, K K^T once per pair, (I + A)^-1 by 16 x 16 blocks applied with 3xTF32 mma)
+    instead of gdn_chunk_local16_kernel (per-column forward substitution; results equal to the
+    fp32-tile bf16 kernels bit for bit). Read once, at import of the launcher."""
+    return _flag("NINFER_GDN_CHUNK_LOCAL_PAIR", True)
+
+
 def gdn_chunk_precision() -> str | None:
     """NINFER_GDN_CHUNK_PRECISION ("tf32x3" or "bf16"; unset or empty: None): how the chunked
     GDN prefill forms its matrix products, overriding the model's choice (bf16 for bf16 weights,

@@ -57,6 +57,12 @@
 //                            into a second stage while chunk c computes (two barriers per chunk),
 //                            and forms the fused path's products in the same order, so its outputs
 //                            and state equal gdn_chunk_state_kernel<32, true, true>'s bit for bit.
+// gdn_chunk_localpair_kernel<VPB>  (bf16-tile path, NINFER_GDN_CHUNK_LOCAL_PAIR, the default)
+//                            the same workspaces as gdn_chunk_local16_kernel for VPB = 2 value heads
+//                            of one key head per block (Q, K loaded and K K^T, Q K^T formed once),
+//                            with [U | W] = T [beta V | beta e^G K], T = (I + A)^-1 formed once per
+//                            chunk and head by 16 x 16 blocks (fp32) and applied with 3xTF32 mma,
+//                            instead of the per-column forward substitution (see the kernel).
 // The split path (state kernel without FUSED_O, then the output kernel) forms every product with
 // the same operand splits and the same accumulation order as the fused kernel; only the mapping
 // of columns to warps and blocks differs.
@@ -88,7 +94,7 @@ struct ChunkParams {
   int key_heads, value_heads, dk, dv;
   int num_segs, max_chunks;
   int vec_qk;  // q, k base and strides 16-byte aligned: 16-byte cp.async (else 4-byte)
-  int pad_;
+  int vec_v;   // v base and strides 16-byte aligned (gdn_chunk_localpair_kernel's cp.async)
 };
 static_assert(sizeof(ChunkParams) == 240, "ChunkParams layout is mirrored in gdn_chunk.py");
 
@@ -526,6 +532,275 @@ __global__ void __launch_bounds__(256) gdn_chunk_local_kernel(const ChunkParams 
 __global__ void __launch_bounds__(256) gdn_chunk_local16_kernel(const ChunkParams p,
                                                                 bf16raw* qg) {
   local_chunk<true, true>(p, qg);
+}
+
+// ---- gdn_chunk_localpair_kernel<VPB>: the bf16-tile path's local kernel, inverse form ----------
+// Same workspaces as gdn_chunk_local16_kernel (-W | K e^{G_L - G} and Q e^G bf16, U and G fp32,
+// P bf16), computed per chunk for VPB value heads of one key head (VPB = 2: a value-head pair;
+// 1 when Hv / Hk is odd): grid (max_chunks, Hv / VPB), 256 VPB threads; thread group v (256
+// threads, named barrier 1 + v) owns value head VPB blockIdx.y + v in phases 3 and 4.
+//   1  K, Q (once per block) and each head's V (fp32) load with cp.async; G (serial prefix sum,
+//      as local_chunk), beta, e^G, e^{G_L - G}, beta e^G per head into shared memory.
+//   2  K K^T and Q K^T once per block (bf16 mma from the fp32 tiles, as local_chunk; warp w:
+//      rows 16 (w / (2 VPB)).., 8 / (2 VPB) column tiles), then per head A = beta K K^T decay
+//      (shared memory) and P (bf16 workspace); K e^{G_L - G} and Q e^G per head (bf16).
+//   3  T = (I + A)^-1 in fp32 by 16 x 16 blocks, in place of A, per thread group: the four
+//      diagonal blocks by forward substitution (64 threads, one column each), then block rows
+//      1..3: M = -sum_{k<i} A_ik T_k (16 x 16i), T_i = D_i M (D_i = T_ii), two barriers each.
+//   4  [U | W] = T [diag(beta) V | diag(beta e^G) K] as 3xTF32 mma (Mma<false>, about fp32; the
+//      triangle of T above its 16-row blocks skipped): warp w of a group owns 32 columns of
+//      U (w < 4) or W (w >= 4) over all 64 rows; U stored fp32, -W as bf16.
+// U and W are not the forward substitution's bits (other summation order), so the outputs
+// differ from gdn_chunk_local16_kernel's within fp32 rounding of U, W (then bf16 of -W);
+// deterministic and chunk-local (a prompt split at multiples of 64 tokens gives the same bits).
+#define PLD_T 68   // T / A tile [64][68] fp32: (g, t) tf32 A-fragment reads conflict-free
+#define MLD_T 52   // block-row scratch M [16][48]
+
+// Shared memory (floats; mirrored by gdn_chunk.py localpair_launch): K, Q, V[VPB] [64][136];
+// A / T [VPB][64][68]; M [VPB][16][52]; six [VPB][64] vectors. VPB = 2: 183808 bytes, one block
+// (16 warps) per SM.
+__device__ __forceinline__ void group_sync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+
+template <int VPB>
+__global__ void __launch_bounds__(256 * VPB, 1)
+    gdn_chunk_localpair_kernel(const ChunkParams p, bf16raw* qg) {
+  static_assert(VPB == 1 || VPB == 2, "value heads per block");
+  using M16 = Mma<true>;
+  using M32 = Mma<false>;
+  constexpr int LD = 136;           // = Mma<true>::QK_LD: K, Q, V rows
+  constexpr int NWARP = 8 * VPB;
+  constexpr int WPM = NWARP / 4;    // warps per 16-row tile of K K^T, Q K^T
+  constexpr int NT = 8 / WPM;       // their column tiles per warp
+  extern __shared__ float4 smem4[];
+  float* smem = reinterpret_cast<float*>(smem4);
+  float* Ks = smem;                          // [64][LD]
+  float* Qs = Ks + CH * LD;                  // [64][LD]
+  float* Vs = Qs + CH * LD;                  // [VPB][64][LD]
+  float* Ts = Vs + VPB * CH * LD;            // [VPB][64][PLD_T] A, then T
+  float* Ms = Ts + VPB * CH * PLD_T;         // [VPB][16][MLD_T]
+  float* gam = Ms + VPB * 16 * MLD_T;        // [VPB][64] G_i (G_{L-1} past L)
+  float* bet = gam + VPB * CH;               // [VPB][64] beta (0 past L)
+  float* eg = bet + VPB * CH;                // [VPB][64] e^G (0 past L)
+  float* ek = eg + VPB * CH;                 // [VPB][64] e^{G_L - G} (0 past L)
+  float* bk = ek + VPB * CH;                 // [VPB][64] beta e^G
+  float* graw = bk + VPB * CH;               // [VPB][64] g (0 past L)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int grp = tid >> 8, ltid = tid & 255;  // thread group: value head h0 + grp
+  const int b = blockIdx.x, h0 = VPB * blockIdx.y;
+  if (b >= p.chunk_offsets[p.num_segs]) return;
+  const int seg = chunk_segment(p, b);
+  const int cs = p.seg_starts[seg] + (b - p.chunk_offsets[seg]) * CH;
+  const int L = min(CH, p.seg_starts[seg + 1] - cs);
+  const int kh = h0 / (p.value_heads / p.key_heads);  // VPB = 2: Hv / Hk even, one key head
+  const i64 hv = p.value_heads;
+  const bool vec_v = p.vec_v != 0;
+
+  // ---- 1: loads ----
+  if (VPB == 1 || grp == 0)
+    async_tile128(Ks, LD, p.k + (i64)cs * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L, p.dk,
+                  p.vec_qk != 0, ltid);
+  if (VPB == 1 || grp == 1)
+    async_tile128(Qs, LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
+                  p.vec_qk != 0, ltid);
+  cp_async_commit();
+  async_tile128(Vs + grp * CH * LD, LD, p.v + (i64)cs * p.v_rs + (i64)(h0 + grp) * p.v_hs,
+                p.v_rs, L, p.dv, vec_v, ltid);
+  cp_async_commit();
+  if (tid < VPB * CH) {
+    const int v = tid >> 6, i = tid & 63;
+    const i64 row = cs + i;
+    graw[tid] = i < L ? p.g[row * p.g_rs + h0 + v] : 0.0f;
+    bet[tid] = i < L ? p.beta[row * p.beta_rs + h0 + v] : 0.0f;
+  }
+  __syncthreads();
+  if (tid < VPB * CH && (tid & 63) == 0) {  // G: the serial prefix sum of local_chunk
+    float s = 0.0f;
+#pragma unroll 8
+    for (int i = 0; i < CH; ++i) {
+      s = i == 0 ? graw[tid] : s + graw[tid + i];
+      gam[tid + i] = s;
+    }
+  }
+  __syncthreads();
+  if (tid < VPB * CH) {
+    const int v = tid >> 6, i = tid & 63;
+    const float e = expf(gam[tid]);
+    eg[tid] = i < L ? e : 0.0f;
+    ek[tid] = i < L ? expf(gam[v * CH + L - 1] - gam[tid]) : 0.0f;
+    bk[tid] = bet[tid] * e;
+    if (i < L) p.gam_ws[(i64)(cs + i) * hv + h0 + v] = gam[tid];
+  }
+  cp_async_wait<1>();  // K, Q
+  __syncthreads();
+
+  // ---- 2: K K^T, Q K^T (per key head), A and P per value head ----
+  {
+    const int mt = warp / WPM, nt0 = NT * (warp % WPM);
+    float ak[NT][4], aq[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) ak[n][r] = aq[n][r] = 0.0f;
+#pragma unroll 2
+    for (int ks = 0; ks < DMAX / 16; ++ks) {
+      M16::FragA fk, fq;
+      M16::load_a(fk, Ks + 16 * mt * LD + 16 * ks, LD, g, t, 1.0f, 1.0f);
+      M16::load_a(fq, Qs + 16 * mt * LD + 16 * ks, LD, g, t, 1.0f, 1.0f);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        M16::FragB fb;  // B[k = d][n = j] = K[j][d]
+        M16::load_bt(fb, Ks + 8 * (nt0 + n) * LD + 16 * ks, LD, g, t);
+        M16::mma(ak[n], fk, fb);
+        M16::mma(aq[n], fq, fb);
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < VPB; ++v) {
+      const float* gv = gam + v * CH;
+      const float* bv = bet + v * CH;
+      float* As = Ts + v * CH * PLD_T;
+      unsigned* pw2 = reinterpret_cast<unsigned*>(p.p_ws) +  // [64][32] bf16x2
+                      ((i64)b * hv + h0 + v) * CH * CH / 2;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; r += 2) {
+          const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t;
+          const float d0 = j <= i ? expf(gv[i] - gv[j]) : 0.0f;
+          const float d1 = j + 1 <= i ? expf(gv[i] - gv[j + 1]) : 0.0f;
+          As[i * PLD_T + j] = j < i ? bv[i] * d0 * ak[n][r] : 0.0f;
+          As[i * PLD_T + j + 1] = j + 1 < i ? bv[i] * d1 * ak[n][r + 1] : 0.0f;
+          pw2[(i * CH + j) / 2] = M16::pack(j <= i ? d0 * aq[n][r] : 0.0f,
+                                            j + 1 <= i ? d1 * aq[n][r + 1] : 0.0f);
+        }
+    }
+  }
+  {  // K e^{G_L - G} and Q e^G per value head (bf16 pairs, rows < L, all 128 columns)
+    bf16raw* kw = reinterpret_cast<bf16raw*>(p.w_ws);
+#pragma unroll 4
+    for (int idx = tid; idx < VPB * CH * DMAX / 2; idx += 256 * VPB) {
+      const int v = idx >> 12, i = (idx >> 6) & 63, d = 2 * (idx & 63);
+      if (i < L) {
+        const float e1 = ek[v * CH + i], e2 = eg[v * CH + i];
+        const float2 k2 = *reinterpret_cast<const float2*>(Ks + i * LD + d);
+        const float2 q2 = *reinterpret_cast<const float2*>(Qs + i * LD + d);
+        const i64 row = (i64)(cs + i) * hv + h0 + v;
+        *reinterpret_cast<unsigned*>(kw + row * 2 * DMAX + DMAX + d) =
+            M16::pack(k2.x * e1, k2.y * e1);
+        *reinterpret_cast<unsigned*>(qg + row * DMAX + d) = M16::pack(q2.x * e2, q2.y * e2);
+      }
+    }
+  }
+  cp_async_wait<0>();  // V
+  __syncthreads();     // A, V visible
+
+  // ---- 3: T = (I + A)^-1 in place, per thread group ----
+  float* T = Ts + grp * CH * PLD_T;
+  float* Mb = Ms + grp * 16 * MLD_T;
+  const int bar = 1 + grp;
+  {
+    float x[16];
+    const int db = ltid >> 4, c = ltid & 15;  // diagonal block db, its column c (ltid < 64)
+    float* Ab = T + 16 * db * PLD_T + 16 * db;
+    if (ltid < CH) {
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        float s = r == c ? 1.0f : 0.0f;
+#pragma unroll
+        for (int j = 0; j < r; ++j) s = fmaf(-Ab[r * PLD_T + j], x[j], s);
+        x[r] = s;
+      }
+    }
+    group_sync(bar);  // every read of the diagonal blocks of A done
+    if (ltid < CH) {
+#pragma unroll
+      for (int r = 0; r < 16; ++r) Ab[r * PLD_T + c] = x[r];
+    }
+    group_sync(bar);
+  }
+#pragma unroll 1
+  for (int w = 16; w < CH; w += 16) {  // block row w / 16: columns 0..w-1
+    for (int e = ltid; e < 16 * w; e += 256) {  // M = -A_i T_{<i}
+      const int r = e / w, c = e - r * w;
+      const float* arow = T + (w + r) * PLD_T;
+      float s = 0.0f;
+#pragma unroll 4
+      for (int k = c & ~15; k < w; ++k) s = fmaf(-arow[k], T[k * PLD_T + c], s);
+      Mb[r * MLD_T + c] = s;
+    }
+    group_sync(bar);
+    for (int e = ltid; e < 16 * w; e += 256) {  // T_i = D_i M (D_i unit lower)
+      const int r = e / w, c = e - r * w;
+      const float* drow = T + (w + r) * PLD_T + w;
+      float s = Mb[r * MLD_T + c];
+#pragma unroll 4
+      for (int k = 0; k < r; ++k) s = fmaf(drow[k], Mb[k * MLD_T + c], s);
+      T[(w + r) * PLD_T + c] = s;
+    }
+    group_sync(bar);
+  }
+
+  // ---- 4: [U | W] = T [diag(beta) V | diag(beta e^G) K] (3xTF32), 16 columns at a time ----
+  const int lw = ltid >> 5;                 // warp in the group
+  const bool isw = lw >= 4;                 // W columns (else U)
+  const float* Y = isw ? Ks : Vs + grp * CH * LD;
+  const float* sc = (isw ? bk : bet) + grp * CH;
+  const int h = h0 + grp;
+#pragma unroll 1
+  for (int half = 0; half < 2; ++half) {
+    const int col0 = 32 * (lw & 3) + 16 * half;
+    float acc[4][2][4];
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[m][n][r] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < CH / 8; ++ks) {
+      M32::FragB fb[2];  // B[k][n] = Y[8ks + k][col0 + 8n + n'] * sc[8ks + k]
+      const float s0 = sc[8 * ks + t], s4 = sc[8 * ks + t + 4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        const float* y = Y + (8 * ks + t) * LD + col0 + 8 * n + g;
+        M32::split(y[0] * s0, fb[n].hi[0], fb[n].lo[0]);
+        M32::split(y[4 * LD] * s4, fb[n].hi[1], fb[n].lo[1]);
+      }
+#pragma unroll
+      for (int m = ks / 2; m < 4; ++m) {  // T[16m.., 8ks..] is zero for ks > 2m + 1
+        M32::FragA fa;
+        M32::load_a(fa, T + 16 * m * PLD_T + 8 * ks, PLD_T, g, t, 1.0f, 1.0f);
+#pragma unroll
+        for (int n = 0; n < 2; ++n) M32::mma(acc[m][n], fa, fb[n]);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+#pragma unroll
+      for (int r = 0; r < 4; r += 2) {
+        const int i = 16 * m + g + 8 * (r >> 1);
+        if (i >= L) continue;
+        const i64 row = (i64)(cs + i) * hv + h;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          const int col = col0 + 8 * n + 2 * t;
+          if (isw) {  // -W as bf16 (all 128 columns; zero K columns give -0 past dk)
+            reinterpret_cast<unsigned*>(p.w_ws)[(row * 2 * DMAX + col) / 2] =
+                M16::pack(-acc[m][n][r], -acc[m][n][r + 1]);
+          } else {
+            float* u = p.u_ws + row * DMAX + col;
+            if (col + 1 < p.dv) {
+              *reinterpret_cast<float2*>(u) = make_float2(acc[m][n][r], acc[m][n][r + 1]);
+            } else if (col < p.dv) {
+              u[0] = acc[m][n][r];
+            }
+          }
+        }
+      }
+  }
 }
 
 // Phase-A operands of the chunk at token cs (L tokens): W, the SB-column U tile (at column

@@ -12,7 +12,12 @@ output in the state pass only): the local kernel also writes its operands as bf1
 K e^{G_L - G}, Q e^G, P; U stays fp32), and the state pass keeps them as bf16 in shared memory
 (ldmatrix fragments), double-buffered per chunk, with `bf16_cols` state columns per block. Every
 product rounds the same fp32 values in the same order as the fp32-tile BF16 kernels, so its
-results equal theirs bit for bit.
+results equal theirs bit for bit. Its local kernel (``local_pair``, NINFER_GDN_CHUNK_LOCAL_PAIR,
+default on) is gdn_chunk_localpair_kernel: one block per chunk and value-head pair of a key head
+(Q, K and K K^T, Q K^T once per pair), [U | W] = (I + A)^-1 [beta V | beta e^G K] with the
+inverse formed once per chunk and head by 16 x 16 blocks and applied with 3xTF32 mma; U and W
+then differ from the forward substitution's (gdn_chunk_local16_kernel) by fp32 rounding, so the
+path is no longer bitwise equal to the fp32-tile kernels (still deterministic and split-exact).
 
 `Precision` picks how the matrix products run on tensor cores (operands, gates, the state and
 the forward substitution stay fp32 in memory either way):
@@ -46,6 +51,7 @@ SPLIT_O = envs.gdn_chunk_split_o()
 STATE_COLS = envs.gdn_chunk_state_cols()
 BF16_COLS_CHOICES = envs.GDN_CHUNK_BF16_COLS  # 0: the fp32-tile kernels
 BF16_COLS = envs.gdn_chunk_bf16_cols()
+LOCAL_PAIR = envs.gdn_chunk_local_pair()
 
 
 class Precision(enum.Enum):
@@ -95,6 +101,7 @@ SOURCE = KernelSource("gdn_chunk.cu", (
         *[f"gdn_chunk_state_kernel<{sb}, false, {prec.bf16}>" for sb in STATE_COLS_CHOICES],
         f"gdn_chunk_output_kernel<{prec.bf16}>")],
     "gdn_chunk_local16_kernel",
+    *[f"gdn_chunk_localpair_kernel<{vpb}>" for vpb in (1, 2)],
     *[f"gdn_chunk_state16_kernel<{sb}>" for sb in BF16_COLS_CHOICES if sb]))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "q", "k", "v", "g", "beta", "state", "seg_starts", "seg_slots", "out", "chunk_offsets",
@@ -102,7 +109,7 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     *[(f, "i64") for f in ("q_rs", "q_hs", "k_rs", "k_hs", "v_rs", "v_hs", "g_rs", "beta_rs",
                            "out_rs", "out_hs", "state_ss")],
     ("key_heads", "i32"), ("value_heads", "i32"), ("dk", "i32"), ("dv", "i32"),
-    ("num_segs", "i32"), ("max_chunks", "i32"), ("vec_qk", "i32"), ("pad_", "i32"))
+    ("num_segs", "i32"), ("max_chunks", "i32"), ("vec_qk", "i32"), ("vec_v", "i32"))
 assert _PARAMS.itemsize == 240
 
 
@@ -164,6 +171,24 @@ def state16_launch(cols: int) -> KernelLaunch:
 LOCAL16 = KernelLaunch("gdn_chunk_local16_kernel", CHUNK, local_launch(Precision.BF16).smem)
 
 
+@functools.cache
+def localpair_launch(heads_per_block: int) -> KernelLaunch:
+    """gdn_chunk_localpair_kernel<heads_per_block> (1 or 2 value heads of one key head per
+    block, 256 threads each); `cols` is the chunk. Shared memory (floats): K, Q and each head's
+    V [64][136]; each head's A / T [64][68] and block-row scratch [16][52]; six [64] vectors per
+    head (gdn_chunk.cu localpair_smem_bytes)."""
+    C.require(heads_per_block in (1, 2), "heads_per_block", "must be 1 or 2")
+    v = heads_per_block
+    floats = (2 + v) * CHUNK * 136 + v * CHUNK * 68 + v * 16 * 52 + 6 * v * CHUNK
+    return KernelLaunch(f"gdn_chunk_localpair_kernel<{v}>", CHUNK, floats * 4)
+
+
+def localpair_heads(key_heads: int, value_heads: int) -> int:
+    """Value heads per block of the pair local kernel: 2 when each key head's group of value
+    heads splits into pairs, else 1."""
+    return 2 if (value_heads // key_heads) % 2 == 0 else 1
+
+
 def max_chunks(n_tokens: int, n_segments: int) -> int:
     """Upper bound of the chunks of n_tokens split into n_segments segments."""
     return (n_tokens + CHUNK - 1) // CHUNK + n_segments
@@ -219,7 +244,8 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                       workspace: ChunkWorkspace | None = None, split_o: bool | None = None,
                       state_cols: int | None = None,
                       precision: Precision | str | None = None,
-                      bf16_cols: int | None = None) -> None:
+                      bf16_cols: int | None = None,
+                      local_pair: bool | None = None) -> None:
     """Chunkwise gated delta rule over segments (operands as `gdn_recurrence`; dk, dv <= 128).
 
     split_o: output in a parallel kernel after the state pass (True) or inside it (False);
@@ -228,7 +254,11 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     64 for the bf16-tile path with that many state columns per block, taken only in BF16
     precision on the fused path (split_o False; else the fp32-tile kernels run). None: SPLIT_O,
     STATE_COLS, PRECISION and BF16_COLS (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS,
-    NINFER_GDN_CHUNK_PRECISION, NINFER_GDN_CHUNK_BF16_COLS, read at import).
+    NINFER_GDN_CHUNK_PRECISION, NINFER_GDN_CHUNK_BF16_COLS, read at import). local_pair (the
+    bf16-tile path only): its local kernel is gdn_chunk_localpair_kernel (True: Q, K and their
+    products shared by two value heads, (I + A)^-1 by 16 x 16 blocks applied with 3xTF32 mma)
+    or gdn_chunk_local16_kernel (False: forward substitution per column, the fp32-tile bf16
+    path's bits); None: LOCAL_PAIR (NINFER_GDN_CHUNK_LOCAL_PAIR, read at import).
     """
     f = O.recurrence_operands(q, k, v, g, beta, state, seg_starts, seg_slots, out)
     n = f.pop("n")
@@ -253,15 +283,21 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     # 16-byte cp.async of q / k rows needs 16-byte aligned bases and strides (else 4-byte copies)
     vec_qk = all(f[a] % 16 == 0 for a in ("q", "k")) and all(
         f[st] % 4 == 0 for st in ("q_rs", "q_hs", "k_rs", "k_hs"))
+    vec_v = f["v"] % 16 == 0 and f["v_rs"] % 4 == 0 and f["v_hs"] % 4 == 0
     params = C.pack(_PARAMS, **f, chunk_offsets=C.ptr(workspace.offsets),
                     w_ws=C.ptr(workspace.w), u_ws=C.ptr(workspace.u),
                     gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p),
                     s_ws=C.ptr(workspace.s) if split_o else 0, max_chunks=nb,
-                    vec_qk=int(vec_qk), pad_=0)
+                    vec_qk=int(vec_qk), vec_v=int(vec_v))
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
     if tiles16:
-        _launch(LOCAL16, (nb, heads), (params, workspace.qg), "gdn_chunk_local16")
+        if LOCAL_PAIR if local_pair is None else local_pair:
+            vpb = localpair_heads(f["key_heads"], heads)
+            _launch(localpair_launch(vpb), (nb, heads // vpb), (params, workspace.qg),
+                    "gdn_chunk_localpair", threads=256 * vpb)
+        else:
+            _launch(LOCAL16, (nb, heads), (params, workspace.qg), "gdn_chunk_local16")
         _launch(config, (segs, heads, -(-dv // config.cols)), (params, workspace.qg),
                 "gdn_chunk_state16")
         return
@@ -272,9 +308,9 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
                 "gdn_chunk_output")
 
 
-def _launch(config: KernelLaunch, grid: tuple, args, name: str) -> None:
+def _launch(config: KernelLaunch, grid: tuple, args, name: str, threads: int = 256) -> None:
     """args: the params struct, or a tuple of kernel arguments."""
     fn = get_function(SOURCE, config.kernel)
     _prepare_smem(fn, config.smem)
-    launch(fn, grid, (256,), args if isinstance(args, tuple) else (args,),
+    launch(fn, grid, (threads,), args if isinstance(args, tuple) else (args,),
            shared_mem=config.smem, name=name)

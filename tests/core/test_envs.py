@@ -15,6 +15,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.pdl, "NINFER_PDL", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
     (envs.gdn_chunk_split_o, "NINFER_GDN_CHUNK_SPLIT_O", False),
+    (envs.gdn_chunk_local_pair, "NINFER_GDN_CHUNK_LOCAL_PAIR", True),
 ]
 
 

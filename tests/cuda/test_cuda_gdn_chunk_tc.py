@@ -8,7 +8,9 @@ against each other. Tolerances (relative Frobenius error): TOL_F32 for 3xTF32, T
 (FLA's policy: bf16 operands, fp32 accumulation and state). The bf16-tile path (bf16_cols 32,
 64) against float64, against the fp32-tile bf16 kernels (equal values) and itself cut at
 multiples of 64 tokens (bitwise), on odd lengths, several segments and slots, head dims 128, 96,
-64 and padded ones."""
+64 and padded ones; each with both of its local kernels (local_pair: gdn_chunk_localpair_kernel,
+the inverse (I + A)^-1 applied with 3xTF32 mma, checked against float64 and the old kernel
+within tolerance; else gdn_chunk_local16_kernel, equal to the fp32-tile kernels' values)."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +21,8 @@ from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace
 from ninfer.ops import reference as ref
 
 from cuda_testutil import (TOL_F32, assert_chunk_prefill_splits_bitwise, assert_close,
-                           assert_same_bits, cp, dev, gdn_inputs, host, poisoned, segments,
-                           slot_strided)
+                           assert_same_bits, cp, dev, gdn_inputs, host, poisoned, rel_err,
+                           segments, slot_strided)
 
 pytestmark = pytest.mark.gpu
 
@@ -169,9 +171,13 @@ def _poisoned_workspace16(n: int, segs: int, hv: int) -> ChunkWorkspace:
     return ws
 
 
-def _run(args, st, starts, seg_slots, out, ws, bf16_cols: int) -> None:
+LOCALS = {"pair": True, "local16": False}  # the bf16-tile path's local kernel (local_pair)
+
+
+def _run(args, st, starts, seg_slots, out, ws, bf16_cols: int, local_pair: bool = True) -> None:
     kgdn.gdn_chunk_prefill(*args, st, dev(starts), dev(seg_slots), out, workspace=ws,
-                           split_o=False, precision="bf16", bf16_cols=bf16_cols)
+                           split_o=False, precision="bf16", bf16_cols=bf16_cols,
+                           local_pair=local_pair)
 
 
 def _assert_equal_values(a, b, what: str) -> None:
@@ -182,6 +188,7 @@ def _assert_equal_values(a, b, what: str) -> None:
                            f"{a[tuple(bad[0])]!r} vs {b[tuple(bad[0])]!r}")
 
 
+@pytest.mark.parametrize("local", LOCALS)
 @pytest.mark.parametrize("bf16_cols", BF16_COLS)
 @pytest.mark.parametrize("hk,hv,dk,dv,lengths,g_scale", [
     (2, 4, 128, 128, (131, 1, 0, 77, 64, 200), 0.1),   # 6 segments, a 1-token and an empty one
@@ -191,11 +198,16 @@ def _assert_equal_values(a, b, what: str) -> None:
     (2, 4, 96, 96, (65, 130), 0.1),
     (1, 2, 37, 33, (131, 1, 0, 77), 0.1),               # padded head dims
     (2, 4, 128, 100, (64, 300, 5), 0.1),                 # a partial column tile
+    (2, 2, 128, 128, (131, 70), 0.1),                    # Hv = Hk: one value head per block
+    (1, 3, 128, 128, (200, 1), 0.1),                     # odd group: one value head per block
 ])
-def test_bf16_tiles_vs_float64_and_fp32_tiles(rng, bf16_cols, hk, hv, dk, dv, lengths, g_scale):
-    """The bf16-tile path against float64 (TOL_BF16) and against the fp32-tile bf16 kernels
-    (equal values: the same bf16 operands, products and accumulation order), on NaN-poisoned
-    workspaces, with an untouched slot."""
+def test_bf16_tiles_vs_float64_and_fp32_tiles(rng, local, bf16_cols, hk, hv, dk, dv, lengths,
+                                              g_scale):
+    """The bf16-tile path against float64 (TOL_BF16) and against the fp32-tile bf16 kernels, on
+    NaN-poisoned workspaces, with an untouched slot. local16: equal values (the same bf16
+    operands, products and accumulation order); pair (U, W from (I + A)^-1 by blocks, other
+    fp32 rounding): within TOL_BF16 of them, and its error vs float64 at most 1.5x theirs plus
+    1e-3 (no accuracy regression beyond rounding noise)."""
     slots = tuple(range(len(lengths)))[::-1]
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
@@ -209,18 +221,27 @@ def test_bf16_tiles_vs_float64_and_fp32_tiles(rng, bf16_cols, hk, hv, dk, dv, le
     args = [dev(a) for a in (q, k, v, g, beta)]
     out_new, out_old = poisoned((n, hv, dv)), poisoned((n, hv, dv))
     _run(args, st_new, starts, seg_slots, out_new, _poisoned_workspace16(n, len(lengths), hv),
-         bf16_cols)
+         bf16_cols, LOCALS[local])
     _run(args, st_old, starts, seg_slots, out_old, _poisoned_workspace(n, len(lengths), hv), 0)
     assert_close(out_new, exp_out, TOL_BF16, "bf16-tile output vs float64")
     assert_close(st_new, exp_state, TOL_BF16, "bf16-tile state vs float64")
     assert_same_bits(host(st_new)[nslots - 1], untouched, "slot outside every segment")
-    _assert_equal_values(out_new, out_old, "bf16-tile vs fp32-tile output")
-    _assert_equal_values(st_new, st_old, "bf16-tile vs fp32-tile state")
+    if not LOCALS[local]:
+        _assert_equal_values(out_new, out_old, "bf16-tile vs fp32-tile output")
+        _assert_equal_values(st_new, st_old, "bf16-tile vs fp32-tile state")
+        return
+    assert_close(out_new, host(out_old), TOL_BF16, "pair local vs fp32-tile output")
+    assert_close(st_new, host(st_old), TOL_BF16, "pair local vs fp32-tile state")
+    for what, new, old, exp in (("output", out_new, out_old, exp_out),
+                                ("state", st_new, st_old, exp_state)):
+        e_new, e_old = rel_err(new, exp), rel_err(old, exp)
+        assert e_new <= 1.5 * e_old + 1e-3, f"{what}: pair local {e_new:.3e} vs old {e_old:.3e}"
 
 
+@pytest.mark.parametrize("local", LOCALS)
 @pytest.mark.parametrize("bf16_cols", BF16_COLS)
-@pytest.mark.parametrize("n", [1, 63, 64, 65, 200])
-def test_bf16_tiles_odd_lengths(rng, bf16_cols, n):
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 200, 1000])
+def test_bf16_tiles_odd_lengths(rng, local, bf16_cols, n):
     """One segment of n tokens (a partial first / last chunk) against float64."""
     hk, hv, dk, dv = 2, 4, 128, 128
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
@@ -229,14 +250,15 @@ def test_bf16_tiles_odd_lengths(rng, bf16_cols, n):
     exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
     out = poisoned((n, hv, dv))
     _run([dev(a) for a in (q, k, v, g, beta)], st_d, starts, seg_slots, out,
-         _poisoned_workspace16(n, 1, hv), bf16_cols)
+         _poisoned_workspace16(n, 1, hv), bf16_cols, LOCALS[local])
     assert_close(out, exp_out, TOL_BF16, f"output, T={n}")
     assert_close(st_d, exp_state, TOL_BF16, f"state, T={n}")
 
 
+@pytest.mark.parametrize("local", LOCALS)
 @pytest.mark.parametrize("bf16_cols", BF16_COLS)
 @pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
-def test_bf16_tiles_split_bitwise(rng, bf16_cols, cuts):
+def test_bf16_tiles_split_bitwise(rng, local, bf16_cols, cuts):
     """A prompt cut at multiples of 64 tokens: output and state bitwise those of the whole."""
     n, hk, hv, dk, dv = 301, 2, 4, 128, 128
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
@@ -246,18 +268,20 @@ def test_bf16_tiles_split_bitwise(rng, bf16_cols, cuts):
     slot = np.array([1], np.int32)
     whole = poisoned((n, hv, dv))
     _run([dev(a) for a in (q, k, v, g, beta)], st_whole, np.array([0, n], np.int32), slot,
-         whole, ws, bf16_cols)
+         whole, ws, bf16_cols, LOCALS[local])
     split = poisoned((n, hv, dv))
     bounds = (0,) + tuple(cuts) + (n,)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         _run([dev(a[lo:hi]) for a in (q, k, v, g, beta)], st_split,
-             np.array([0, hi - lo], np.int32), slot, split[lo:hi], ws, bf16_cols)
+             np.array([0, hi - lo], np.int32), slot, split[lo:hi], ws, bf16_cols,
+             LOCALS[local])
     assert_same_bits(split, whole, "output")
     assert_same_bits(st_split, st_whole, "state")
 
 
-def test_bf16_tiles_unaligned_qk(rng):
-    """q / k views with odd strides (4-byte copies in the local kernel)."""
+@pytest.mark.parametrize("local", LOCALS)
+def test_bf16_tiles_unaligned_qk(rng, local):
+    """q / k (and, pair local, v) views with odd strides (4-byte copies in the local kernel)."""
     hk, hv, dk, dv, lengths = 2, 4, 128, 128, (77, 130)
     starts, seg_slots = segments(lengths, (0, 1))
     n = int(starts[-1])
@@ -265,7 +289,41 @@ def test_bf16_tiles_unaligned_qk(rng):
     st_h, st_d, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
     exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
     out = poisoned((n, hv, dv))
-    _run([_unaligned(q), _unaligned(k), dev(v), dev(g), dev(beta)], st_d, starts, seg_slots,
-         out, _poisoned_workspace16(n, 2, hv), 32)
+    _run([_unaligned(q), _unaligned(k), _unaligned(v), dev(g), dev(beta)], st_d, starts,
+         seg_slots, out, _poisoned_workspace16(n, 2, hv), 32, LOCALS[local])
     assert_close(out, exp_out, TOL_BF16, "output")
     assert_close(st_d, exp_state, TOL_BF16, "state")
+
+
+def test_pair_local_workspaces_vs_local16(rng):
+    """The two bf16-tile local kernels on the same chunks write the same workspaces up to
+    rounding: G and P bitwise (same formulas, same bf16 products), K e^{G_L - G} and Q e^G
+    bitwise, U within 1e-4 and -W within bf16 rounding (2e-2 elementwise relative, 1e-2 in norm)
+    of each other; rows < L of each chunk only (the rest is not written)."""
+    hk, hv, dk, dv, lengths = 2, 4, 128, 128, (200, 63)
+    starts, seg_slots = segments(lengths, (0, 1))
+    n = int(starts[-1])
+    args = [dev(a) for a in gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)]
+    wss = []
+    for local_pair in (True, False):
+        _, st, _ = slot_strided(rng, 2, (hv, dk, dv), scale=0.1)
+        ws = _poisoned_workspace16(n, 2, hv)
+        _run(args, st, starts, seg_slots, poisoned((n, hv, dv)), ws, 32, local_pair)
+        wss.append(ws)
+    pair, old = wss
+    for what in ("gam", "p", "qg"):
+        a, b = host(getattr(pair, what)), host(getattr(old, what))
+        if what == "p":  # chunks of the two segments: 4 + 1
+            a, b = a[:5], b[:5]
+        bits = np.uint16 if a.dtype == np.uint16 else np.uint32
+        bad = np.flatnonzero(a.view(bits) != b.view(bits))
+        assert bad.size == 0, f"{what}: {bad.size} of {a.size} differ, first at {bad[0]}"
+    assert_close(pair.u, host(old.u), 1e-4, "U pair vs local16")
+    w_pair = host(pair.w).view(np.uint16).reshape(n, hv, 2 * 128)
+    w_old = host(old.w).view(np.uint16).reshape(n, hv, 2 * 128)
+    assert np.array_equal(w_pair[:, :, 128:], w_old[:, :, 128:]), "K e^{G_L - G}"
+
+    def f32(bits):
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+
+    assert_close(f32(w_pair[:, :, :128]), f32(w_old[:, :, :128]), 1e-2, "-W pair vs local16")

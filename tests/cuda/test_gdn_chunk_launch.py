@@ -122,3 +122,29 @@ def test_state16_launch_rejects_other_tiles(cols):
 def test_bf16_cols_choices():
     assert kchunk.BF16_COLS_CHOICES == envs.GDN_CHUNK_BF16_COLS == (0, 32, 64)
     assert kchunk.BF16_COLS in kchunk.BF16_COLS_CHOICES
+
+
+@pytest.mark.parametrize("vpb,smem", [(2, 183808), (1, 126720)])
+def test_localpair_launch(vpb, smem):
+    """K, Q and vpb heads' V [64][136]; A / T [64][68], scratch [16][52] and six [64] vectors
+    per head (fp32): one block (256 vpb threads) per SM."""
+    cfg = kchunk.localpair_launch(vpb)
+    assert (cfg.kernel, cfg.smem) == (f"gdn_chunk_localpair_kernel<{vpb}>", smem)
+    assert cfg.kernel in kchunk.SOURCE.name_expressions
+    assert _fits(cfg.smem, 1)  # __launch_bounds__(256 * VPB, 1)
+
+
+@pytest.mark.parametrize("hk,hv,want", [(16, 32, 2), (2, 4, 2), (1, 2, 2), (2, 2, 1), (1, 3, 1),
+                                        (4, 16, 2), (2, 6, 1)])
+def test_localpair_heads(hk, hv, want):
+    """Two value heads per block when they pair up inside each key head's group."""
+    assert kchunk.localpair_heads(hk, hv) == want
+
+
+def test_localpair_rejects_other_heads():
+    with pytest.raises(ValueError):
+        kchunk.localpair_launch(4)
+
+
+def test_local_pair_default():
+    assert kchunk.LOCAL_PAIR is envs.gdn_chunk_local_pair()
