@@ -112,10 +112,10 @@ def pdl() -> bool:
 
 
 def gemv_tma_tile_group() -> int:
-    """NINFER_GEMV_TMA_TILE_GROUP (1, 2 or 4; default 1): row tiles linear_tma_kernel walks in
+    """NINFER_GEMV_TMA_TILE_GROUP (1, 2 or 4; default 4): row tiles linear_tma_kernel walks in
     lockstep over the stages when it reads x per stage, reading each stage's x once per group
     (bitwise the same results). Read once, at import of the launcher."""
-    return _choice("NINFER_GEMV_TMA_TILE_GROUP", 1, TMA_TILE_GROUPS)
+    return _choice("NINFER_GEMV_TMA_TILE_GROUP", 4, TMA_TILE_GROUPS)
 
 
 def gdn_decode_kernel(variants: tuple[str, ...]) -> str | None:

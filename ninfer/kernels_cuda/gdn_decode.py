@@ -51,9 +51,7 @@ THREADS = 512
 # Which kernel runs (read per launch; tests and the bench set it): a name of VARIANTS forces
 # that kernel (a staged one raises on a state it cannot stage: 16-byte aligned state and slot
 # stride, dv % 4 == 0); None picks by `choose_variant`. NINFER_GDN_DECODE_KERNEL sets the
-# default (read at import). H200, 9B shape (Hv = 32), graph of 20-24 launches, before the
-# staged / pair kernels existed: B = 1 cluster4 5.8 us, head 6.6 us; B = 8 (1024 cluster4
-# blocks, 4 waves) cluster4 29.6 us, head 18.5 us.
+# default (read at import).
 VARIANT: str | None = envs.gdn_decode_kernel(tuple(VARIANTS))
 _DEVICES: dict[int, tuple[bool, int]] = {}
 
@@ -70,32 +68,24 @@ def _cluster_device() -> tuple[bool, int]:
     return found
 
 
-def _fits_one_wave(name: str, value_heads: int, n: int, sms: int) -> bool:
-    v = VARIANTS[name]
-    return v.blocks_per_head * value_heads * n <= v.blocks_per_sm * sms
-
-
 def choose_variant(value_heads: int, n: int, stageable: bool = True) -> str:
-    """The kernel gdn_decode_fused runs for N rows of Hv heads (`stageable`: the state meets the
-    staged kernels' alignment). VARIANT forces one. Else, PROVISIONAL (from occupancy, not yet
-    timed on the GPU for the staged / pair kernels): below sm_90 "head"; on sm_90 "cluster4"
-    while its blocks fit one wave (measured best at B = 1, 2 on the 9B shape), then the staged
-    kernel with the most blocks per head that still fits one wave (staged2; staged4 has the
-    occupancy of cluster4, so it only comes in if blocks_per_sm changes), else staged1; "head"
-    when the state cannot be staged."""
+    """The kernel gdn_decode_fused runs for N rows of Hv heads. VARIANT forces one (a staged
+    kernel needs `stageable`: the state meets its alignment). Else, below sm_90 "head"; on
+    sm_90 the cluster kernel with the most blocks per head whose blocks fit one per SM
+    (cluster4, then cluster2), else "head". H200, 9B shape (Hv = 32), us per launch in a graph
+    (bench `--op gdn_decode_fused`): B = 1 cluster4 5.7, staged4 5.6, cluster2 5.9, head 6.6;
+    B = 2 cluster2 6.9, head 7.5, staged2 8.1, cluster4 10.9; B = 3 head 8.4, cluster2 9.1,
+    staged2 10.6; B = 4 head 9.7, cluster2 10.4; B = 8 head 18.5, staged1 18.9, cluster2 20.1,
+    cluster4 30.4. The staged kernels never win by more than noise (kept selectable for A/B)."""
     if VARIANT is not None:
         return VARIANT
     sm90, sms = _cluster_device()
     if not sm90:
         return "head"
-    if _fits_one_wave("cluster4", value_heads, n, sms):
-        return "cluster4"
-    if not stageable:
-        return "head"
-    for name in ("staged4", "staged2"):
-        if _fits_one_wave(name, value_heads, n, sms):
+    for name in ("cluster4", "cluster2"):
+        if VARIANTS[name].blocks_per_head * value_heads * n <= sms:
             return name
-    return "staged1"
+    return "head"
 
 
 def decode_counters(max_rows: int, key_heads: int):

@@ -132,8 +132,9 @@ def test_bf16_products_differ_from_tf32x3(rng):
 ])
 def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths, precision):
     """The split path (state pass storing S per chunk and V', then the parallel output kernel)
-    against the fused one (output inside the state pass) on NaN-poisoned workspaces: output and
-    state within TOL_PATHS of each other, and both within TOL_F32 of float64."""
+    against the fused one (output inside the state pass; fp32 tiles, bf16_cols=0, so both run
+    the same local kernel) on NaN-poisoned workspaces: output and state within TOL_PATHS of each
+    other, and both within TOL_F32 of float64."""
     slots = tuple(reversed(range(len(lengths))))
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
@@ -145,7 +146,7 @@ def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths, precisi
     out_fused, out_split = poisoned((n, hv, dv)), poisoned((n, hv, dv))
     kgdn.gdn_chunk_prefill(*args, st_fused, dev(starts), dev(seg_slots), out_fused,
                            workspace=_poisoned_workspace(n, len(lengths), hv), split_o=False,
-                           precision=precision)
+                           precision=precision, bf16_cols=0)
     kgdn.gdn_chunk_prefill(*args, st_split, dev(starts), dev(seg_slots), out_split,
                            workspace=_poisoned_workspace(n, len(lengths), hv), split_o=True,
                            state_cols=state_cols, precision=precision)

@@ -159,14 +159,14 @@ def _copies(prob):
 @pytest.mark.parametrize("shape", ["27b", "odd"])
 def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
     """Each row's output and state do not depend on the batch size or on which rows share a
-    launch: rows alone, the full batch, and a subset give the same bits. On sm_90 the SM count
-    the automatic choice sees is faked (12) so that, at Hv = 6, rows alone run cluster4, the
-    subset of 3 and the batch of 8 staged1 (and B = 2 would run staged2)."""
+    launch: rows alone, the full batch, and subsets give the same bits. On sm_90 the SM count
+    the automatic choice sees is faked (24) so that, at Hv = 6, rows alone run cluster4, the
+    subset of 2 cluster2, the subset of 3 and the batch of 8 the per-head kernel."""
     monkeypatch.setattr(kdec, "VARIANT", None)
     if _sm90():
-        monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 12))
+        monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 24))
         assert [kdec.choose_variant(6, n) for n in (1, 2, 3, 8)] == \
-            ["cluster4", "staged2", "staged1", "staged1"]
+            ["cluster4", "cluster2", "head", "head"]
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
     n = 8
@@ -187,13 +187,13 @@ def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
         _same_bits(out_r, out_b, f"step {step}: out, rows alone vs batch of {n}")
         _same_bits(st_r, st_b, f"step {step}: state, rows alone vs batch")
         _same_bits(conv_r, conv_b, f"step {step}: conv state, rows alone vs batch")
-        sub = np.array([5, 1, 6])
-        conv_s, st_s = conv0.copy(), st0.copy()
-        out_s = poisoned((len(sub), hv, dv))
-        subd = dev(sub)
-        prob.run((qkv[subd], a[subd], b[subd], z[subd]), dev(slots[sub]), out_s, counters,
-                 conv=conv_s, state=st_s)
-        _same_bits(out_s, out_b[subd], f"step {step}: out, rows {sub.tolist()} vs batch")
+        for sub in (np.array([5, 1, 6]), np.array([7, 2])):
+            conv_s, st_s = conv0.copy(), st0.copy()
+            out_s = poisoned((len(sub), hv, dv))
+            subd = dev(sub)
+            prob.run((qkv[subd], a[subd], b[subd], z[subd]), dev(slots[sub]), out_s, counters,
+                     conv=conv_s, state=st_s)
+            _same_bits(out_s, out_b[subd], f"step {step}: out, rows {sub.tolist()} vs batch")
         conv0, st0 = conv_b, st_b
         assert int(host(counters).sum()) == 0
 

@@ -5,24 +5,18 @@ import pytest
 
 
 def test_gdn_decode_kernel_choice(monkeypatch):
-    """gdn_decode_fused (CPU): on sm_90 the cluster4 kernel while its 4 * Hv * N blocks fit one
-    wave of 2 per SM, then the staged kernel with the most blocks per head that fits one wave
-    (staged2; staged4 has cluster4's occupancy, so it is never picked), else staged1; "head"
-    when the state cannot be staged and always below sm_90 (all bitwise equal, so the choice by
-    N keeps batch invariance); VARIANT forces one. The rule is provisional (occupancy
-    arithmetic, not timings)."""
+    """gdn_decode_fused (CPU): on sm_90 cluster4 while its 4 * Hv * N blocks fit one per SM,
+    then cluster2 (2 * Hv * N), else "head"; always "head" below sm_90 (all bitwise equal, so
+    the choice by N keeps batch invariance); VARIANT forces one."""
     from ninfer.kernels_cuda import gdn_decode as kdec
 
     monkeypatch.setattr(kdec, "VARIANT", None)
     monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 132))
     assert [kdec.choose_variant(32, n) for n in range(1, 9)] == \
-        ["cluster4"] * 2 + ["staged2"] * 2 + ["staged1"] * 4
-    assert [kdec.choose_variant(48, n) for n in (1, 2, 3, 8)] == \
-        ["cluster4", "staged2", "staged1", "staged1"]
-    assert [kdec.choose_variant(16, n) for n in (4, 5, 8, 9, 16)] == \
-        ["cluster4", "staged2", "staged2", "staged1", "staged1"]
-    assert [kdec.choose_variant(32, n, stageable=False) for n in (2, 3, 8)] == \
-        ["cluster4", "head", "head"]
+        ["cluster4", "cluster2"] + ["head"] * 6
+    assert [kdec.choose_variant(48, n) for n in (1, 2, 8)] == ["cluster2", "head", "head"]
+    assert [kdec.choose_variant(16, n) for n in (1, 2, 3, 4, 5, 8)] == \
+        ["cluster4"] * 2 + ["cluster2"] * 2 + ["head"] * 2
     monkeypatch.setattr(kdec, "_cluster_device", lambda: (False, 132))
     assert kdec.choose_variant(32, 1) == "head" and kdec.choose_variant(32, 8) == "head"
     monkeypatch.setattr(kdec, "VARIANT", "staged2")
