@@ -229,10 +229,9 @@ def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def moe_decode(ctx: BenchContext, cp) -> list[Measure]:
-    """moe_experts (eager; both expert stages and the combine) per expert-stage kernel, each
-    expert stage alone per kernel (graph replay: device time as in the decode graph, PDL edges
-    included), and moe_route. Stage kernels: "tma" = moe_tma_kernel (NINFER_MOE_TMA, sm_90
-    default), "rows" = moe_mma_rows_kernel (the former default)."""
+    """moe_experts (eager; both expert stages and the combine), each expert stage alone
+    (moe_mma_rows_kernel, graph replay: device time as in the decode graph, PDL edges included),
+    and moe_route."""
     from ninfer.kernels_cuda import moe as kmoe
     from ninfer.kernels_cuda.moe import MoeWorkspace, moe_experts, moe_route
 
@@ -242,50 +241,39 @@ def moe_decode(ctx: BenchContext, cp) -> list[Measure]:
     h, im, e, k = s.hidden, s.moe_inter, s.experts, s.top_k
     gu = Weight(bf16_random(cp, (e, 2 * im, h)), DType.BFLOAT16)
     dn = Weight(bf16_random(cp, (e, h, im)), DType.BFLOAT16)
-    kernels = [("tma", True), ("rows", False)] if kmoe.tma_ok(h) and kmoe.tma_ok(im) else \
-        [("rows", False)]
     out = []
-    saved = kmoe.MOE_TMA
-    try:
-        for n in (1, 8):
-            sets = [np.stack([ctx.rng.choice(e, k, replace=False) for _ in range(n)])
-                    .astype(np.int32) for _ in range(8)]
-            experts_read = np.mean([len(np.unique(ids)) for ids in sets])
-            ids = [cp.asarray(x) for x in sets]
-            wts = cp.full((n, k), 1.0 / k, dtype=cp.float32)
-            x = f32_random(cp, (n, h))
-            y = cp.empty((n, h), dtype=cp.float32)
-            ws = MoeWorkspace.allocate(n, k, h, im)
-            # per id set, a workspace holding its group tables (the stage-alone rows)
-            group_ws = [MoeWorkspace.allocate(n, k, h, im) for _ in sets]
-            for i, gws in enumerate(group_ws):
-                kmoe._group(ids[i], kmoe.GROUP_STRIDE, gws)
-            for label, tma in kernels:
-                kmoe.MOE_TMA = tma
-                ms = ctx.time(lambda i: moe_experts(x, gu, dn, ids[i % len(ids)], wts, y,
-                                                    workspace=ws))
-                out.append(Measure("moe_experts", f"decode N={n} E={e} top{k} Im={im} {label}",
-                                   ms, bytes=experts_read * 3 * im * h * 2, note="eager"))
-                stage = kmoe.launch_tma if tma else kmoe.launch_mma
-                for name, w, xs, by_pair, m, kk, swiglu, dst in (
-                        ("gate_up+SwiGLU", gu.data, x, 0, im, h, True, ws.act),
-                        ("down", dn.data, ws.act, 1, h, im, False, ws.y)):
-                    def call(i, w=w, xs=xs, by_pair=by_pair, m=m, kk=kk, swiglu=swiglu,
-                             dst=dst):
-                        stage(w, kk, w.shape[1] * kk, xs, kk, by_pair, dst, m, kk,
-                              swiglu=swiglu, top_k=k, up_offset=im, experts=e,
-                              ws=group_ws[i % len(group_ws)], pairs=n * k)
-                    ms, reps = ctx.time_graph(call)
-                    rows = 2 * im if swiglu else h
-                    out.append(Measure("moe_stage", f"{name} N={n} [{rows}x{kk}] {label}", ms,
-                                       bytes=experts_read * rows * kk * 2,
-                                       note=f"graph of {reps} launches"))
-            logits = f32_random(cp, (n, e))
-            wo, io = cp.empty((n, k), dtype=cp.float32), cp.empty((n, k), dtype=cp.int32)
-            out.append(Measure("moe_route", f"N={n} E={e}", ctx.time(
-                lambda i: moe_route(logits, k, wo, io))))
-    finally:
-        kmoe.MOE_TMA = saved
+    for n in (1, 8):
+        sets = [np.stack([ctx.rng.choice(e, k, replace=False) for _ in range(n)])
+                .astype(np.int32) for _ in range(8)]
+        experts_read = np.mean([len(np.unique(ids)) for ids in sets])
+        ids = [cp.asarray(x) for x in sets]
+        wts = cp.full((n, k), 1.0 / k, dtype=cp.float32)
+        x = f32_random(cp, (n, h))
+        y = cp.empty((n, h), dtype=cp.float32)
+        ws = MoeWorkspace.allocate(n, k, h, im)
+        ms = ctx.time(lambda i: moe_experts(x, gu, dn, ids[i % len(ids)], wts, y, workspace=ws))
+        out.append(Measure("moe_experts", f"decode N={n} E={e} top{k} Im={im}", ms,
+                           bytes=experts_read * 3 * im * h * 2, note="eager"))
+        # per id set, a workspace holding its group tables (the stage-alone rows)
+        group_ws = [MoeWorkspace.allocate(n, k, h, im) for _ in sets]
+        for i, gws in enumerate(group_ws):
+            kmoe._group(ids[i], kmoe.GROUP_STRIDE, gws)
+        for name, w, xs, by_pair, m, kk, swiglu, dst in (
+                ("gate_up+SwiGLU", gu.data, x, 0, im, h, True, ws.act),
+                ("down", dn.data, ws.act, 1, h, im, False, ws.y)):
+            def call(i, w=w, xs=xs, by_pair=by_pair, m=m, kk=kk, swiglu=swiglu, dst=dst):
+                kmoe.launch_mma(w, kk, w.shape[1] * kk, xs, kk, by_pair, dst, m, kk,
+                                swiglu=swiglu, top_k=k, up_offset=im, experts=e,
+                                ws=group_ws[i % len(group_ws)], pairs=n * k)
+            ms, reps = ctx.time_graph(call)
+            rows = 2 * im if swiglu else h
+            out.append(Measure("moe_stage", f"{name} N={n} [{rows}x{kk}]", ms,
+                               bytes=experts_read * rows * kk * 2,
+                               note=f"graph of {reps} launches"))
+        logits = f32_random(cp, (n, e))
+        wo, io = cp.empty((n, k), dtype=cp.float32), cp.empty((n, k), dtype=cp.int32)
+        out.append(Measure("moe_route", f"N={n} E={e}", ctx.time(
+            lambda i: moe_route(logits, k, wo, io))))
     return out
 
 

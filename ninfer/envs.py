@@ -69,16 +69,6 @@ def gemv_tma() -> bool:
     return _flag("NINFER_GEMV_TMA", True)
 
 
-def moe_tma() -> bool:
-    """NINFER_MOE_TMA (default off; "1" turns it on): the decode MoE expert GEMVs (bf16 weights,
-    K % 16 == 0, sm_90) use moe_tma_kernel (the selected experts' weights streamed by bulk copies
-    into a shared-memory ring) instead of moe_mma_rows_kernel / moe_mma_kernel. Batch invariant,
-    but not bitwise equal to those (another k pairing). Off by default: on the H200 35B-A3B
-    decode it was no faster at B = 1 (3.576 vs 3.548 ms) and slower at B = 8 (9.311 vs 8.737).
-    Read once, at import of the launcher."""
-    return _flag("NINFER_MOE_TMA", False)
-
-
 def _choice(name: str, default: int, allowed: tuple[int, ...]) -> int:
     """An integer switch restricted to `allowed` (unset or empty: `default`)."""
     raw = os.environ.get(name, "").strip()

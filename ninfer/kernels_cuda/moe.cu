@@ -22,19 +22,13 @@
 //   moe_mma_rows_kernel<SWIGLU> (the default; NINFER_GEMV_ROWS=0 selects moe_mma_kernel):
 //     moe_mma_kernel with the weight tile read row-contiguously and staged through shared
 //     memory (linear.cu linear_mma_rows_kernel); bitwise the same results.
-//   moe_tma_kernel<SWIGLU, SK, CONS> (sm_90, K % 16 == 0; the default there, NINFER_MOE_TMA):
-//     the same contract with the selected experts' weights streamed by bulk copies into a
-//     shared-memory ring (linear.cu linear_tma_kernel's scheme), one persistent block per SM
-//     walking the (group, row tile) items; another k pairing (not bitwise equal to the above).
 //   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)],
 //     optionally + sigmoid(gate[n]) * shared[n] (the gated shared expert).
 // Every kernel of the decode path (route, group, route_group, the expert stages, combine) may be
-// launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter;
-// moe_tma_kernel initialises its barriers first).
+// launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
 //   moe_gather_kernel<OT>: x rows -> per-expert padded blocks (cast to the weights' type);
 //   moe_swiglu_kernel<OT>: act = silu(g) * u over the padded blocks (cast to OT).
-#include "bulk_copy.cuh"
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
 
@@ -408,146 +402,6 @@ __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParam
   mma_store_partials(red, warp, g, t, c);
   __syncthreads();
   moe_mma_store<SWIGLU>(p, red, grp, m0, (valid >> 31) != 0u);
-}
-
-// moe_tma_kernel<SWIGLU, SK, CONS> (sm_90, bf16 weights, K % 16 == 0, 16-byte aligned weight
-// rows, x rows 8-byte aligned; NINFER_MOE_TMA, the default there): the expert stage on the
-// bulk-copy ring of linear.cu's linear_tma_kernel. Its row tiles are the (group, tile) items of
-// the selected experts: item i = group i / tiles, row tile i % tiles (tiles = ceil(M / TILE)),
-// i < num_groups * tiles; block b (one per SM, persistent) walks the items b, b + gridDim.x, ...
-// Block = CONS consumer warps + 1 producer warp. A stage is the tile's 16 A rows of expert
-// group_expert[group] (SWIGLU: gate rows m0..m0+7 over the up rows up_offset + m0..) times SK k,
-// one bulk copy of up to 2 SK bytes per row; the ring holds p.splits stages (moe.py
-// tma_plan). Rows past M and every row of a bad expert (id outside [0, E)) are not copied (their
-// stale A rows only feed outputs that are not stored, or NaN for a bad expert). Consumers: warp
-// w multiplies k [s SK + w SK / CONS, + SK / CONS) of every stage s in k16 steps (ldmatrix.x4
-// A fragments; x[pair slot g][k] split into bf16 hi + lo as in mma_gemv.cuh), accumulating over
-// the stages in order; the output is the warps' partials summed in warp order. So every output
-// element's arithmetic is a function of K alone (SK and CONS are chosen from K): batch invariant
-// and deterministic; not bitwise equal to moe_mma(_rows)_kernel (another k pairing). An empty
-// slot of a group (-1) reads slot 0's x row (its mma column is not stored). PDL: which experts
-// to read comes from the route kernel's group tables, so nothing may be read before pdl_wait;
-// only the barrier set-up runs before it. Dynamic shared memory: full[stages], empty[stages]
-// (MOE_TMA_BAR_BYTES), two MmaPartials<CONS>, the ring (moe.py tma_plan mirrors this).
-#define MOE_TMA_MAX_STAGES 16
-#define MOE_TMA_BAR_BYTES 256
-__host__ __device__ constexpr int moe_tma_pitch(int sk) { return 2 * sk + 16; }
-extern __shared__ __align__(128) unsigned char moe_tma_smem[];
-
-// One k16 step (a copy of linear.cu's tma_step): A fragment from the stage at shared address `a`
-// (this lane's ldmatrix row), x[row][k + 2t .. + 1] and x[row][k + 8 + 2t .. + 1] at xk.
-__device__ __forceinline__ void moe_tma_step(unsigned a, const float* xk, float (&c)[4]) {
-  uint4 f;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(f.x), "=r"(f.y), "=r"(f.z), "=r"(f.w) : "r"(a) : "memory");
-  const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk));
-  const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 8));
-  unsigned hi0, lo0, hi1, lo1;
-  split_bf16x2(x0.x, x0.y, hi0, lo0);
-  split_bf16x2(x1.x, x1.y, hi1, lo1);
-  mma_bf16_16816(c, f.x, f.y, f.z, f.w, hi0, hi1);
-  mma_bf16_16816(c, f.x, f.y, f.z, f.w, lo0, lo1);
-}
-
-template <int SWIGLU, int SK, int CONS>
-__global__ void __launch_bounds__(32 * (CONS + 1), 1) moe_tma_kernel(const MoeGemvParams p) {
-#if BULK_COPY_OK
-  constexpr int TILE = SWIGLU ? 8 : 16;
-  constexpr int PITCH = moe_tma_pitch(SK), STAGE = 16 * PITCH;
-  constexpr int WK = SK / CONS;  // k per warp per stage
-  static_assert(WK % 16 == 0 && 2 * MOE_TMA_MAX_STAGES * 8 <= MOE_TMA_BAR_BYTES, "geometry");
-  const unsigned STAGES = (unsigned)p.splits;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  mbar_t* full = reinterpret_cast<mbar_t*>(moe_tma_smem);
-  mbar_t* empty = full + STAGES;
-  MmaPartials<CONS>* red =
-      reinterpret_cast<MmaPartials<CONS>*>(moe_tma_smem + MOE_TMA_BAR_BYTES);
-  unsigned char* ring = moe_tma_smem + MOE_TMA_BAR_BYTES + 2 * sizeof(MmaPartials<CONS>);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < (int)STAGES; ++i) {
-      mbar_init(full + i, 1);
-      mbar_init(empty + i, CONS);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  pdl_enter();  // the group tables (and x, out) belong to earlier kernels
-  const int tiles = (p.m + TILE - 1) / TILE;
-  const int items = *p.num_groups * tiles;
-  const int stages = (p.k + SK - 1) / SK;
-  if (warp == CONS) {  // producer
-    const unsigned long long policy = l2_evict_first_policy();
-    const bf16raw* w = static_cast<const bf16raw*>(p.w);
-    const int r = lane & 15;  // this lane's stage row
-    unsigned q = 0;           // the block's stage sequence number
-    for (int item = blockIdx.x; item < items; item += gridDim.x) {
-      const int grp = item / tiles, m0 = (item - grp * tiles) * TILE;
-      const int e = p.group_expert[grp];
-      const bool bad = e < 0 || e >= p.experts;
-      const int live = bad ? 0 : min(TILE, p.m - m0);  // rows copied per half
-      const bool row_ok = lane < 16 && (SWIGLU ? (r & 7) < live : r < live);
-      const i64 row = SWIGLU ? (r < 8 ? m0 + r : p.up_offset + m0 + r - 8) : m0 + r;
-      const bf16raw* src = w + (i64)(bad ? 0 : e) * p.w_es + row * p.w_rs;
-      for (int s = 0; s < stages; ++s, ++q) {
-        const unsigned slot = q % STAGES, use = q / STAGES;
-        const unsigned bytes = 2u * (unsigned)min(SK, p.k - s * SK);
-        if (lane == 0) {
-          mbar_wait(empty + slot, (use & 1u) ^ 1u);
-          mbar_arrive_expect_tx(full + slot, bytes * (unsigned)(SWIGLU ? 2 * live : live));
-        }
-        __syncwarp();
-        if (row_ok)
-          bulk_copy_g2s(ring + slot * STAGE + r * PITCH, src + s * SK, bytes, full + slot,
-                        policy);
-      }
-    }
-    return;
-  }
-  const int g = lane >> 2, t = lane & 3;
-  // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
-  const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
-  const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
-  unsigned q = 0;
-  int parity = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const int grp = item / tiles, m0 = (item - grp * tiles) * TILE;
-    const int pr = p.group_pairs[grp * MOE_GROUP + g];
-    const int p0 = __shfl_sync(0xffffffffu, pr, 0);  // slot 0 of a group is never empty
-    const int pa = pr >= 0 ? pr : p0;
-    const float* xrow =
-        p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs + 2 * t + warp * WK;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int s = 0; s < stages; ++s, ++q) {
-      const unsigned slot = q % STAGES;
-      mbar_wait(full + slot, (q / STAGES) & 1u);
-      const unsigned a = ring_s + slot * STAGE;
-      const float* xk = xrow + s * SK;
-      const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
-      if (steps == WK / 16) {
-#pragma unroll
-        for (int j = 0; j < WK / 16; ++j) moe_tma_step(a + 32 * j, xk + 16 * j, c);
-      } else {
-        for (int j = 0; j < steps; ++j) moe_tma_step(a + 32 * j, xk + 16 * j, c);
-      }
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty + slot);
-    }
-    mma_store_partials(red[parity], warp, g, t, c);
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-    const int e = p.group_expert[grp];
-    const bool bad = e < 0 || e >= p.experts;
-    for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
-      const int rr = idx >> 3, n = idx & 7;
-      const int pn = p.group_pairs[grp * MOE_GROUP + n];
-      if (m0 + rr < p.m && pn >= 0)
-        p.out[(i64)pn * p.out_rs + m0 + rr] =
-            bad ? NINFER_NAN : mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
-    }
-    parity ^= 1;
-  }
-#else
-  __trap();
-#endif
 }
 
 // out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or

@@ -5,11 +5,9 @@ paths:
 - grouped GEMV (capturable, batch invariant, reads each selected expert's weights once per
   group of <= 8 rows): N <= GEMV_MAX_ROWS, or while capturing, or `batch_invariant=True`;
   intermediates live in a `MoeWorkspace` (allocated per call when None); bf16 weights with
-  16-byte aligned rows run the tensor-core `moe_tma_kernel` on sm_90 when K % 16 == 0 and
-  NINFER_MOE_TMA=1 (the selected experts' weights streamed by bulk copies into a shared ring;
-  batch invariant, another k pairing than the next two), else `moe_mma_rows_kernel`
-  (groups of up to 8 pairs; NINFER_GEMV_ROWS=0: `moe_mma_kernel`, bitwise the same), others
-  the f32-FMA `moe_gemv_kernel`;
+  16-byte aligned rows run the tensor-core `moe_mma_rows_kernel` (groups of up to 8 pairs;
+  NINFER_GEMV_ROWS=0: `moe_mma_kernel`, bitwise the same), others the f32-FMA
+  `moe_gemv_kernel`;
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
@@ -17,12 +15,10 @@ paths:
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import numpy as np
 
 from ninfer import envs
-from ninfer.core.cuda.device import read_properties
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
@@ -47,17 +43,6 @@ MMA_SPLITS = 8  # moe_mma(_rows)_kernel: at most 8 warps (K ranges) per block
 # shared memory), bitwise equal to moe_mma_kernel. H200, 35B-A3B decode graph, B = 1 / 8:
 # 4.43 / 8.96 ms, against 4.64 / 8.83 ms with moe_mma_kernel (measured on another machine).
 GEMV_ROWS = envs.gemv_rows()
-# NINFER_MOE_TMA (read once at import; default off): on sm_90 the bf16 expert stages with
-# K % 16 == 0 run moe_tma_kernel (one persistent block of TMA_CONSUMERS + 1 warps per SM walking
-# the (group, row tile) items; each stage of 16 weight rows x sk k arrives by bulk copies into a
-# TMA_RING_KIB KiB ring), as linear_tma_kernel does for the dense GEMVs. H200, 35B-A3B decode
-# graph, B = 1 / 8: 3.576 / 9.311 ms against 3.548 / 8.737 with moe_mma_rows_kernel, hence off.
-MOE_TMA = envs.moe_tma()
-TMA_STAGE_K = (512, 1024)  # moe_tma_kernel instances: k per ring stage (tma_stage_k picks)
-TMA_CONSUMERS = 16
-TMA_RING_KIB = 192
-TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
-TMA_BAR_BYTES = 256  # moe.cu MOE_TMA_BAR_BYTES
 
 
 def _swiglu_rows(nt: int) -> int:
@@ -72,7 +57,6 @@ SOURCE = KernelSource("moe.cu", tuple(
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
        "moe_mma_rows_kernel<1>"]
-    + [f"moe_tma_kernel<{sw}, {sk}, {TMA_CONSUMERS}>" for sk in TMA_STAGE_K for sw in (0, 1)]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -282,9 +266,8 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma:
-            stage = launch_tma if MOE_TMA and tma_ok(k) else launch_mma
-            stage(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
-                  top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs)
+            launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
+                       top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs)
             continue
         r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
         aligned = int(_gemv_aligned(w, kind, w_rs, w_es, xs, xs_rs, k))
@@ -332,62 +315,6 @@ def launch_mma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: in
     else:
         launch(get_function(SOURCE, f"moe_mma_kernel<{int(swiglu)}>"), grid, (32 * splits,),
                (params,), name="moe_mma", pdl=True)
-
-
-_device_properties = functools.lru_cache(maxsize=None)(read_properties)
-
-
-def _current_device():
-    """The current device's properties (read once per device)."""
-    return _device_properties(C.cupy().cuda.Device().id)
-
-
-def tma_ok(k: int) -> bool:
-    """Whether moe_tma_kernel takes a tensor-core stage (bf16 weights, 16-byte aligned rows of w
-    and x, already checked by `_gemv_plan`) with reduction length K: K % 16 == 0 on sm_90+."""
-    return k % 16 == 0 and _current_device().compute_capability >= (9, 0)
-
-
-def tma_stage_k(k: int) -> int:
-    """k per ring stage of moe_tma_kernel for K (a function of K only: batch invariance):
-    512 for K <= 512 (the 35B-A3B down: one stage per item, every consumer warp busy), else
-    1024 (linear_tma_kernel's best for the dense GEMVs)."""
-    return TMA_STAGE_K[0] if k <= TMA_STAGE_K[0] else TMA_STAGE_K[1]
-
-
-def tma_plan(sk: int, consumers: int = TMA_CONSUMERS,
-             ring_kib: int = TMA_RING_KIB) -> tuple[int, int]:
-    """(ring stages, dynamic shared memory bytes) of moe_tma_kernel<*, sk, consumers>: the
-    barriers (TMA_BAR_BYTES), two MmaPartials<consumers>, as many 16-row stages of
-    2 sk + 16 bytes per row as fit `ring_kib` KiB (2..TMA_MAX_STAGES)."""
-    stage = 16 * (2 * sk + 16)
-    stages = max(2, min(TMA_MAX_STAGES, ring_kib * 1024 // stage))
-    return stages, TMA_BAR_BYTES + 2 * consumers * 16 * 8 * 4 + stages * stage
-
-
-def launch_tma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int, k: int, *,
-               swiglu: bool, top_k: int, up_offset: int, experts: int, ws: MoeWorkspace,
-               pairs: int, sk: int | None = None, blocks: int | None = None) -> None:
-    """One expert stage of moe_tma_kernel over the groups in `ws` (launch_mma's contract; needs
-    `tma_ok(k)` and x rows 8-byte aligned): out[pair, :m]. `sk`: k per ring stage (None:
-    tma_stage_k(k); another value changes the k pairing, so the bits). `blocks`: persistent
-    blocks (None: one per SM, at most the worst-case item count pairs * row tiles)."""
-    sk = tma_stage_k(k) if sk is None else sk
-    C.require(sk in TMA_STAGE_K, "sk", f"must be one of {TMA_STAGE_K}")
-    stages, smem = tma_plan(sk)
-    params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
-                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
-                    num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out.shape[1], m=m, k=k, splits=stages, top_k=top_k,
-                    up_offset=up_offset, x_by_pair=x_by_pair, experts=experts)
-    tile = 8 if swiglu else 16
-    items = pairs * ((m + tile - 1) // tile)  # num_groups <= pairs
-    blocks = _current_device().sm_count if blocks is None else blocks
-    fn = get_function(SOURCE, f"moe_tma_kernel<{int(swiglu)}, {sk}, {TMA_CONSUMERS}>")
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    launch(fn, (max(1, min(items, blocks)),), (32 * (TMA_CONSUMERS + 1),), (params,),
-           shared_mem=smem, name="moe_swiglu_tma" if swiglu else "moe_tma", pdl=True)
 
 
 def _combine(y, y_rs, pair_row, ids, weights, out, gated) -> None:

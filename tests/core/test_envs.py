@@ -11,7 +11,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gemv_persist, "NINFER_GEMV_PERSIST", True),
     (envs.gemv_tma, "NINFER_GEMV_TMA", True),
     (envs.gemv_pdl, "NINFER_GEMV_PDL", True),
-    (envs.moe_tma, "NINFER_MOE_TMA", False),
     (envs.pdl, "NINFER_PDL", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
     (envs.gdn_chunk_split_o, "NINFER_GDN_CHUNK_SPLIT_O", False),

@@ -1,9 +1,8 @@
 """MoE on the GPU: routing (ids exact, weights vs float64, bitwise the former kernel), routed
 experts on the grouped-GEMV path (reads only the selected experts) and the cuBLAS prefill path,
-batch invariance, moe_mma_rows_kernel bitwise equal to moe_mma_kernel, moe_tma_kernel (bulk-copy
-ring) vs float64 and moe_mma_rows_kernel, PDL on vs off, and moe_block (routing, experts and the
-gated shared expert) bitwise equal to the separate ops, eagerly and replayed from a CUDA
-graph."""
+batch invariance, moe_mma_rows_kernel bitwise equal to moe_mma_kernel, PDL on vs off, and
+moe_block (routing, experts and the gated shared expert) bitwise equal to the separate ops,
+eagerly and replayed from a CUDA graph."""
 from __future__ import annotations
 
 import functools
@@ -54,7 +53,7 @@ def _routing(rng, n, experts, top_k):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 8, 20])
 @pytest.mark.parametrize("hidden", [136, 296, 304])  # > 256: the combine's 2nd block is partial
-@pytest.mark.parametrize("inter", [40, 48])  # K % 16 == 0 (304, 48): moe_tma_kernel on sm_90
+@pytest.mark.parametrize("inter", [40, 48])  # K % 16 == 0 in both stages at (304, 48)
 def test_moe_experts_gemv_path(rng, dtype, n, hidden, inter):
     experts, top_k = 16, 4
     gu_h, gu_d = weight_pair(rng, (experts, 2 * inter, hidden), dtype, scale=hidden ** -0.5)
@@ -295,8 +294,8 @@ def test_moe_block_equals_the_separate_ops_bitwise(rng, dtype, n, batch_invarian
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
-def test_moe_block_equals_the_separate_ops_bitwise_tma_shape(rng, n):
-    """As above with K % 16 == 0 in both stages (H = 304, Im = 48: moe_tma_kernel on sm_90)."""
+def test_moe_block_equals_the_separate_ops_bitwise_k16_shape(rng, n):
+    """As above with K % 16 == 0 in both stages (H = 304, Im = 48)."""
     top_k, experts = 8, 256
     (gu_h, gu), (dn_h, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts,
                                                               304, 48)
@@ -345,8 +344,7 @@ def test_fused_route_grouping_equals_the_group_kernel(rng, experts):
 @pytest.mark.parametrize("n,hidden,inter", [(4, 136, 40), (3, 528, 96), (8, 1040, 256)])
 def test_moe_block_graph_replay_equals_eager(rng, n, hidden, inter):
     """Captured in a CUDA graph (workspace preallocated) and replayed on new inputs in the same
-    buffers: bitwise the eager result (K % 16 == 0: both stages on moe_tma_kernel on sm_90, one
-    and two ring stages per item; 136 / 40: the mma kernels)."""
+    buffers: bitwise the eager result (several hidden / inner sizes, K % 16 == 0 or not)."""
     from ninfer.core.cuda import CudaGraph, DeviceContext
 
     experts, top_k = (256, 8) if hidden == 136 else (64, 8)
@@ -477,10 +475,8 @@ def test_moe_mma_rows_kernel_bad_expert_rows_are_nan(rng, swiglu):
 
 
 def test_gemv_rows_flag_routes_moe_experts(rng, monkeypatch):
-    """GEMV_ROWS (NINFER_GEMV_ROWS, read at import) switches moe_experts' tensor-core stages when
-    moe_tma_kernel is off (MOE_TMA); both give the same bits (the 35B-A3B expert shape: H = 2048,
-    Im = 512, top 8)."""
-    monkeypatch.setattr(kmoe, "MOE_TMA", False)
+    """GEMV_ROWS (NINFER_GEMV_ROWS, read at import) switches moe_experts' tensor-core stages; both
+    give the same bits (the 35B-A3B expert shape: H = 2048, Im = 512, top 8)."""
     experts, top_k, hidden, inter = 32, 8, 2048, 512
     _, gu_d = weight_pair(rng, (experts, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
     _, dn_d = weight_pair(rng, (experts, hidden, inter), DType.BFLOAT16, inter ** -0.5)
@@ -501,17 +497,7 @@ def test_gemv_rows_flag_routes_moe_experts(rng, monkeypatch):
         assert np.isfinite(host(got[0][2])).all()
 
 
-# moe_tma_kernel (NINFER_MOE_TMA=1 on sm_90 for K % 16 == 0; off by default): the expert stages on a
-# bulk-copy ring. Another k pairing than moe_mma(_rows)_kernel, so compared with float64 and
-# (closely, not bitwise) with the rows kernel; bitwise: row alone vs batch, PDL on vs off, graph
-# replay vs eager.
-
-@pytest.fixture
-def sm90():
-    """Skips a test of moe_tma_kernel below sm_90 (evaluated at run time, after the gpu skip)."""
-    if not kmoe.tma_ok(16):
-        pytest.skip("moe_tma_kernel needs sm_90")
-
+# A bitwise check that reports the differing elements, and 35B-A3B-shaped expert weights.
 
 def _same_bits(a, b, what: str) -> None:
     """assert_same_bits that reports how many elements differ and the first few."""
@@ -528,78 +514,6 @@ def _same_bits(a, b, what: str) -> None:
         raise AssertionError(f"{what}: {diff.size} of {a.size} elements differ bitwise ({pairs})")
 
 
-def _routing_with_ends(rng, n, experts, top_k):
-    """_routing with expert 0 in row 0 and expert E - 1 in the last row (the range ends), and
-    row 2 (when n > 2) reusing row 0's experts in reverse order (groups of several pairs)."""
-    ids, w = _routing(rng, n, experts, top_k)
-    for row, e in ((0, 0), (n - 1, experts - 1)):
-        if e not in ids[row]:
-            ids[row, rng.integers(top_k)] = e
-    if n > 2:
-        ids[2] = ids[0][::-1]
-    return ids, w
-
-
-def _tma_stage(w_d, x_d, ids, m, *, swiglu, by_pair, experts, sk=None):
-    """One expert stage of moe_tma_kernel on the groups of `ids` (device): out f32 [pairs, m],
-    poisoned before the launch."""
-    n, top_k = ids.shape
-    ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
-    kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
-    out = poisoned((ids.size, m))
-    k = x_d.shape[1]
-    w_rs = C.row_stride(w_d[0], "w")
-    kmoe.launch_tma(w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), by_pair, out, m,
-                    k, swiglu=swiglu, top_k=top_k, up_offset=m, experts=experts, ws=ws,
-                    pairs=ids.size, sk=sk)
-    return out
-
-
-@pytest.mark.usefixtures("sm90")
-@pytest.mark.parametrize("m,k,swiglu,by_pair", [
-    (64, 2048, True, False),    # the 35B-A3B gate_up K (two 1024-k stages per item)
-    (2048, 512, False, True),   # the 35B-A3B down (one 512-k stage per item)
-    (147, 1040, True, False),   # odd M (partial row tile), a 16-k second stage (one warp)
-    (301, 496, False, True),    # K < 512: the last consumer warp has half its k range
-    (40, 16, False, False),     # one k16 step: one consumer warp
-    (77, 4096, True, True),     # 4 stages per item
-])
-@pytest.mark.parametrize("experts,top_k", [(16, 4), (5, 3)])  # experts without rows; full groups
-def test_moe_tma_kernel_vs_float64_and_rows_kernel(rng, m, k, swiglu, by_pair, experts, top_k):
-    w, w_d = _padded_experts(rng, experts, 2 * m if swiglu else m, k)
-    for n in (1, 3, 8):
-        ids_h = _routing_with_ends(rng, n, experts, top_k)[0]
-        ids = dev(ids_h)
-        x_h, x_d = _padded_x(rng, n * top_k if by_pair else n, k)
-        kw = dict(swiglu=swiglu, by_pair=int(by_pair), experts=experts)
-        got = _tma_stage(w_d, x_d, ids, m, **kw)
-        what = f"m={m} k={k} swiglu={swiglu} n={n}"
-        assert np.isfinite(host(got)).all(), f"{what}: non-finite (unwritten or read past K)"
-        assert_close(got, _stage_oracle(w, x_h, ids_h, m, swiglu=swiglu, by_pair=by_pair),
-                     what=what)
-        rows = _stage(w_d, x_d, ids, m, rows=True, **kw)
-        assert_close(got, host(rows).astype(np.float64), what=f"{what} vs moe_mma_rows_kernel")
-        _same_bits(_tma_stage(w_d, x_d, ids, m, **kw), got, f"{what}: second run")
-
-
-@pytest.mark.usefixtures("sm90")
-@pytest.mark.parametrize("swiglu", [False, True])
-def test_moe_tma_kernel_bad_expert_rows_are_nan(rng, swiglu):
-    """An expert id outside [0, E) (E and -1) gives NaN rows (no weights are copied for it); the
-    other pairs are unaffected and bitwise what they are without the bad pairs."""
-    experts, top_k, n, m, k = 8, 2, 3, 40, 256
-    _, w_d = _padded_experts(rng, experts, 2 * m if swiglu else m, k)
-    ids_h = _routing(rng, n, experts, top_k)[0]
-    _, x_d = _padded_x(rng, n, k)
-    kw = dict(swiglu=swiglu, by_pair=0, experts=experts)
-    good = host(_tma_stage(w_d, x_d, dev(ids_h), m, **kw))
-    ids_h[1, 0], ids_h[2, 1] = experts, -1
-    got = host(_tma_stage(w_d, x_d, dev(ids_h), m, **kw))
-    bad = [1 * top_k + 0, 2 * top_k + 1]
-    assert np.isnan(got[bad]).all()
-    _same_bits(np.delete(got, bad, axis=0), np.delete(good, bad, axis=0), "good pairs")
-
-
 def _experts_35b(rng, experts=24):
     """bf16 expert weights at the 35B-A3B shape (H = 2048, Im = 512) with `experts` experts."""
     hidden, inter = 2048, 512
@@ -608,51 +522,11 @@ def _experts_35b(rng, experts=24):
     return gu_h, gu_d, dn_h, dn_d
 
 
-@pytest.mark.usefixtures("sm90")
-def test_moe_tma_experts_35b_shape(rng, monkeypatch):
-    """moe_experts at the 35B-A3B shape on moe_tma_kernel (B = 1, 3, 8; overlapping and distinct
-    experts, ids at the range ends): vs float64, close to the moe_mma_rows_kernel path, its
-    stages bitwise the explicit launch_tma stages, and each row alone bitwise its batch row."""
-    experts, top_k = 24, 8
-    gu_h, gu_d, dn_h, dn_d = _experts_35b(rng, experts)
-    hidden, inter = 2048, 512
-    for n in (1, 3, 8):
-        x_h = randn(rng, (n, hidden))
-        ids_h, w_h = _routing_with_ends(rng, n, experts, top_k)
-        x, ids, w = dev(x_h), dev(ids_h), dev(w_h)
-        res = {}
-        for tma in (True, False):
-            monkeypatch.setattr(kmoe, "MOE_TMA", tma)
-            ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
-            ws.act.fill(np.nan)
-            ws.y.fill(np.nan)
-            out = poisoned((n, hidden))
-            kmoe.moe_experts(x, gu_d, dn_d, ids, w, out, workspace=ws)
-            res[tma] = (ws.act[:n * top_k].copy(), ws.y[:n * top_k].copy(), out)
-        expect = ref.moe_experts(x_h, gu_h, dn_h, ids_h, w_h)
-        assert_close(res[True][2], expect, what=f"tma n={n}")
-        assert_close(res[True][2], host(res[False][2]).astype(np.float64),
-                     what=f"tma vs rows kernel n={n}")
-        act = _tma_stage(gu_d.data, x, ids, inter, swiglu=True, by_pair=0, experts=experts)
-        _same_bits(res[True][0], act, f"act vs launch_tma, n={n}")
-        y = _tma_stage(dn_d.data, act, ids, hidden, swiglu=False, by_pair=1, experts=experts)
-        _same_bits(res[True][1], y, f"y vs launch_tma, n={n}")
-        monkeypatch.setattr(kmoe, "MOE_TMA", True)
-        ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
-        for row in range(n):
-            part = poisoned((1, hidden))
-            kmoe.moe_experts(x[row:row + 1], gu_d, dn_d, ids[row:row + 1], w[row:row + 1], part,
-                             workspace=ws)
-            _same_bits(part, res[True][2][row:row + 1], f"row {row} alone vs batch of {n}")
-
-
-@pytest.mark.parametrize("tma", [True, False])
-def test_moe_block_pdl_on_equals_off(rng, monkeypatch, tma):
+def test_moe_block_pdl_on_equals_off(rng, monkeypatch):
     """moe_block with every MoE kernel launched with PDL (sm_90) vs plain launches: bitwise the
     same weights, ids and output (B = 1, 3, 8; 35B-A3B expert shape, 256 experts routed)."""
     from ninfer.kernels_cuda import _loader
 
-    monkeypatch.setattr(kmoe, "MOE_TMA", tma)
     experts, top_k, hidden = 256, 8, 2048
     sub = 24  # random weights of 24 experts, tiled: expert e has expert e % 24's weights
     _, gu_d, _, dn_d = _experts_35b(rng, sub)
