@@ -94,7 +94,7 @@ if [ "$MODE" = dev ]; then
     for s in ${PROFILE_SHAPES:-9b}; do
       run "profile_$s" 240 ncu --clock-control none --profile-from-start off --metrics gpu__time_duration.sum \
         --csv python3 bench/profile_decode.py --shape "$s" --batch 1,8
-      python3 bench/profile_decode.py --summarize "$OUT/profile_$s.log" > "$OUT/profile_${s}_summary.txt" 2>&1
+      python3 bench/profile_decode.py --summarize "$OUT/profile_$s.log" --batch 1,8 > "$OUT/profile_${s}_summary.txt" 2>&1
     done
   fi
 elif [ "$MODE" = oracle ]; then
