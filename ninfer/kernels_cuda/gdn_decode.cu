@@ -24,12 +24,6 @@
 //   columns; registers (16 per thread).
 // - gdn_decode_fused_head_kernel (any arch, CL = 1): grid (Hv, N), one block per head doing the
 //   column groups one after another; registers (32 per thread).
-// - gdn_decode_staged{4,2,1}_kernel (CL = 4, 2, 1; CL 4 and 2 need sm_90; cp.async needs sm_80,
-//   plain copies below): as above, but the block's state columns are copied into dynamic
-//   shared memory with cp.async (16-byte chunks, issued before pdl_wait, waited for after the
-//   conv work): a thread holds no state in registers, so the copies keep the whole tile in
-//   flight at 2 blocks per SM (CL 1: 128 KiB per SM). Needs a 16-byte aligned state, slot
-//   stride and dv (the launcher checks).
 // The loads of S are issued before pdl_wait (no kernel of the step before this one writes S or
 // the slots) so they overlap the conv, norm and gate work. In a cluster, each block's sums of
 // o_j^2 over each of its column groups are stored into every block of the cluster (distributed
@@ -116,22 +110,6 @@ __device__ __forceinline__ void st_cluster_f32(float* local_ptr, unsigned rank, 
 #endif
 }
 
-// 16 bytes global -> shared, asynchronous (sm_80+; a plain copy below). Both 16-byte aligned.
-__device__ __forceinline__ void cp_async16(float* dst, const float* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-#else
-  *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
-#endif
-}
-// Waits for this thread's cp.async copies (other threads' copies: a __syncthreads after).
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" ::: "memory");
-#endif
-}
-
 struct DecShared {
   float qs[128], ks[128];               // raw conv outputs of q and k (zero past dk)
   float vs[DEC_GROUPS * DEC_COLS];      // the block's v channels
@@ -139,22 +117,16 @@ struct DecShared {
   float red_q[DEC_WARPS][DEC_COLS];     // ... of q_i S_ij
   float scal[4][3];                     // per warp 0..3: sum q^2, k^2, q k
   float xch[DEC_GROUPS];                // per column group: sum of o_j^2 (cluster kernel)
-  float nw[DEC_GROUPS * DEC_COLS];      // staged kernels (fewer registers): warp 0's norm
-  float zv[DEC_GROUPS * DEC_COLS];      // weights, z and o by local column
-  float ov[DEC_GROUPS * DEC_COLS];
   int last;                             // this block shifts the q/k conv channels
 };
 
 // One block's work: NG = DEC_GROUPS / CL column groups of one head (a cluster of CL blocks
-// holds the head). STAGED: the state columns go through `tile` (shared, [dk][NG * 32]) instead
-// of registers. MAXK: the largest kc - 1 handled (the size of the register windows; kc itself
+// holds the head). MAXK: the largest kc - 1 handled (the size of the register windows; kc itself
 // is runtime).
-template <int CL, bool STAGED, int MAXK>
-__device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared& sh,
-                                                float* tile) {
+template <int CL, int MAXK>
+__device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared& sh) {
   constexpr bool CLUSTER = CL > 1;
   constexpr int NG = DEC_GROUPS / CL;  // column groups done by this block
-  constexpr int TW = NG * DEC_COLS;    // columns of the block (the tile's row length)
   static_assert(CL == 1 || CL == 2 || CL == 4, "CL divides DEC_GROUPS");
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int h = blockIdx.x / CL;
@@ -170,23 +142,14 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
   const int slot = p.slots[n];
   float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
   const int row0 = warp * DEC_RPW;
-  float s[STAGED ? 1 : NG][DEC_RPW];
-  if (STAGED) {  // tile[i][c] = S[i][g0 * 32 + c] for c < dv - g0 * 32 (dv % 4 == 0)
-    constexpr int CPR = TW / 4;  // 16-byte chunks per tile row
-    const int col0 = g0 * DEC_COLS;
-    for (int q = t; q < dk * CPR; q += DEC_THREADS) {
-      const int i = q / CPR, c = (q % CPR) * 4;
-      if (col0 + c < dv) cp_async16(tile + i * TW + c, S + (i64)i * dv + col0 + c);
-    }
-  } else {
+  float s[NG][DEC_RPW];
 #pragma unroll
-    for (int gi = 0; gi < NG; ++gi) {
-      const int col = (g0 + gi) * DEC_COLS + lane;
+  for (int gi = 0; gi < NG; ++gi) {
+    const int col = (g0 + gi) * DEC_COLS + lane;
 #pragma unroll
-      for (int r = 0; r < DEC_RPW; ++r) {
-        const int i = row0 + r;
-        s[STAGED ? 0 : gi][r] = (i < dk && col < dv) ? S[(i64)i * dv + col] : 0.0f;
-      }
+    for (int r = 0; r < DEC_RPW; ++r) {
+      const int i = row0 + r;
+      s[gi][r] = (i < dk && col < dv) ? S[(i64)i * dv + col] : 0.0f;
     }
   }
   // thread t: q channel t (t < 128), k channel t - 128 (t < 256) or the v channel of local
@@ -206,16 +169,11 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
     w[j] = (c >= 0 && j <= keep) ? load_any(p.conv_w, w_bf16, (i64)c * p.conv_w_rs + j) : 0.0f;
   const float a_log = load_any(p.a_log, p.bf16_flags & 2, h);
   const float dt_bias = load_any(p.dt_bias, p.bf16_flags & 4, h);
-  // nw, zv, o_keep: registers, or (STAGED: fewer registers) warp 0's entries of sh.nw / zv / ov
-  // (each lane reads back only what it wrote)
-  constexpr int NR = STAGED ? 1 : NG;
-  float nw[NR];
+  float nw[NG];  // warp 0's norm weights (registers, as zv and o_keep below)
 #pragma unroll
   for (int gi = 0; gi < NG; ++gi) {
     const int col = (g0 + gi) * DEC_COLS + lane;
-    const float v = (warp == 0 && col < dv) ? load_any(p.norm_w, p.bf16_flags & 8, col) : 0.0f;
-    if (!STAGED) nw[STAGED ? 0 : gi] = v;
-    else if (warp == 0) sh.nw[gi * DEC_COLS + lane] = v;
+    nw[gi] = (warp == 0 && col < dv) ? load_any(p.norm_w, p.bf16_flags & 8, col) : 0.0f;
   }
 
   pdl_wait();
@@ -231,13 +189,11 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
     win[j] = (c >= 0 && j < keep) ? cst[(i64)j * p.channels + c] : 0.0f;
   const float av = p.a[n * p.a_rs + h] + dt_bias;
   const float bv = p.b[n * p.b_rs + h];
-  float zv[NR];
+  float zv[NG];
 #pragma unroll
   for (int gi = 0; gi < NG; ++gi) {
     const int col = (g0 + gi) * DEC_COLS + lane;
-    const float v = (warp == 0 && col < dv) ? p.z[n * p.z_rs + (i64)h * p.z_hs + col] : 0.0f;
-    if (!STAGED) zv[STAGED ? 0 : gi] = v;
-    else if (warp == 0) sh.zv[gi * DEC_COLS + lane] = v;
+    zv[gi] = (warp == 0 && col < dv) ? p.z[n * p.z_rs + (i64)h * p.z_hs + col] : 0.0f;
   }
   {
     float acc = 0.0f, wl = 0.0f;  // wl: the tap on the new input (index keep)
@@ -263,7 +219,6 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
       else if (c >= 0) cst[(i64)j * p.channels + c] = nv;
     }
   }
-  if (STAGED) cp_async_wait_all();  // the barrier below makes every thread's chunks visible
   __syncthreads();
   int prev = 0;
   if (t == 0) {  // every thread's conv-state reads are done (their values were used above)
@@ -284,7 +239,7 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
   const float beta = sigmoid_f(bv);
   const float decay = expf(g);
   // ---- 4. delta rule, one column group at a time
-  float o_keep[NR], ssq_part[NG];
+  float o_keep[NG], ssq_part[NG];
 #pragma unroll
   for (int gi = 0; gi < NG; ++gi) {
     const int col = (g0 + gi) * DEC_COLS + lane;
@@ -294,8 +249,7 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
 #pragma unroll
     for (int r = 0; r < DEC_RPW; ++r) {
       const int i = row0 + r;
-      sv[r] = STAGED ? ((i < dk && col_ok) ? tile[i * TW + gi * DEC_COLS + lane] : 0.0f)
-                     : s[STAGED ? 0 : gi][r];
+      sv[r] = s[gi][r];
     }
     float pk = 0.0f, pq = 0.0f;
 #pragma unroll
@@ -330,8 +284,7 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
         if (i < dk) S[(i64)i * dv + col] = fmaf(sh.ks[i], kdelta, decay * sv[r]);
       }
     }
-    if (!STAGED) o_keep[STAGED ? 0 : gi] = o;
-    else if (warp == 0) sh.ov[gi * DEC_COLS + lane] = o;
+    o_keep[gi] = o;
     ssq_part[gi] = warp_sum(col_ok ? o * o : 0.0f);  // the same in every warp
   }
   // ---- the last block of the key head shifts the q/k channels (all blocks have read them)
@@ -371,49 +324,32 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
       const int col = (g0 + gi) * DEC_COLS + lane;
       if (col < dv)
         p.out[n * p.out_rs + (i64)h * p.out_hs + col] =
-            STAGED ? sh.nw[gi * DEC_COLS + lane] * (sh.ov[gi * DEC_COLS + lane] / denom) *
-                         silu_f(sh.zv[gi * DEC_COLS + lane])
-                   : nw[STAGED ? 0 : gi] * (o_keep[STAGED ? 0 : gi] / denom) *
-                         silu_f(zv[STAGED ? 0 : gi]);
+            nw[gi] * (o_keep[gi] / denom) * silu_f(zv[gi]);
     }
   }
 }
 
 // Occupancy (launch bounds; gdn_decode.py's Variant.blocks_per_sm mirrors them; nvcc sm_90, no
 // spills): the MAXK 3 (kc <= 4, Qwen3.5) instances of the CL 4 and 2 register kernels fit 64
-// registers, 2 blocks of 512 threads per SM (MAXK 7: 72 / 77 registers, 1 block); the staged
-// kernels fit 64 registers at either MAXK (2 blocks; CL 1 at dk 128: 2 x (64 KiB tile + ~10 KiB
-// static) of shared memory). 3 staged blocks per SM (<= 40 registers) spilled.
+// registers, 2 blocks of 512 threads per SM (MAXK 7: 72 / 77 registers, 1 block); the per-head
+// kernel takes 102-105 registers (1 block per SM).
 template <int MAXK>
 __global__ void DEC_CLUSTER_DIMS(4) __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
     gdn_decode_fused_kernel(const DecodeParams p) {
   __shared__ DecShared sh;
-  gdn_decode_body<4, false, MAXK>(p, sh, nullptr);
+  gdn_decode_body<4, MAXK>(p, sh);
 }
 
 template <int MAXK>
 __global__ void DEC_CLUSTER_DIMS(2) __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
     gdn_decode_fused_pair_kernel(const DecodeParams p) {
   __shared__ DecShared sh;
-  gdn_decode_body<2, false, MAXK>(p, sh, nullptr);
+  gdn_decode_body<2, MAXK>(p, sh);
 }
 
 template <int MAXK>
 __global__ void __launch_bounds__(DEC_THREADS) gdn_decode_fused_head_kernel(const DecodeParams p) {
   __shared__ DecShared sh;
-  gdn_decode_body<1, false, MAXK>(p, sh, nullptr);
+  gdn_decode_body<1, MAXK>(p, sh);
 }
 
-// Dynamic shared memory: dk * (DEC_GROUPS / CL) * 32 floats (the launcher passes the size).
-#define DEC_STAGED_KERNEL(CL, DIMS)                                                      \
-  template <int MAXK>                                                                    \
-  __global__ void DIMS __launch_bounds__(DEC_THREADS, 2)                                 \
-      gdn_decode_staged##CL##_kernel(const DecodeParams p) {                             \
-    __shared__ DecShared sh;                                                             \
-    extern __shared__ __align__(16) float dec_tile[];                                    \
-    gdn_decode_body<CL, true, MAXK>(p, sh, dec_tile);                                    \
-  }
-DEC_STAGED_KERNEL(4, DEC_CLUSTER_DIMS(4))
-DEC_STAGED_KERNEL(2, DEC_CLUSTER_DIMS(2))
-DEC_STAGED_KERNEL(1, )
-#undef DEC_STAGED_KERNEL

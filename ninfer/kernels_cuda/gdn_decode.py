@@ -23,17 +23,13 @@ class Variant:
 
     kernel: str         # the __global__ template's name
     blocks_per_head: int  # CL: a cluster of this many blocks holds a head (> 1 needs sm_90)
-    staged: bool        # the state goes through shared memory (cp.async), not registers
-    blocks_per_sm: int  # occupancy of the MAXK 3 instance (launch bounds; shared memory at dk 128)
+    blocks_per_sm: int  # occupancy of the MAXK 3 instance (launch bounds)
 
 
 VARIANTS = {
-    "cluster4": Variant("gdn_decode_fused_kernel", 4, False, 2),
-    "cluster2": Variant("gdn_decode_fused_pair_kernel", 2, False, 2),
-    "head": Variant("gdn_decode_fused_head_kernel", 1, False, 1),
-    "staged4": Variant("gdn_decode_staged4_kernel", 4, True, 2),
-    "staged2": Variant("gdn_decode_staged2_kernel", 2, True, 2),
-    "staged1": Variant("gdn_decode_staged1_kernel", 1, True, 2),
+    "cluster4": Variant("gdn_decode_fused_kernel", 4, 2),
+    "cluster2": Variant("gdn_decode_fused_pair_kernel", 2, 2),
+    "head": Variant("gdn_decode_fused_head_kernel", 1, 1),
 }
 SOURCE = KernelSource("gdn_decode.cu", tuple(
     f"{v.kernel}<{m}>" for v in VARIANTS.values() for m in _MAXK))
@@ -49,9 +45,8 @@ MAX_DIM = 128
 GROUPS = 4  # column groups of 32 per head (DEC_GROUPS)
 THREADS = 512
 # Which kernel runs (read per launch; tests and the bench set it): a name of VARIANTS forces
-# that kernel (a staged one raises on a state it cannot stage: 16-byte aligned state and slot
-# stride, dv % 4 == 0); None picks by `choose_variant`. NINFER_GDN_DECODE_KERNEL sets the
-# default (read at import).
+# that kernel; None picks by `choose_variant`. NINFER_GDN_DECODE_KERNEL sets the default (read
+# at import).
 VARIANT: str | None = envs.gdn_decode_kernel(tuple(VARIANTS))
 _DEVICES: dict[int, tuple[bool, int]] = {}
 
@@ -68,15 +63,15 @@ def _cluster_device() -> tuple[bool, int]:
     return found
 
 
-def choose_variant(value_heads: int, n: int, stageable: bool = True) -> str:
-    """The kernel gdn_decode_fused runs for N rows of Hv heads. VARIANT forces one (a staged
-    kernel needs `stageable`: the state meets its alignment). Else, below sm_90 "head"; on
-    sm_90 the cluster kernel with the most blocks per head whose blocks fit one per SM
-    (cluster4, then cluster2), else "head". H200, 9B shape (Hv = 32), us per launch in a graph
-    (bench `--op gdn_decode_fused`): B = 1 cluster4 5.7, staged4 5.6, cluster2 5.9, head 6.6;
-    B = 2 cluster2 6.9, head 7.5, staged2 8.1, cluster4 10.9; B = 3 head 8.4, cluster2 9.1,
-    staged2 10.6; B = 4 head 9.7, cluster2 10.4; B = 8 head 18.5, staged1 18.9, cluster2 20.1,
-    cluster4 30.4. The staged kernels never win by more than noise (kept selectable for A/B)."""
+def choose_variant(value_heads: int, n: int) -> str:
+    """The kernel gdn_decode_fused runs for N rows of Hv heads. VARIANT forces one. Else, below
+    sm_90 "head"; on sm_90 the cluster kernel with the most blocks per head whose blocks fit one
+    per SM (cluster4, then cluster2), else "head". H200, 9B shape (Hv = 32), us per launch in a
+    graph (bench `--op gdn_decode_fused`): B = 1 cluster4 5.7, cluster2 5.9, head 6.6; B = 2
+    cluster2 6.9, head 7.5, cluster4 10.9; B = 3 head 8.4, cluster2 9.1; B = 4 head 9.7, cluster2
+    10.4; B = 8 head 18.5, cluster2 20.1, cluster4 30.4. (Variants that staged the state through
+    shared memory by cp.async, at 64 registers and 2 blocks per SM, measured 5.6 / 8.1 / 10.6 /
+    11.8 / 18.9 us at their best and were removed.)"""
     if VARIANT is not None:
         return VARIANT
     sm90, sms = _cluster_device()
@@ -151,15 +146,8 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, kc=kc,
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
                     bf16_flags=flags)
-    stageable = state.data.ptr % 16 == 0 and ss % 4 == 0 and dv % 4 == 0
-    name = choose_variant(value_heads, n, stageable)
-    variant = VARIANTS[name]
-    C.require(stageable or not variant.staged, "state",
-              f"kernel {name} needs a 16-byte aligned state, slot stride and dv")
+    variant = VARIANTS[choose_variant(value_heads, n)]
     maxk = next(m for m in _MAXK if kc - 1 <= m)
     fn = get_function(SOURCE, f"{variant.kernel}<{maxk}>")
-    smem = dk * (GROUPS // variant.blocks_per_head) * 32 * 4 if variant.staged else 0
-    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    launch(fn, (variant.blocks_per_head * value_heads, n), (THREADS,), (params,), smem,
+    launch(fn, (variant.blocks_per_head * value_heads, n), (THREADS,), (params,),
            name="gdn_decode_fused", pdl=True)

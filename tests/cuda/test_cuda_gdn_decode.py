@@ -1,7 +1,7 @@
 """The fused GDN decode step (gdn_decode.cu) on the GPU: vs the unfused float64 references at the
 Qwen3.5 head ratios (fewer heads) for B = 1, 3, 8 over several steps, f32 and bf16 weights, and
-for every kernel variant (kdec.VARIANTS: cluster4 / cluster2 / head in registers, staged4 /
-staged2 / staged1 through shared memory); bitwise: a row alone == the row in a batch (with the
+for every kernel variant (kdec.VARIANTS: cluster4 / cluster2 / head); bitwise: a row alone ==
+the row in a batch (with the
 variant switching by N), every variant == the one-block-per-head kernel, a CUDA graph replay ==
 eager, PDL on == PDL off (behind a GEMV that writes qkv), per variant."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ninfer.core.dtypes import DType
-from ninfer.kernels_cuda import _checks, _loader
+from ninfer.kernels_cuda import _loader
 from ninfer.kernels_cuda import gdn_decode as kdec
 from ninfer.ops import reference as ref
 
@@ -25,7 +25,7 @@ SHAPES = {"0.8b": (2, 2, 128, 128), "9b": (2, 4, 128, 128), "27b": (2, 6, 128, 1
           "35b": (1, 2, 128, 128), "odd": (3, 6, 72, 80)}
 VARIANTS = list(kdec.VARIANTS)
 # slot_strided pads each slot's image by PAD floats on both sides: 8 keeps the state 16-byte
-# aligned (as StateImageStorage does; the staged kernels need it), 7 does not
+# aligned (as StateImageStorage does), 7 does not
 ALIGNED, UNALIGNED = 8, 7
 
 
@@ -136,19 +136,13 @@ def test_wide_conv_kernel_vs_float64(rng, monkeypatch, variant):
     _check_vs_reference(Problem(rng, 2, 4, 128, 96, DType.FLOAT32, kc=6), (1, 3), steps=2)
 
 
-def test_unaligned_state(rng, monkeypatch):
-    """A state that is not 16-byte aligned: a forced staged kernel is refused; the automatic
-    choice (made to want a staged kernel: 1 SM) runs a register kernel."""
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_unaligned_state(rng, monkeypatch, variant):
+    """A state that is not 16-byte aligned (slot images offset by 7 floats): every kernel reads
+    it element by element."""
+    _force(monkeypatch, variant)
     prob = Problem(rng, 2, 4, 128, 128, DType.BFLOAT16, pad=UNALIGNED)
-    _force(monkeypatch, "staged1")
-    counters = kdec.decode_counters(3, prob.hk)
-    _, dev_in = prob.inputs(3)
-    with pytest.raises(_checks.InvalidInput, match="aligned"):
-        prob.run(dev_in, dev(prob.slots(3)), poisoned((3, prob.hv, prob.dv)), counters)
-    monkeypatch.setattr(kdec, "VARIANT", None)
-    monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 1))
-    assert kdec.choose_variant(prob.hv, 3, stageable=False) == "head"
-    _check_vs_reference(prob, (3,), steps=2)
+    _check_vs_reference(prob, (1, 3), steps=2)
 
 
 def _copies(prob):
@@ -201,7 +195,7 @@ def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
 @pytest.mark.parametrize("kc", [4, 6])
 @pytest.mark.parametrize("shape", ["9b", "27b", "odd"])
 def test_variants_equal_bitwise(rng, monkeypatch, shape, kc):
-    """Every variant (sm_90: all; below: head, staged1) gives the bits of the one-block-per-head
+    """Every variant (sm_90: all; below: head) gives the bits of the one-block-per-head
     kernel: output, state and conv state over 3 steps from the same start."""
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.FLOAT32, kc=kc)

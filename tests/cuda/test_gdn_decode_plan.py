@@ -19,8 +19,8 @@ def test_gdn_decode_kernel_choice(monkeypatch):
         ["cluster4"] * 2 + ["cluster2"] * 2 + ["head"] * 2
     monkeypatch.setattr(kdec, "_cluster_device", lambda: (False, 132))
     assert kdec.choose_variant(32, 1) == "head" and kdec.choose_variant(32, 8) == "head"
-    monkeypatch.setattr(kdec, "VARIANT", "staged2")
-    assert kdec.choose_variant(32, 8) == "staged2"
+    monkeypatch.setattr(kdec, "VARIANT", "cluster2")
+    assert kdec.choose_variant(32, 8) == "cluster2"
 
 
 def test_gdn_decode_variants_cover_instances():
@@ -40,8 +40,8 @@ def test_gdn_decode_variants_cover_instances():
         os.environ["NINFER_GDN_DECODE_KERNEL"] = "nope"
         with pytest.raises(ValueError, match="NINFER_GDN_DECODE_KERNEL"):
             importlib.reload(kdec)
-        os.environ["NINFER_GDN_DECODE_KERNEL"] = "staged1"
-        assert importlib.reload(kdec).VARIANT == "staged1"
+        os.environ["NINFER_GDN_DECODE_KERNEL"] = "head"
+        assert importlib.reload(kdec).VARIANT == "head"
     finally:
         if old is None:
             os.environ.pop("NINFER_GDN_DECODE_KERNEL", None)
