@@ -19,6 +19,7 @@ Compile time is reported separately from run time: every compile appends a `Comp
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import re
@@ -200,19 +201,27 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "",
 
 
 _PDL = envs.pdl()
-_PDL_DEVICES: dict[int, bool] = {}
 _PDL_CONFIGS: dict[tuple, object] = {}  # (grid, block, shared_mem, stream) -> CUlaunchConfig
 
 
-def _pdl_device() -> bool:
-    """Whether the current device runs griddepcontrol (sm_90+), cached per device."""
+@functools.lru_cache(maxsize=None)
+def _device_properties(device_id: int):
+    from ninfer.core.cuda.device import read_properties
+
+    return read_properties(device_id)
+
+
+def current_device():
+    """The current device's `DeviceProperties` (core.cuda.read_properties), read once per
+    device: launchers size grids and pick kernels by its SM count and compute capability."""
     import cupy
 
-    device_id = cupy.cuda.runtime.getDevice()
-    ok = _PDL_DEVICES.get(device_id)
-    if ok is None:
-        ok = _PDL_DEVICES[device_id] = int(cupy.cuda.Device(device_id).compute_capability) >= 90
-    return ok
+    return _device_properties(cupy.cuda.runtime.getDevice())
+
+
+def _pdl_device() -> bool:
+    """Whether the current device runs griddepcontrol (sm_90+)."""
+    return current_device().compute_capability >= (9, 0)
 
 
 def _pdl_config(grid, block, shared_mem: int, stream_ptr: int):

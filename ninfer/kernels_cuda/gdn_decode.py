@@ -12,7 +12,7 @@ import numpy as np
 from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
-from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+from ninfer.kernels_cuda._loader import KernelSource, current_device, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
 
@@ -48,19 +48,12 @@ THREADS = 512
 # that kernel; None picks by `choose_variant`. NINFER_GDN_DECODE_KERNEL sets the default (read
 # at import).
 VARIANT: str | None = envs.gdn_decode_kernel(tuple(VARIANTS))
-_DEVICES: dict[int, tuple[bool, int]] = {}
 
 
 def _cluster_device() -> tuple[bool, int]:
-    """(sm_90 or newer, SM count) of the current device, read once per device."""
-    cp = C.cupy()
-    device_id = cp.cuda.runtime.getDevice()
-    found = _DEVICES.get(device_id)
-    if found is None:
-        dev = cp.cuda.Device(device_id)
-        found = _DEVICES[device_id] = (int(dev.compute_capability) >= 90,
-                                       int(dev.attributes["MultiProcessorCount"]))
-    return found
+    """(sm_90 or newer, SM count) of the current device."""
+    props = current_device()
+    return props.compute_capability >= (9, 0), props.sm_count
 
 
 def choose_variant(value_heads: int, n: int) -> str:

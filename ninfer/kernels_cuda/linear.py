@@ -20,15 +20,13 @@ Two paths:
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from ninfer import envs
-from ninfer.core.cuda.device import read_properties
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
-from ninfer.kernels_cuda._loader import KernelSource, get_function, launch, launch_dependent
+from ninfer.kernels_cuda._loader import (KernelSource, current_device, get_function, launch,
+                                         launch_dependent)
 
 GEMV_MAX_ROWS = 8
 TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 * 1024
@@ -130,19 +128,11 @@ def mma_rows_smem(splits: int) -> int:
     return splits * MMA_ROWS_WARP_SMEM + 2 * MMA_PARTIALS_SMEM + MMA_ROWS_ALIGN
 
 
-_device_properties = functools.lru_cache(maxsize=None)(read_properties)
-
-
-def _current_device():
-    """The current device's properties (read once per device)."""
-    return _device_properties(C.cupy().cuda.Device().id)
-
-
 def _persist_blocks(splits: int) -> int:
     """Row-tile blocks of a persistent launch (per column tile): all that are resident at once,
     PERSIST_WARPS_PER_SM // splits per SM (2 at 16 splits, whose 2 x 80.25 KiB of shared memory
     fit an SM too)."""
-    return max(1, PERSIST_WARPS_PER_SM // splits) * _current_device().sm_count
+    return max(1, PERSIST_WARPS_PER_SM // splits) * current_device().sm_count
 
 
 # NINFER_GEMV_TMA (read once at import; default on): GEMVs with K % 16 == 0 on sm_90 run
@@ -191,7 +181,7 @@ def tma_x_stages(k: int, sk: int, consumers: int) -> int:
 def tma_ok(k: int) -> bool:
     """Whether linear_tma_kernel takes a call whose operands passed `_mma_ok` (bf16 weights,
     16-byte aligned rows of w and x): K a multiple of 16 and an sm_90+ device."""
-    return k % 16 == 0 and _current_device().compute_capability >= (9, 0)
+    return k % 16 == 0 and current_device().compute_capability >= (9, 0)
 
 
 def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
@@ -209,7 +199,7 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
-        row_blocks = max(1, _current_device().sm_count // col_tiles)
+        row_blocks = max(1, current_device().sm_count // col_tiles)
     row_blocks = max(1, min(tiles, row_blocks))
     sk = TMA_SK if sk is None else sk
     consumers = TMA_CONSUMERS if consumers is None else consumers
