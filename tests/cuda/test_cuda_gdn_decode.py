@@ -257,6 +257,13 @@ class Chain:
 NAMES = ("out", "y", "conv state", "state")
 
 
+def _chain_with_inputs(rng, n):
+    """A Chain of n rows, copies of its starting conv state and state, and 3 fresh inputs."""
+    ch = Chain(rng, n)
+    conv0, st0 = _copies(ch.prob)
+    return ch, conv0, st0, [cp().asarray(randn(rng, ch.x.shape)) for _ in range(3)]
+
+
 # (variant, n): the automatic choice at B = 1 and 8, and each variant forced at B = 3
 CHAIN_CASES = [(None, 1), (None, 8)] + [(v, 3) for v in VARIANTS]
 
@@ -268,9 +275,7 @@ def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, variant, n):
     _force(monkeypatch, variant)
     ctx = DeviceContext(0)
     with ctx.activate():
-        ch = Chain(rng, n)
-        conv0, st0 = _copies(ch.prob)
-        xs = [cp().asarray(randn(rng, ch.x.shape)) for _ in range(3)]
+        ch, conv0, st0, xs = _chain_with_inputs(rng, n)
         ch.step()  # compile / warm up outside the capture
         ctx.synchronize()
         ch.restore(conv0, st0)
@@ -302,9 +307,7 @@ def test_pdl_on_equals_off_bitwise(rng, monkeypatch, variant, n):
     _force(monkeypatch, variant)
     ctx = DeviceContext(0)
     with ctx.activate():
-        ch = Chain(rng, n)
-        conv0, st0 = _copies(ch.prob)
-        xs = [cp().asarray(randn(rng, ch.x.shape)) for _ in range(3)]
+        ch, conv0, st0, xs = _chain_with_inputs(rng, n)
         runs = {}
         for pdl in (False, True):
             monkeypatch.setattr(_loader, "_PDL", pdl)

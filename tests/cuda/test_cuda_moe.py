@@ -270,6 +270,21 @@ def _moe_block(x, logits, top_k, gu, dn, shared, **kw):
     return w, ids, out
 
 
+def _check_block_vs_separate_ops(inputs, experts: int, tol: float, **kw) -> None:
+    """moe_block (top 8) vs moe_route, moe_experts, sigmoid_scale_add: weights, ids and output
+    bitwise equal; the output within `tol` of float64."""
+    (gu_h, gu), (dn_h, dn), x, logits, shared = inputs
+    got = _moe_block(x, logits, 8, gu, dn, shared, **kw)
+    want = _separate_ops(x, logits, 8, gu, dn, shared, **kw)
+    for g, e, what in zip(got, want, ("weights", "ids", "out")):
+        assert_same_bits(g, e, what)
+    w, ids, out = (host(a) for a in got)
+    gate = host(logits)[:, experts:].astype(np.float64)
+    expect = (ref.moe_experts(host(x), gu_h, dn_h, ids, w)
+              + host(shared) / (1.0 + np.exp(-gate)))
+    assert_close(out, expect, tol)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,batch_invariant", [(1, False), (3, False), (8, False), (20, False),
                                                (70, False), (70, True)])
@@ -278,36 +293,18 @@ def test_moe_block_equals_the_separate_ops_bitwise(rng, dtype, n, batch_invarian
     """moe_block (fused routing + grouping; shared add in the combine) vs moe_route, moe_experts,
     sigmoid_scale_add: weights, ids and output bitwise equal, on the grouped-GEMV path (f32 FMA
     and tensor-core kernels) and the cuBLAS prefill path (n = 70)."""
-    top_k = 8
-    (gu_h, gu), (dn_h, dn), x, logits, shared = _block_inputs(rng, dtype, n, experts)
     kw = dict(batch_invariant=True) if batch_invariant else {}
-    got = _moe_block(x, logits, top_k, gu, dn, shared, **kw)
-    want = _separate_ops(x, logits, top_k, gu, dn, shared, **kw)
-    for g, e, what in zip(got, want, ("weights", "ids", "out")):
-        assert_same_bits(g, e, what)
-    w, ids, out = (host(a) for a in got)
-    gate = host(logits)[:, experts:].astype(np.float64)
-    expect = (ref.moe_experts(host(x), gu_h, dn_h, ids, w)
-              + host(shared) / (1.0 + np.exp(-gate)))
     prefill_bf16 = dtype is DType.BFLOAT16 and n > kmoe.GEMV_MAX_ROWS and not batch_invariant
-    assert_close(out, expect, TOL_BF16_X if prefill_bf16 else TOL_F32)
+    _check_block_vs_separate_ops(_block_inputs(rng, dtype, n, experts), experts,
+                                 TOL_BF16_X if prefill_bf16 else TOL_F32, **kw)
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
 def test_moe_block_equals_the_separate_ops_bitwise_k16_shape(rng, n):
     """As above with K % 16 == 0 in both stages (H = 304, Im = 48)."""
-    top_k, experts = 8, 256
-    (gu_h, gu), (dn_h, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts,
-                                                              304, 48)
-    got = _moe_block(x, logits, top_k, gu, dn, shared)
-    want = _separate_ops(x, logits, top_k, gu, dn, shared)
-    for g, e, what in zip(got, want, ("weights", "ids", "out")):
-        assert_same_bits(g, e, what)
-    w, ids, out = (host(a) for a in got)
-    gate = host(logits)[:, experts:].astype(np.float64)
-    expect = (ref.moe_experts(host(x), gu_h, dn_h, ids, w)
-              + host(shared) / (1.0 + np.exp(-gate)))
-    assert_close(out, expect, TOL_F32)
+    experts = 256
+    _check_block_vs_separate_ops(_block_inputs(rng, DType.BFLOAT16, n, experts, 304, 48),
+                                 experts, TOL_F32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
