@@ -329,10 +329,9 @@ __device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared
   }
 }
 
-// Occupancy (launch bounds; gdn_decode.py's Variant.blocks_per_sm mirrors them; nvcc sm_90, no
-// spills): the MAXK 3 (kc <= 4, Qwen3.5) instances of the CL 4 and 2 register kernels fit 64
-// registers, 2 blocks of 512 threads per SM (MAXK 7: 72 / 77 registers, 1 block); the per-head
-// kernel takes 102-105 registers (1 block per SM).
+// Occupancy (launch bounds; nvcc sm_90, no spills): the MAXK 3 (kc <= 4, Qwen3.5) instances of
+// the CL 4 and 2 kernels fit 64 registers, 2 blocks of 512 threads per SM (MAXK 7: 72 / 77
+// registers, 1 block); the per-head kernel takes 102-105 registers (1 block per SM).
 template <int MAXK>
 __global__ void DEC_CLUSTER_DIMS(4) __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
     gdn_decode_fused_kernel(const DecodeParams p) {

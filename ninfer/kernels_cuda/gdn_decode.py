@@ -23,13 +23,12 @@ class Variant:
 
     kernel: str         # the __global__ template's name
     blocks_per_head: int  # CL: a cluster of this many blocks holds a head (> 1 needs sm_90)
-    blocks_per_sm: int  # occupancy of the MAXK 3 instance (launch bounds)
 
 
 VARIANTS = {
-    "cluster4": Variant("gdn_decode_fused_kernel", 4, 2),
-    "cluster2": Variant("gdn_decode_fused_pair_kernel", 2, 2),
-    "head": Variant("gdn_decode_fused_head_kernel", 1, 1),
+    "cluster4": Variant("gdn_decode_fused_kernel", 4),
+    "cluster2": Variant("gdn_decode_fused_pair_kernel", 2),
+    "head": Variant("gdn_decode_fused_head_kernel", 1),
 }
 SOURCE = KernelSource("gdn_decode.cu", tuple(
     f"{v.kernel}<{m}>" for v in VARIANTS.values() for m in _MAXK))
