@@ -32,16 +32,15 @@ def main() -> None:
     import cupy as cp
     import numpy as np
 
+    from bench.harness import f32_random
     from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace, Precision, gdn_chunk_prefill
 
     t = args.tokens
-    def normal(shape, scale):
-        return (cp.random.standard_normal(shape) * scale).astype(cp.float32)
-
-    q, k, v = normal((t, hk, d), d ** -1.0), normal((t, hk, d), d ** -0.5), normal((t, hv, d), 1)
-    g = (-cp.random.random_sample((t, hv)) * 0.1).astype(cp.float32)
-    beta = cp.random.random_sample((t, hv)).astype(cp.float32)
-    state = normal((1, hv, d, d), 0.01)
+    q, k = f32_random(cp, (t, hk, d), d ** -1.0), f32_random(cp, (t, hk, d), d ** -0.5)
+    v = f32_random(cp, (t, hv, d))
+    g = -cp.random.random_sample((t, hv), dtype=cp.float32) * 0.1
+    beta = cp.random.random_sample((t, hv), dtype=cp.float32)
+    state = f32_random(cp, (1, hv, d, d), 0.01)
     starts = cp.asarray(np.array([0, t], np.int32))
     slots = cp.zeros(1, dtype=cp.int32)
     out = cp.empty_like(v)
