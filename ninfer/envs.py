@@ -101,6 +101,23 @@ def pdl() -> bool:
     return _flag("NINFER_PDL", True)
 
 
+def fold_norms() -> bool:
+    """NINFER_FOLD_NORMS (default on; "0" turns it off): CUDA decode steps of dense models fold
+    the RMSNorms into the linears that read them and the residual adds into the output
+    projections' epilogues (bitwise the same results, about 2 launches fewer per layer). Read
+    when a backend is built."""
+    return _flag("NINFER_FOLD_NORMS", True)
+
+
+def pdl_trigger_first() -> bool:
+    """NINFER_PDL_TRIGGER_FIRST (default off; "1" turns it on): `pdl_enter` (the prologue of the
+    small PDL kernels) lets the next kernel launch before it waits for the previous one, instead
+    of after. The next kernel's pre-wait part (a GEMV's weight stream) then starts as soon as an
+    SM has room, not after the previous kernel completes. Compiled in (-D): read once, at import
+    of the loader."""
+    return _flag("NINFER_PDL_TRIGGER_FIRST", False)
+
+
 def gemv_tma_tile_group() -> int:
     """NINFER_GEMV_TMA_TILE_GROUP (1, 2 or 4; default 4): row tiles linear_tma_kernel walks in
     lockstep over the stages when it reads x per stage, reading each stage's x once per group

@@ -34,7 +34,8 @@ from ninfer import envs
 _LOG = logging.getLogger("ninfer.kernels_cuda")
 _DEBUG_SYNC = envs.cuda_debug_sync()  # read once: launch() runs hundreds of times per step
 PACKAGE_DIR = Path(__file__).resolve().parent
-BASE_OPTIONS = ("--std=c++17",)
+BASE_OPTIONS = ("--std=c++17",) + (
+    ("-DNINFER_PDL_TRIGGER_FIRST=1",) if envs.pdl_trigger_first() else ())
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 
 

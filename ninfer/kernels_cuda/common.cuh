@@ -34,9 +34,16 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// NINFER_PDL_TRIGGER_FIRST (envs.pdl_trigger_first): trigger, then wait. Still safe: a kernel's
+// successor waits for this kernel's completion, which comes after this kernel's own wait.
 __device__ __forceinline__ void pdl_enter() {
+#if defined(NINFER_PDL_TRIGGER_FIRST) && NINFER_PDL_TRIGGER_FIRST
+  pdl_launch_dependents();
+  pdl_wait();
+#else
   pdl_wait();
   pdl_launch_dependents();
+#endif
 }
 
 __device__ __forceinline__ float to_f32(float v) { return v; }

@@ -30,14 +30,26 @@
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
 
+// flags (linear_tma_kernel only; the other kernels take 0): GEMV_FOLD_NORM: x is the residual
+// stream h and the kernel multiplies RMSNorm1p(h) with weight norm_w (f32, or bf16 with
+// GEMV_NORM_W_BF16), bitwise what norm.cu's rms_norm (zero-centred) writes for D = K with its
+// block of norm_threads threads; GEMV_ACCUMULATE: out += x @ w^T (bitwise out + result).
+#define GEMV_FOLD_NORM 1
+#define GEMV_ACCUMULATE 2
+#define GEMV_NORM_W_BF16 4
 struct GemvParams {
   const void* w;
   const float* x;
   float* out;
   i64 w_rs, x_rs, out_rs;
   int m, k, n, splits;
+  const void* norm_w;
+  float norm_eps;
+  int norm_threads;
+  int flags;
+  int pad;
 };
-static_assert(sizeof(GemvParams) == 64, "GemvParams layout is mirrored in linear.py");
+static_assert(sizeof(GemvParams) == 88, "GemvParams layout is mirrored in linear.py");
 
 template <typename WT, int NT, int R, int ALIGNED>
 __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
@@ -258,6 +270,46 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
 // tile: at N = 8 and K > 5 SK the per-tile x reads cost as much L2 traffic as the weights. Each
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
+// GEMV_FOLD_NORM: the denominator sqrt(mean(h^2) + eps) of x row min(n0 + g, N - 1), summed in
+// norm.cu's order for a block of T = p.norm_threads threads (thread t: fmaf over i = t + j T,
+// j ascending; warp_sum; the T / 32 warp partials in warp order). The CONS consumer warps share
+// the (row, virtual warp) items; `part` (>= 8 * 32 floats of shared memory) holds the partials.
+template <int CONS>
+__device__ __forceinline__ float tma_fold_denom(const GemvParams& p, int n0, int g, int warp,
+                                                int lane, float* part) {
+  const int T = p.norm_threads, VW = T >> 5;
+  const int rows = min(8, p.n - n0);
+  for (int item = warp; item < rows * VW; item += CONS) {
+    const int r = item / VW, vw = item - r * VW;
+    const float* h = p.x + (i64)(n0 + r) * p.x_rs;
+    float ss = 0.0f;
+    for (int i = vw * 32 + lane; i < p.k; i += T) {
+      const float v = h[i];
+      ss = fmaf(v, v, ss);
+    }
+    ss = warp_sum(ss);
+    if (lane == 0) part[r * 32 + vw] = ss;
+  }
+  asm volatile("bar.sync 2, %0;" ::"n"(32 * CONS) : "memory");
+  const int r = min(g, rows - 1);
+  float total = 0.0f;
+  for (int vw = 0; vw < VW; ++vw) total += part[r * 32 + vw];
+  return sqrtf(total / (float)p.k + p.norm_eps);
+}
+
+// GEMV_FOLD_NORM: x[k] of a row = RMSNorm1p(h)[k] = (h[k] / denom) * (1 + w[k]), as norm.cu's
+// norm_value (mode RMS_ZC) computes it.
+__device__ __forceinline__ float tma_fold_value(const GemvParams& p, float v, float denom, int k) {
+  const float wv = (p.flags & GEMV_NORM_W_BF16) ? to_f32(static_cast<const bf16raw*>(p.norm_w)[k])
+                                                : static_cast<const float*>(p.norm_w)[k];
+  float y = v / denom;
+  y = y * (1.0f + wv);
+  return y;
+}
+__device__ __forceinline__ float2 tma_fold2(const GemvParams& p, float2 v, float denom, int k) {
+  return make_float2(tma_fold_value(p, v.x, denom, k), tma_fold_value(p, v.y, denom, k + 1));
+}
+
 template <int SWIGLU, int SK, int CONS, int XS, int TG>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
@@ -330,6 +382,13 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   pdl_wait();
   const int g = lane >> 2, t = lane & 3;
   const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
+  const int xk0 = 2 * t + warp * WK;  // k of xrow[0]
+  const bool fold = p.flags & GEMV_FOLD_NORM;
+  // red[1] is first written by a second tile, after every consumer passed the first tile's
+  // barrier (so after this prologue's reads)
+  const float denom = fold ? tma_fold_denom<CONS>(p, n0, g, warp, lane,
+                                                  reinterpret_cast<float*>(red + 1))
+                           : 1.0f;
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
   const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
@@ -344,6 +403,10 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
         if (s * SK + warp * WK + 16 * j < p.k) {  // K % 16 == 0: the whole step is inside
           x0 = __ldg(reinterpret_cast<const float2*>(xrow + s * SK + 16 * j));
           x1 = __ldg(reinterpret_cast<const float2*>(xrow + s * SK + 16 * j + 8));
+          if (fold) {
+            x0 = tma_fold2(p, x0, denom, xk0 + s * SK + 16 * j);
+            x1 = tma_fold2(p, x1, denom, xk0 + s * SK + 16 * j + 8);
+          }
         }
         split_bf16x2(x0.x, x0.y, xf[s][j][0], xf[s][j][2]);
         split_bf16x2(x1.x, x1.y, xf[s][j][1], xf[s][j][3]);
@@ -379,8 +442,12 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
 #pragma unroll
       for (int j = 0; j < WK / 16; ++j) {
         if (j < steps) {
-          const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
-          const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
+          float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
+          float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
+          if (fold) {
+            x0 = tma_fold2(p, x0, denom, xk0 + s * SK + 16 * j);
+            x1 = tma_fold2(p, x1, denom, xk0 + s * SK + 16 * j + 8);
+          }
           split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][2]);
           split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][3]);
         }
@@ -408,9 +475,11 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
       const int m0 = tile * TILE;
       for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
         const int rr = idx >> 3, n = idx & 7;
-        if (m0 + rr < p.m && n0 + n < p.n)
-          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
-              mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+        if (m0 + rr < p.m && n0 + n < p.n) {
+          float* o = p.out + (i64)(n0 + n) * p.out_rs + m0 + rr;
+          const float v = mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+          *o = (p.flags & GEMV_ACCUMULATE) ? *o + v : v;
+        }
       }
       parity ^= 1;
     }
