@@ -136,7 +136,7 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     state columns per block, 32 columns with each of its local kernels (pair: per value-head
     pair, (I + A)^-1 by blocks and 3xTF32 mma; local16: per-column forward substitution) (FLA's
     bf16 Triton kernel as the peer)."""
-    from ninfer.kernels_cuda.gdn_chunk import SPLIT_O, STATE_COLS, ChunkWorkspace, Precision
+    from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace, Precision
     from ninfer.kernels_cuda.gdn_chunk import gdn_chunk_prefill as chunk
 
     s = ctx.shape
@@ -151,23 +151,20 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
     slots = cp.zeros(1, dtype=cp.int32)
     o = cp.empty_like(v)
     ws = ChunkWorkspace.allocate(tokens, 1, s.value_heads, bf16_tiles=True)
-    path = f"split O, {STATE_COLS}-column state tiles" if SPLIT_O else "O in the state pass"
     out = []
     for prec, cols, pair in ((Precision.TF32X3, 0, None), (Precision.BF16, 0, None),
                              (Precision.BF16, 32, False), (Precision.BF16, 32, True),
                              (Precision.BF16, 64, True)):
         mma = "3xTF32 mma" if prec is Precision.TF32X3 else "bf16 mma"
-        tiles = (f", bf16 tiles, {cols}-column state blocks, double-buffered"
-                 if cols and not SPLIT_O else "")
-        local = ("" if not cols or SPLIT_O else
-                 ", local: pair" if pair else ", local: local16")
+        tiles = f", bf16 tiles, {cols}-column state blocks, double-buffered" if cols else ""
+        local = "" if not cols else ", local: pair" if pair else ", local: local16"
         ms = ctx.time(lambda i: chunk(q, k, v, g, beta, state, starts, slots, o, workspace=ws,
                                       precision=prec, bf16_cols=cols, local_pair=pair))
         label = f"{prec.value}" + (f" tiles{cols}" if cols else "") + (
             (" pair" if pair else " local16") if cols else "")
         out.append(_peer(Measure("gdn_chunk_prefill",
                                  f"T={tokens} Hk={s.key_heads} Hv={s.value_heads} {label}",
-                                 ms, note=f"{mma}, {path}{tiles}{local}"),
+                                 ms, note=f"{mma}, O in the state pass{tiles}{local}"),
                          ctx, lambda: peers.fla_chunk(tokens, s.key_heads, s.value_heads, s.dk,
                                                       s.dv)))
     return out

@@ -170,31 +170,14 @@ def prefill_overlap() -> bool:
     return _flag("NINFER_PREFILL_OVERLAP", True)
 
 
-def gdn_chunk_split_o() -> bool:
-    """NINFER_GDN_CHUNK_SPLIT_O=1 (off by default): the chunked GDN prefill's sequential state
-    pass stores the state entering each chunk and a parallel kernel computes the output, instead
-    of the state pass computing it. Measured slower on the H200 (9B prefill of 8192 tokens:
-    274.3 vs 271.7 ms; 1024: 31.3 vs 30.7 ms). Read once, at import of the launcher."""
-    return _flag("NINFER_GDN_CHUNK_SPLIT_O", False)
-
-
-GDN_CHUNK_STATE_COLS = (16, 32)
-
-
-def gdn_chunk_state_cols() -> int:
-    """NINFER_GDN_CHUNK_STATE_COLS (16 or 32, default 32): state columns per block of the split
-    GDN chunk state pass (16: twice the blocks). Read once, at import of the launcher."""
-    return _choice("NINFER_GDN_CHUNK_STATE_COLS", 32, GDN_CHUNK_STATE_COLS)
-
-
 GDN_CHUNK_BF16_COLS = (0, 32, 64)
 
 
 def gdn_chunk_bf16_cols() -> int:
     """NINFER_GDN_CHUNK_BF16_COLS (0, 32 or 64; default 32): the chunked GDN prefill in bf16
-    precision on the fused path runs its bf16-tile kernels (bf16 workspaces and shared-memory
-    tiles, double-buffered state pass) with that many state columns per block; 0 keeps the
-    fp32-tile kernels (the same results bit for bit). H200, T = 8192, Hv = 32: 32 columns
+    precision runs its bf16-tile kernels (bf16 workspaces and shared-memory tiles,
+    double-buffered state pass) with that many state columns per block; 0 keeps the fp32-tile
+    kernels (the same results bit for bit). H200, T = 8192, Hv = 32: 32 columns
     1.195 ms, 64 columns 1.365, fp32 tiles 1.365. Read once, at import of the launcher."""
     return _choice("NINFER_GDN_CHUNK_BF16_COLS", 32, GDN_CHUNK_BF16_COLS)
 

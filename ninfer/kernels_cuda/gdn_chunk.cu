@@ -29,25 +29,17 @@
 //                            (QK^T, KK^T): warp w owns rows 16(w/2).. and columns 32(w%2).. of
 //                            both; U, W: thread c solves column c of [beta V | beta e^G K]
 //                            (64 registers, fully unrolled).
-// gdn_chunk_state_kernel<SB, FUSED_O, BF16>
-//                            grid (G, Hv, ceil(dv / SB)), 256 threads: walks a segment's chunks
-//                            in order carrying a 128 x SB column tile of S (state columns are
+// gdn_chunk_state_kernel<BF16>
+//                            grid (G, Hv, ceil(dv / 32)), 256 threads: walks a segment's chunks
+//                            in order carrying a 128 x 32 column tile of S (state columns are
 //                            independent) in registers (warp w: rows 16w..16w+15, as mma
-//                            accumulators) and a copy in shared memory (B operand). Per chunk:
-//                            phase A  V' = U - W S (warp w: rows 16(w/2).., column tiles
-//                                     SB/16 (w%2)..), V' to shared memory;
-//                            phase B  S = e^{G_L} S + K'^T V'.
-//                            FUSED_O (SB = 32; the original single-pass form): phase A also
-//                            computes O = (Q e^G) S and phase B O += P V' (O tiles as V'), so
-//                            the sequential walk carries four products per chunk. Without it
-//                            the kernel stores the state entering each chunk (s_ws) and V' (over
-//                            U in u_ws) for the output kernel instead.
-//                            Operands are prefetched with cp.async into single buffers: K (and P)
-//                            load during phase A, the next chunk's W, U, G (and Q) during phase B.
-// gdn_chunk_output_kernel<BF16>
-//                            grid (max_chunks, Hv, ceil(dv / 64)), 256 threads, after the state
-//                            kernel without FUSED_O: O = (Q e^G) S_c + P V' for all chunks in
-//                            parallel (warp w: rows 16(w/2).., column tiles 4(w%2)..+3).
+//                            accumulators) and a copy in shared memory (B operand), and computes
+//                            the output on the way (four products per chunk). Per chunk:
+//                            phase A  V' = U - W S and O = (Q e^G) S (warp w: rows 16(w/2)..,
+//                                     column tiles 2(w%2)..), V' to shared memory;
+//                            phase B  O += P V' (stored); S = e^{G_L} S + K'^T V'.
+//                            Operands are prefetched with cp.async into single buffers: K and P
+//                            load during phase A, the next chunk's W, Q, U, G during phase B.
 // gdn_chunk_local16_kernel, gdn_chunk_state16_kernel<SB>   (bf16 only; SB = 32 or 64)
 //                            the bf16-tile path: the local kernel also writes every mma operand
 //                            of the state pass as bf16 (-W, K e^{G_L - G}, Q e^G, P; U stays
@@ -55,23 +47,19 @@
 //                            fp32 product the fp32-tile kernel rounds per fragment read; the state
 //                            pass keeps them as bf16 tiles (ldmatrix fragments), loads chunk c + 1
 //                            into a second stage while chunk c computes (two barriers per chunk),
-//                            and forms the fused path's products in the same order, so its outputs
-//                            and state equal gdn_chunk_state_kernel<32, true, true>'s bit for bit.
+//                            and forms the same products in the same order, so its outputs and
+//                            state equal gdn_chunk_state_kernel<true>'s bit for bit.
 // gdn_chunk_localpair_kernel<VPB>  (bf16-tile path, NINFER_GDN_CHUNK_LOCAL_PAIR, the default)
 //                            the same workspaces as gdn_chunk_local16_kernel for VPB = 2 value heads
 //                            of one key head per block (Q, K loaded and K K^T, Q K^T formed once),
 //                            with [U | W] = T [beta V | beta e^G K], T = (I + A)^-1 formed once per
 //                            chunk and head by 16 x 16 blocks (fp32) and applied with 3xTF32 mma,
 //                            instead of the per-column forward substitution (see the kernel).
-// The split path (state kernel without FUSED_O, then the output kernel) forms every product with
-// the same operand splits and the same accumulation order as the fused kernel; only the mapping
-// of columns to warps and blocks differs.
 // dk, dv <= 128 (shorter head dims are zero-padded to 128 in shared memory).
 #include "common.cuh"
 
 #define CH 64
 #define DMAX 128
-#define OB 64      // output columns per output-kernel block
 
 struct ChunkParams {
   const float* q;
@@ -88,7 +76,7 @@ struct ChunkParams {
   float* u_ws;         // [N, Hv, 128]
   float* gam_ws;       // [N, Hv]
   float* p_ws;         // [max_chunks, Hv, 64, 64]
-  float* s_ws;         // [max_chunks, Hv, 128, 128] state entering each chunk (split path)
+  void* reserved;      // unused (the removed split path's per-chunk states): same layout
   i64 q_rs, q_hs, k_rs, k_hs, v_rs, v_hs, g_rs, beta_rs, out_rs, out_hs;
   i64 state_ss;
   int key_heads, value_heads, dk, dv;
@@ -179,7 +167,7 @@ __device__ __forceinline__ void store_tile(float* dst, i64 rs, const float* src,
 //   QK_LD   [64][128] tiles read as row-major A or as B^T (Q, K in the local kernel, W, Q)
 //   KS_LD   [64][128] K tile read as transposed A (the state update)
 //   A_LD    [64][64] tiles read as row-major A (A, P)
-//   col_ld  [*][cols] tiles read as row-major B (S, U, V'; cols = 16, 32, 64)
+//   col_ld  [*][cols] tiles read as row-major B (S, U, V'; cols = 32)
 // Accumulator fragments (both policies, g = lane / 4, t = lane % 4):
 //   C 16x8:  c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
 // Loaders: load_a    A[m][k] = X[m][k] * (m < 8 ? s0 : s1)     (row-major A, rows scaled)
@@ -197,7 +185,7 @@ template <> struct Mma<false> {
   static constexpr int QK_LD = 132;  // = 4 mod 32: a (g, t) read hits bank 4g + t
   static constexpr int KS_LD = 136;  // = 8 mod 32: a (t, g) read hits bank 8t + g
   static constexpr int A_LD = 68;
-  static constexpr int COL_PAD = 8;  // col_ld = 8 or 24 mod 32: (t, g) reads, float2 writes
+  static constexpr int COL_PAD = 8;  // col_ld = 8 mod 32: (t, g) reads, float2 writes
   struct FragA { unsigned hi[4], lo[4]; };
   struct FragB { unsigned hi[2], lo[2]; };
 
@@ -364,7 +352,7 @@ __device__ __forceinline__ bf16raw bf16_rn(float x) {
 // [N, Hv, 256] holding -W (columns 0..127) and K e^{G_L - G} (128..255), p_ws as bf16
 // [max_chunks, Hv, 64, 64] holding P, qg as bf16 [N, Hv, 128] holding Q e^G; each value the
 // bf16 rounding of the fp32 product that Mma<true> rounds as it reads its fragment in
-// gdn_chunk_state_kernel<32, true, true> (same operands, same fp32 multiplications), and zero in
+// gdn_chunk_state_kernel<true> (same operands, same fp32 multiplications), and zero in
 // the padded columns (d >= dk), so the bf16-tile path forms the same products bit for bit.
 template <bool BF16, bool WS16>
 __device__ __forceinline__ void local_chunk(const ChunkParams& p, bf16raw* qg) {
@@ -803,19 +791,17 @@ __global__ void __launch_bounds__(256 * VPB, 1)
   }
 }
 
-// Phase-A operands of the chunk at token cs (L tokens): W, the SB-column U tile (at column
-// jbase), G and, FUSED_O, Q (raw; scaled by e^G on use). One cp.async group (committed by the
-// caller).
-template <bool BF16, int SB, bool FUSED_O>
+// Phase-A operands of the chunk at token cs (L tokens): W, Q (raw; scaled by e^G on use), the
+// SB-column U tile (at column jbase) and G. One cp.async group (committed by the caller).
+template <bool BF16, int SB>
 __device__ __forceinline__ void load_phase_a(const ChunkParams& p, float* Ws, float* Qs,
                                              float* Us, float* gam, int cs, int L, int h,
                                              int kh, int jbase, int tid) {
   constexpr int QK_LD = Mma<BF16>::QK_LD;
   const i64 hv = p.value_heads;
   async_tile<CH, DMAX>(Ws, QK_LD, p.w_ws + ((i64)cs * hv + h) * DMAX, hv * DMAX, L, p.dk, tid);
-  if constexpr (FUSED_O)
-    async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
-                  p.vec_qk != 0, tid);
+  async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
+                p.vec_qk != 0, tid);
   async_tile<CH, SB>(Us, col_ld<BF16>(SB), p.u_ws + ((i64)cs * hv + h) * DMAX + jbase,
                      hv * DMAX, L, p.dv - jbase, tid);
   if (tid < CH) {
@@ -824,25 +810,19 @@ __device__ __forceinline__ void load_phase_a(const ChunkParams& p, float* Ws, fl
   }
 }
 
-// Phase-B operands: K (raw; scaled on use) and, FUSED_O, P (64 x 64, all written by the local
-// kernel).
-template <bool BF16, bool FUSED_O>
+// Phase-B operands: P (64 x 64, all written by the local kernel) and K (raw; scaled on use).
+template <bool BF16>
 __device__ __forceinline__ void load_phase_b(const ChunkParams& p, float* Ps, float* Ks,
                                              int chunk, int cs, int L, int h, int kh, int tid) {
-  if constexpr (FUSED_O)
-    async_tile<CH, CH>(Ps, Mma<BF16>::A_LD,
-                       p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH, CH, CH, CH, tid);
+  async_tile<CH, CH>(Ps, Mma<BF16>::A_LD, p.p_ws + ((i64)chunk * p.value_heads + h) * CH * CH,
+                     CH, CH, CH, tid);
   async_tile128(Ks, Mma<BF16>::KS_LD, p.k + (i64)cs * p.k_rs + (i64)kh * p.k_hs, p.k_rs, L,
                 p.dk, p.vec_qk != 0, tid);
 }
 
-// Without FUSED_O two blocks fit an SM (at most 128 registers, smem 110 KiB at SB = 32), so
-// grids of up to 2 x #SM blocks (more heads, SB = 16) run in one wave.
-template <int SB, bool FUSED_O, bool BF16>
-__global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
-    gdn_chunk_state_kernel(const ChunkParams p) {
-  static_assert(SB == 16 || SB == 32, "state column tile");
-  static_assert(SB == 32 || !FUSED_O, "the fused output tiles are 32 columns wide");
+template <bool BF16>
+__global__ void __launch_bounds__(256, 1) gdn_chunk_state_kernel(const ChunkParams p) {
+  constexpr int SB = 32;       // state (and output) columns per block
   using M = Mma<BF16>;
   constexpr int QK_LD = M::QK_LD, KS_LD = M::KS_LD, A_LD = M::A_LD;
   constexpr int LD = col_ld<BF16>(SB);
@@ -850,15 +830,15 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
   constexpr int NS = SB / 8;   // S column tiles per warp
   extern __shared__ float4 smem4[];
   float* smem = reinterpret_cast<float*>(smem4);
-  float* Ws = smem;                                // [64][QK_LD]  W                (phase A)
-  float* Qs = Ws + CH * QK_LD;                     // [64][QK_LD]  Q, FUSED_O only  (phase A)
-  float* Us = Qs + (FUSED_O ? CH * QK_LD : 0);     // [64][LD]     U column tile    (phase A)
-  float* gam = Us + CH * LD;                       // [64]         G_i              (phase A)
-  float* Ps = gam + CH;                            // [64][A_LD]   P, FUSED_O only  (phase B)
-  float* Ks = Ps + (FUSED_O ? CH * A_LD : 0);      // [64][KS_LD]  K                (phase B)
-  float* Ss = Ks + CH * KS_LD;                     // [128][LD]    S column tile
-  float* Vs = Ss + DMAX * LD;                      // [64][LD]     V'
-  float* ek = Vs + CH * LD;                        // [64]         e^{G_L - G_i} (0 past L)
+  float* Ws = smem;                 // [64][QK_LD]  W              (phase A)
+  float* Qs = Ws + CH * QK_LD;      // [64][QK_LD]  Q              (phase A)
+  float* Us = Qs + CH * QK_LD;      // [64][LD]     U column tile  (phase A)
+  float* gam = Us + CH * LD;        // [64]         G_i            (phase A)
+  float* Ps = gam + CH;             // [64][A_LD]   P              (phase B)
+  float* Ks = Ps + CH * A_LD;       // [64][KS_LD]  K              (phase B)
+  float* Ss = Ks + CH * KS_LD;      // [128][LD]    S column tile
+  float* Vs = Ss + DMAX * LD;       // [64][LD]     V'
+  float* ek = Vs + CH * LD;         // [64]         e^{G_L - G_i} (0 past L)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int seg = blockIdx.x, h = blockIdx.y, jbase = blockIdx.z * SB;
@@ -866,10 +846,8 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
   const int t0 = p.seg_starts[seg], t1 = p.seg_starts[seg + 1];
   if (t1 <= t0) return;
   float* S = p.state + (i64)p.seg_slots[seg] * p.state_ss + (i64)h * p.dk * p.dv;
-  const i64 hv = p.value_heads;
 
-  load_phase_a<BF16, SB, FUSED_O>(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase,
-                                  tid);
+  load_phase_a<BF16, SB>(p, Ws, Qs, Us, gam, t0, min(CH, t1 - t0), h, kh, jbase, tid);
   cp_async_commit();
   for (unsigned idx = tid; idx < DMAX * SB; idx += 256) {
     const int d = idx / SB, j = idx % SB;
@@ -890,15 +868,12 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
   for (int cs = t0; cs < t1; cs += CH) {
     const int L = min(CH, t1 - cs);
     const int chunk = p.chunk_offsets[seg] + (cs - t0) / CH;
-    load_phase_b<BF16, FUSED_O>(p, Ps, Ks, chunk, cs, L, h, kh, tid);
+    load_phase_b<BF16>(p, Ps, Ks, chunk, cs, L, h, kh, tid);
     cp_async_commit();
     cp_async_wait<1>();  // this chunk's phase-A operands (the group before)
     __syncthreads();
-    if constexpr (!FUSED_O)  // S entering this chunk, for the output kernel
-      store_tile<DMAX, SB>(p.s_ws + ((i64)chunk * hv + h) * DMAX * DMAX + jbase, DMAX, Ss, LD,
-                           p.dk, p.dv - jbase, tid);
 
-    // ---- phase A: V' = U - W S (FUSED_O: and O = (Q e^G) S) ----
+    // ---- phase A: V' = U - W S and O = (Q e^G) S ----
     const float g_last = gam[L - 1];
     if (tid < CH) ek[tid] = tid < L ? expf(g_last - gam[tid]) : 0.0f;
     const int r0 = 16 * ma + g;
@@ -912,25 +887,21 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
 #pragma unroll
       for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
     }
-    if constexpr (FUSED_O) {  // one pass over S's B fragments for both products
-      const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
-      const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
+    // one pass over S's B fragments for both products
+    const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
+    const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
 #pragma unroll 4
-      for (int ks = 0; ks < DMAX / M::K; ++ks) {
-        typename M::FragA fw, fq;
-        M::load_a(fw, Ws + 16 * ma * QK_LD + M::K * ks, QK_LD, g, t, -1.0f, -1.0f);
-        M::load_a(fq, Qs + 16 * ma * QK_LD + M::K * ks, QK_LD, g, t, eg0, eg1);
+    for (int ks = 0; ks < DMAX / M::K; ++ks) {
+      typename M::FragA fw, fq;
+      M::load_a(fw, Ws + 16 * ma * QK_LD + M::K * ks, QK_LD, g, t, -1.0f, -1.0f);
+      M::load_a(fq, Qs + 16 * ma * QK_LD + M::K * ks, QK_LD, g, t, eg0, eg1);
 #pragma unroll
-        for (int n = 0; n < NV; ++n) {
-          typename M::FragB fs;
-          M::load_b(fs, Ss + M::K * ks * LD + 8 * (na + n), LD, g, t);
-          M::mma(vacc[n], fw, fs);
-          M::mma(oacc[n], fq, fs);
-        }
+      for (int n = 0; n < NV; ++n) {
+        typename M::FragB fs;
+        M::load_b(fs, Ss + M::K * ks * LD + 8 * (na + n), LD, g, t);
+        M::mma(vacc[n], fw, fs);
+        M::mma(oacc[n], fq, fs);
       }
-    } else {
-      mma_rows<BF16, NV, DMAX>(vacc, Ws + 16 * ma * QK_LD, QK_LD, -1.0f, -1.0f, Ss + 8 * na,
-                               LD, g, t);
     }
 #pragma unroll
     for (int n = 0; n < NV; ++n) {
@@ -938,23 +909,17 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
       *reinterpret_cast<float2*>(Vs + r0 * LD + c) = make_float2(vacc[n][0], vacc[n][1]);
       *reinterpret_cast<float2*>(Vs + (r0 + 8) * LD + c) = make_float2(vacc[n][2], vacc[n][3]);
     }
-    cp_async_wait<0>();  // K (and P)
+    cp_async_wait<0>();  // P, K
     __syncthreads();     // V', ek, K, P visible; W, Q, U, G, S reads done
     if (cs + CH < t1) {  // prefetch the next chunk's phase-A operands during phase B
-      load_phase_a<BF16, SB, FUSED_O>(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h,
-                                      kh, jbase, tid);
+      load_phase_a<BF16, SB>(p, Ws, Qs, Us, gam, cs + CH, min(CH, t1 - cs - CH), h, kh, jbase,
+                             tid);
       cp_async_commit();
     }
 
-    // ---- phase B: S = e^{G_L} S + (K e^{G_L - G})^T V' (FUSED_O: first O += P V', stored) ----
-    if constexpr (FUSED_O) {
-      mma_rows<BF16, NV, CH>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
-      store_o<NV>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
-    } else {
-      // V' over this chunk's U rows: only this block read these columns of them, before phase A
-      store_tile<CH, SB>(p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, Vs, LD, L,
-                         p.dv - jbase, tid);
-    }
+    // ---- phase B: O += P V' (stored), then S = e^{G_L} S + (K e^{G_L - G})^T V' ----
+    mma_rows<BF16, NV, CH>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g, t);
+    store_o<NV>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
     const float decay = expf(g_last);
 #pragma unroll
     for (int n = 0; n < NS; ++n)
@@ -985,7 +950,7 @@ __global__ void __launch_bounds__(256, FUSED_O ? 1 : 2)
 // ---- bf16-tile path: gdn_chunk_local16_kernel, then gdn_chunk_state16_kernel<SB> ------------
 // The operands as bf16 in the workspaces (local_chunk<true, true>) and in shared memory,
 // fragments read with ldmatrix; every product the bf16 rounding of the same fp32 value, in the
-// same accumulation order, as gdn_chunk_state_kernel<32, true, true> (so the outputs and state
+// same accumulation order, as gdn_chunk_state_kernel<true> (so the outputs and state
 // match it bit for bit, up to the sign of exact zeros in padded rows).
 #define BLD 136  // bf16 row stride of [64][128] tiles: 272 B = 16 mod 128, conflict-free ldmatrix
 #define PLD 72   // [64][64] P tile: 144 B
@@ -1049,7 +1014,7 @@ __host__ __device__ constexpr int state16_stage_bytes() {
   return 3 * CH * BLD * 2 + CH * PLD * 2 + CH * (SB + 4) * 4;
 }
 
-// The state pass with the output inside it (as gdn_chunk_state_kernel<32, true, true>) on bf16
+// The state pass with the output inside it (as gdn_chunk_state_kernel<true>) on bf16
 // tiles: grid (G, Hv, ceil(dv / SB)), 256 threads, one block per SM. Chunk c + 1's operands
 // (-W, K e^{G_L - G}, Q e^G, P from local_chunk<true, true>, the SB-column U tile, G_L) load
 // with cp.async into the other of two stages while chunk c computes; two barriers per chunk:
@@ -1209,61 +1174,4 @@ __global__ void __launch_bounds__(256, 1)
       const int d = 16 * warp + g + 8 * (r >> 1), col = jbase + 8 * n + 2 * t + (r & 1);
       if (d < p.dk && col < p.dv) S[(i64)d * p.dv + col] = sacc[n][r];
     }
-}
-
-// O = (Q e^G) S_c + P V' of chunk blockIdx.x, head blockIdx.y, columns 64 blockIdx.z.. (S_c:
-// s_ws, V': u_ws, both from gdn_chunk_state_kernel<SB, false>). Q, S_c and G load first, P and
-// V' behind them, during the Q S_c product.
-template <bool BF16>
-__global__ void __launch_bounds__(256, 2) gdn_chunk_output_kernel(const ChunkParams p) {
-  constexpr int QK_LD = Mma<BF16>::QK_LD, A_LD = Mma<BF16>::A_LD, LD = col_ld<BF16>(OB);
-  extern __shared__ float4 smem4[];
-  float* smem = reinterpret_cast<float*>(smem4);
-  float* Qs = smem;                 // [64][QK_LD]  Q
-  float* Ss = Qs + CH * QK_LD;      // [128][LD]    S_c column tile
-  float* Ps = Ss + DMAX * LD;       // [64][A_LD]   P
-  float* Vs = Ps + CH * A_LD;       // [64][LD]     V' column tile
-  float* gam = Vs + CH * LD;        // [64]         G_i (0 past L)
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
-  const int b = blockIdx.x, h = blockIdx.y, jbase = blockIdx.z * OB;
-  if (b >= p.chunk_offsets[p.num_segs]) return;
-  const int seg = chunk_segment(p, b);
-  const int cs = p.seg_starts[seg] + (b - p.chunk_offsets[seg]) * CH;
-  const int L = min(CH, p.seg_starts[seg + 1] - cs);
-  const int kh = h / (p.value_heads / p.key_heads);
-  const i64 hv = p.value_heads;
-
-  async_tile128(Qs, QK_LD, p.q + (i64)cs * p.q_rs + (i64)kh * p.q_hs, p.q_rs, L, p.dk,
-                p.vec_qk != 0, tid);
-  async_tile<DMAX, OB>(Ss, LD, p.s_ws + ((i64)b * hv + h) * DMAX * DMAX + jbase, DMAX, p.dk,
-                       p.dv - jbase, tid);
-  if (tid < CH) {
-    const float* g0 = p.gam_ws + (i64)cs * hv + h;
-    cp_async4(gam + tid, tid < L ? g0 + tid * hv : g0, tid < L ? 4 : 0);
-  }
-  cp_async_commit();
-  async_tile<CH, CH>(Ps, A_LD, p.p_ws + ((i64)b * hv + h) * CH * CH, CH, CH, CH, tid);
-  async_tile<CH, OB>(Vs, LD, p.u_ws + ((i64)cs * hv + h) * DMAX + jbase, hv * DMAX, L,
-                     p.dv - jbase, tid);
-  cp_async_commit();
-  cp_async_wait<1>();
-  __syncthreads();
-
-  const int ma = warp >> 1, na = (OB / 16) * (warp & 1);  // rows 16 ma.., col tiles na..
-  const int r0 = 16 * ma + g;
-  const float eg0 = r0 < L ? expf(gam[r0]) : 0.0f;
-  const float eg1 = r0 + 8 < L ? expf(gam[r0 + 8]) : 0.0f;
-  float oacc[OB / 16][4];
-#pragma unroll
-  for (int n = 0; n < OB / 16; ++n)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) oacc[n][r] = 0.0f;
-  mma_rows<BF16, OB / 16, DMAX>(oacc, Qs + 16 * ma * QK_LD, QK_LD, eg0, eg1, Ss + 8 * na, LD,
-                                g, t);
-  cp_async_wait<0>();  // P, V'
-  __syncthreads();
-  mma_rows<BF16, OB / 16, CH>(oacc, Ps + 16 * ma * A_LD, A_LD, 1.0f, 1.0f, Vs + 8 * na, LD, g,
-                              t);
-  store_o<OB / 16>(p, oacc, cs, L, h, r0, jbase + 8 * na, t);
 }

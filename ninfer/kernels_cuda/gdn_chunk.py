@@ -2,22 +2,19 @@
 
 Same operands and state update as `gdn.gdn_recurrence`. Launches: chunk offsets; per-chunk local
 terms (parallel over all chunks); the state pass (sequential over each segment's chunks, parallel
-over heads and column tiles of the state), which on the fused path (the default) also computes
-the output. The split path (``split_o=True``, NINFER_GDN_CHUNK_SPLIT_O=1; slower on the H200 in
-3xTF32) stores the state entering each chunk and computes the output for all chunks in parallel
-after the state pass; both form every product the same way.
+over heads and 32-column tiles of the state), which also computes the output.
 
-The bf16-tile path (``bf16_cols`` 32 or 64, NINFER_GDN_CHUNK_BF16_COLS; BF16 precision with the
-output in the state pass only): the local kernel also writes its operands as bf16 (-W,
-K e^{G_L - G}, Q e^G, P; U stays fp32), and the state pass keeps them as bf16 in shared memory
-(ldmatrix fragments), double-buffered per chunk, with `bf16_cols` state columns per block. Every
-product rounds the same fp32 values in the same order as the fp32-tile BF16 kernels, so its
-results equal theirs bit for bit. Its local kernel (``local_pair``, NINFER_GDN_CHUNK_LOCAL_PAIR,
-default on) is gdn_chunk_localpair_kernel: one block per chunk and value-head pair of a key head
-(Q, K and K K^T, Q K^T once per pair), [U | W] = (I + A)^-1 [beta V | beta e^G K] with the
-inverse formed once per chunk and head by 16 x 16 blocks and applied with 3xTF32 mma; U and W
-then differ from the forward substitution's (gdn_chunk_local16_kernel) by fp32 rounding, so the
-path is no longer bitwise equal to the fp32-tile kernels (still deterministic and split-exact).
+The bf16-tile path (``bf16_cols`` 32 or 64, NINFER_GDN_CHUNK_BF16_COLS; BF16 precision only):
+the local kernel also writes its operands as bf16 (-W, K e^{G_L - G}, Q e^G, P; U stays fp32),
+and the state pass keeps them as bf16 in shared memory (ldmatrix fragments), double-buffered per
+chunk, with `bf16_cols` state columns per block. Every product rounds the same fp32 values in
+the same order as the fp32-tile BF16 kernels, so its results equal theirs bit for bit. Its local
+kernel (``local_pair``, NINFER_GDN_CHUNK_LOCAL_PAIR, default on) is gdn_chunk_localpair_kernel:
+one block per chunk and value-head pair of a key head (Q, K and K K^T, Q K^T once per pair),
+[U | W] = (I + A)^-1 [beta V | beta e^G K] with the inverse formed once per chunk and head by
+16 x 16 blocks and applied with 3xTF32 mma; U and W then differ from the forward substitution's
+(gdn_chunk_local16_kernel) by fp32 rounding, so the path is no longer bitwise equal to the
+fp32-tile kernels (still deterministic and split-exact).
 
 `Precision` picks how the matrix products run on tensor cores (operands, gates, the state and
 the forward substitution stay fp32 in memory either way):
@@ -45,10 +42,7 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 CHUNK = 64
 DMAX = 128
-OUTPUT_COLS = 64  # OB in gdn_chunk.cu
-STATE_COLS_CHOICES = (16, 32)
-SPLIT_O = envs.gdn_chunk_split_o()
-STATE_COLS = envs.gdn_chunk_state_cols()
+STATE_COLS = 32  # SB of gdn_chunk_state_kernel
 BF16_COLS_CHOICES = envs.GDN_CHUNK_BF16_COLS  # 0: the fp32-tile kernels
 BF16_COLS = envs.gdn_chunk_bf16_cols()
 LOCAL_PAIR = envs.gdn_chunk_local_pair()
@@ -77,7 +71,7 @@ class Precision(enum.Enum):
     def a_ld(self) -> int:  # [64][64] tiles (A, P)
         return 72 if self is Precision.BF16 else 68
 
-    def col_ld(self, cols: int) -> int:  # [*][cols] tiles read as B (S, U, V')
+    def col_ld(self, cols: int) -> int:  # [*][cols] tiles read as B (S, U, V'; cols = 32)
         return cols + (4 if self is Precision.BF16 else 8)
 
 
@@ -97,15 +91,13 @@ def model_precision(weights_bf16: bool) -> Precision:
 SOURCE = KernelSource("gdn_chunk.cu", (
     "gdn_chunk_offsets_kernel",
     *[name for prec in Precision for name in (
-        f"gdn_chunk_local_kernel<{prec.bf16}>", f"gdn_chunk_state_kernel<32, true, {prec.bf16}>",
-        *[f"gdn_chunk_state_kernel<{sb}, false, {prec.bf16}>" for sb in STATE_COLS_CHOICES],
-        f"gdn_chunk_output_kernel<{prec.bf16}>")],
+        f"gdn_chunk_local_kernel<{prec.bf16}>", f"gdn_chunk_state_kernel<{prec.bf16}>")],
     "gdn_chunk_local16_kernel",
     *[f"gdn_chunk_localpair_kernel<{vpb}>" for vpb in (1, 2)],
     *[f"gdn_chunk_state16_kernel<{sb}>" for sb in BF16_COLS_CHOICES if sb]))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "q", "k", "v", "g", "beta", "state", "seg_starts", "seg_slots", "out", "chunk_offsets",
-    "w_ws", "u_ws", "gam_ws", "p_ws", "s_ws")],
+    "w_ws", "u_ws", "gam_ws", "p_ws", "reserved")],
     *[(f, "i64") for f in ("q_rs", "q_hs", "k_rs", "k_hs", "v_rs", "v_hs", "g_rs", "beta_rs",
                            "out_rs", "out_hs", "state_ss")],
     ("key_heads", "i32"), ("value_heads", "i32"), ("dk", "i32"), ("dv", "i32"),
@@ -131,29 +123,14 @@ def local_launch(prec: Precision) -> KernelLaunch:
 
 
 @functools.cache
-def output_launch(prec: Precision) -> KernelLaunch:
-    # Q [64][qk_ld]; S_c [128][ld]; P [64][a_ld]; V' [64][ld]; G [64]
-    floats = (CHUNK * prec.qk_ld + (DMAX + CHUNK) * prec.col_ld(OUTPUT_COLS) + CHUNK * prec.a_ld
-              + CHUNK)
-    return KernelLaunch(f"gdn_chunk_output_kernel<{prec.bf16}>", OUTPUT_COLS, floats * 4)
-
-
-@functools.cache
-def state_launch(split_o: bool, state_cols: int,
-                 prec: Precision = Precision.TF32X3) -> KernelLaunch:
-    """The state kernel of the split path with `state_cols` columns per block, or the fused one
-    (32 columns; `state_cols` ignored)."""
-    cols = state_cols if split_o else 32
-    C.require(cols in STATE_COLS_CHOICES, "state_cols", f"must be one of {STATE_COLS_CHOICES}")
-    ld = prec.col_ld(cols)
-    # W [64][qk_ld]; (fused: Q [64][qk_ld]); U [64][ld]; G [64]; (fused: P [64][a_ld]);
-    # K [64][ks_ld]; S [128][ld]; V' [64][ld]; e^{G_L - G} [64]
-    floats = (CHUNK * prec.qk_ld * (1 if split_o else 2) + CHUNK * ld + CHUNK
-              + (0 if split_o else CHUNK * prec.a_ld) + CHUNK * prec.ks_ld + DMAX * ld
-              + CHUNK * ld + CHUNK)
-    fused = "false" if split_o else "true"
-    return KernelLaunch(f"gdn_chunk_state_kernel<{cols}, {fused}, {prec.bf16}>", cols,
-                       floats * 4)
+def state_launch(prec: Precision = Precision.TF32X3) -> KernelLaunch:
+    """The fp32-tile state kernel (STATE_COLS columns per block, output inside it)."""
+    ld = prec.col_ld(STATE_COLS)
+    # W, Q [64][qk_ld]; U [64][ld]; G [64]; P [64][a_ld]; K [64][ks_ld]; S [128][ld];
+    # V' [64][ld]; e^{G_L - G} [64]
+    floats = (2 * CHUNK * prec.qk_ld + CHUNK * ld + CHUNK + CHUNK * prec.a_ld
+              + CHUNK * prec.ks_ld + DMAX * ld + CHUNK * ld + CHUNK)
+    return KernelLaunch(f"gdn_chunk_state_kernel<{prec.bf16}>", STATE_COLS, floats * 4)
 
 
 @functools.cache
@@ -199,19 +176,17 @@ class ChunkWorkspace:
     """Intermediates of gdn_chunk_prefill for up to `max_tokens` tokens and `max_segments`."""
 
     w: object        # f32 [max_tokens, Hv, 128]
-    u: object        # f32 [max_tokens, Hv, 128]  U; the split path overwrites it with V'
+    u: object        # f32 [max_tokens, Hv, 128]
     gam: object      # f32 [max_tokens, Hv]
     p: object        # f32 [max_chunks, Hv, 64, 64]
-    s: object        # f32 [max_chunks, Hv, 128, 128] state entering each chunk, or None
     offsets: object  # i32 [max_segments + 1]
     qg: object = None  # bf16 bits (u16) [max_tokens, Hv, 128]: Q e^G of the bf16-tile path
 
     @classmethod
     def allocate(cls, max_tokens: int, max_segments: int, value_heads: int, *,
-                 chunk_states: bool = True, bf16_tiles: bool | None = None):
-        """chunk_states=False leaves out `s` (only the split path reads it; 64 KiB per chunk and
-        head); bf16_tiles (None: NINFER_GDN_CHUNK_BF16_COLS != 0) adds `qg` (the bf16-tile path
-        needs it; 256 bytes per token and head)."""
+                 bf16_tiles: bool | None = None):
+        """bf16_tiles (None: NINFER_GDN_CHUNK_BF16_COLS != 0) adds `qg` (the bf16-tile path needs
+        it; 256 bytes per token and head)."""
         if bf16_tiles is None:
             bf16_tiles = BF16_COLS != 0
         cp = C.cupy()
@@ -220,18 +195,15 @@ class ChunkWorkspace:
                    cp.empty((max_tokens, value_heads, DMAX), dtype=np.float32),
                    cp.empty((max_tokens, value_heads), dtype=np.float32),
                    cp.empty((nb, value_heads, CHUNK, CHUNK), dtype=np.float32),
-                   cp.empty((nb, value_heads, DMAX, DMAX), dtype=np.float32)
-                   if chunk_states else None,
                    cp.empty(max_segments + 1, dtype=np.int32),
                    cp.empty((max_tokens, value_heads, DMAX), dtype=np.uint16)
                    if bf16_tiles else None)
 
-    def fits(self, n_tokens: int, n_segments: int, value_heads: int, split_o: bool,
+    def fits(self, n_tokens: int, n_segments: int, value_heads: int,
              bf16_tiles: bool = False) -> bool:
         nb = max_chunks(n_tokens, n_segments)
         return (self.w.shape[0] >= n_tokens and self.w.shape[1] == value_heads
                 and self.offsets.shape[0] >= n_segments + 1 and self.p.shape[0] >= nb
-                and (not split_o or (self.s is not None and self.s.shape[0] >= nb))
                 and (not bf16_tiles or (self.qg is not None and self.qg.shape[0] >= n_tokens)))
 
 
@@ -241,20 +213,16 @@ def _prepare_smem(fn, nbytes: int) -> None:
 
 
 def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
-                      workspace: ChunkWorkspace | None = None, split_o: bool | None = None,
-                      state_cols: int | None = None,
+                      workspace: ChunkWorkspace | None = None,
                       precision: Precision | str | None = None,
                       bf16_cols: int | None = None,
                       local_pair: bool | None = None) -> None:
     """Chunkwise gated delta rule over segments (operands as `gdn_recurrence`; dk, dv <= 128).
 
-    split_o: output in a parallel kernel after the state pass (True) or inside it (False);
-    state_cols: state columns per block of the split state pass (16 or 32); precision: a
-    `Precision` or its value ("tf32x3", "bf16"); bf16_cols: 0 (the fp32-tile kernels), or 32 /
-    64 for the bf16-tile path with that many state columns per block, taken only in BF16
-    precision on the fused path (split_o False; else the fp32-tile kernels run). None: SPLIT_O,
-    STATE_COLS, PRECISION and BF16_COLS (NINFER_GDN_CHUNK_SPLIT_O, NINFER_GDN_CHUNK_STATE_COLS,
-    NINFER_GDN_CHUNK_PRECISION, NINFER_GDN_CHUNK_BF16_COLS, read at import). local_pair (the
+    precision: a `Precision` or its value ("tf32x3", "bf16"); bf16_cols: 0 (the fp32-tile
+    kernels), or 32 / 64 for the bf16-tile path with that many state columns per block, taken
+    only in BF16 precision (else the fp32-tile kernels run). None: PRECISION and BF16_COLS
+    (NINFER_GDN_CHUNK_PRECISION, NINFER_GDN_CHUNK_BF16_COLS, read at import). local_pair (the
     bf16-tile path only): its local kernel is gdn_chunk_localpair_kernel (True: Q, K and their
     products shared by two value heads, (I + A)^-1 by 16 x 16 blocks applied with 3xTF32 mma)
     or gdn_chunk_local16_kernel (False: forward substitution per column, the fp32-tile bf16
@@ -263,21 +231,17 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     f = O.recurrence_operands(q, k, v, g, beta, state, seg_starts, seg_slots, out)
     n = f.pop("n")
     C.require(f["dk"] <= DMAX and f["dv"] <= DMAX, "q", f"dk, dv must be <= {DMAX}")
-    split_o = SPLIT_O if split_o is None else split_o
     prec = PRECISION if precision is None else Precision(precision)
-    config = state_launch(split_o, STATE_COLS if state_cols is None else state_cols, prec)
     bf16_cols = BF16_COLS if bf16_cols is None else bf16_cols
     C.require(bf16_cols in BF16_COLS_CHOICES, "bf16_cols", f"must be one of {BF16_COLS_CHOICES}")
-    tiles16 = bf16_cols != 0 and prec is Precision.BF16 and not split_o
-    if tiles16:
-        config = state16_launch(bf16_cols)
+    tiles16 = bf16_cols != 0 and prec is Precision.BF16
+    config = state16_launch(bf16_cols) if tiles16 else state_launch(prec)
     segs, heads, dv = f["num_segs"], f["value_heads"], f["dv"]
     if n == 0 or segs == 0:
         return
     if workspace is None:
-        workspace = ChunkWorkspace.allocate(n, segs, heads, chunk_states=split_o,
-                                            bf16_tiles=tiles16)
-    C.require(workspace.fits(n, segs, heads, split_o, tiles16), "workspace",
+        workspace = ChunkWorkspace.allocate(n, segs, heads, bf16_tiles=tiles16)
+    C.require(workspace.fits(n, segs, heads, tiles16), "workspace",
               f"too small for {n} tokens, {segs} segments, {heads} heads")
     nb = max_chunks(n, segs)
     # 16-byte cp.async of q / k rows needs 16-byte aligned bases and strides (else 4-byte copies)
@@ -286,8 +250,7 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
     vec_v = f["v"] % 16 == 0 and f["v_rs"] % 4 == 0 and f["v_hs"] % 4 == 0
     params = C.pack(_PARAMS, **f, chunk_offsets=C.ptr(workspace.offsets),
                     w_ws=C.ptr(workspace.w), u_ws=C.ptr(workspace.u),
-                    gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p),
-                    s_ws=C.ptr(workspace.s) if split_o else 0, max_chunks=nb,
+                    gam_ws=C.ptr(workspace.gam), p_ws=C.ptr(workspace.p), max_chunks=nb,
                     vec_qk=int(vec_qk), vec_v=int(vec_v))
     launch(get_function(SOURCE, "gdn_chunk_offsets_kernel"), (1,), (32,), (params,),
            name="gdn_chunk_offsets")
@@ -303,9 +266,6 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
         return
     _launch(local_launch(prec), (nb, heads), params, "gdn_chunk_local")
     _launch(config, (segs, heads, -(-dv // config.cols)), params, "gdn_chunk_state")
-    if split_o:
-        _launch(output_launch(prec), (nb, heads, -(-dv // OUTPUT_COLS)), params,
-                "gdn_chunk_output")
 
 
 def _launch(config: KernelLaunch, grid: tuple, args, name: str, threads: int = 256) -> None:

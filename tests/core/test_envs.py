@@ -13,7 +13,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gemv_pdl, "NINFER_GEMV_PDL", True),
     (envs.pdl, "NINFER_PDL", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
-    (envs.gdn_chunk_split_o, "NINFER_GDN_CHUNK_SPLIT_O", False),
     (envs.gdn_chunk_local_pair, "NINFER_GDN_CHUNK_LOCAL_PAIR", True),
 ]
 
@@ -33,7 +32,6 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gemv_tma_consumers, "NINFER_GEMV_TMA_CONSUMERS", 16, envs.TMA_CONSUMERS),
     (envs.gemv_tma_x_stages, "NINFER_GEMV_TMA_X_STAGES", 5, envs.TMA_X_STAGES),
     (envs.gemv_tma_tile_group, "NINFER_GEMV_TMA_TILE_GROUP", 4, envs.TMA_TILE_GROUPS),
-    (envs.gdn_chunk_state_cols, "NINFER_GDN_CHUNK_STATE_COLS", 32, envs.GDN_CHUNK_STATE_COLS),
     (envs.gdn_chunk_bf16_cols, "NINFER_GDN_CHUNK_BF16_COLS", 32, envs.GDN_CHUNK_BF16_COLS),
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
 ])

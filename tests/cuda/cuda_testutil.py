@@ -112,7 +112,7 @@ def assert_chunk_prefill_splits_bitwise(rng, n, hk, hv, dk, dv, cuts, g_scale, *
                                         contiguous_split_state: bool, **path) -> None:
     """gdn_chunk_prefill of n tokens in the last of `slots` state slots, whole and cut at `cuts`
     (the second run's state a contiguous copy, or a slot-strided one): output and final state
-    bitwise equal. `path`: gdn_chunk_prefill's split_o / state_cols / precision (default: the
+    bitwise equal. `path`: gdn_chunk_prefill's precision / bf16_cols / local_pair (default: the
     module's)."""
     from ninfer.kernels_cuda import gdn as kgdn
     from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace

@@ -2,10 +2,10 @@
 recurrence oracle: odd segment lengths (odd T, not a multiple of 64, a 1-token and an empty
 segment), nonzero initial state, Hv = 2 Hk, padded head dims, unaligned (4-byte copy) q / k
 views, untouched slots, NaN-poisoned outputs and workspaces, and bitwise split invariance at
-multiples of 64 tokens; each in both precisions on the fused path (output inside the state pass)
-and the split path (output kernel after it, 32- and 16-column state tiles), and the two paths
-against each other. Tolerances (relative Frobenius error): TOL_F32 for 3xTF32, TOL_BF16 for bf16
-(FLA's policy: bf16 operands, fp32 accumulation and state). The bf16-tile path (bf16_cols 32,
+multiples of 64 tokens; each on the paths of PATHS (3xTF32; bf16 with the module's default
+tiles; bf16 on the fp32-tile kernels, bf16_cols=0). Tolerances (relative Frobenius error):
+TOL_F32 for 3xTF32, TOL_BF16 for bf16 (FLA's policy: bf16 operands, fp32 accumulation and
+state). The bf16-tile path (bf16_cols 32,
 64) against float64, against the fp32-tile bf16 kernels (equal values) and itself cut at
 multiples of 64 tokens (bitwise), on odd lengths, several segments and slots, head dims 128, 96,
 64 and padded ones; each with both of its local kernels (local_pair: gdn_chunk_localpair_kernel,
@@ -26,11 +26,16 @@ from cuda_testutil import (TOL_F32, assert_chunk_prefill_splits_bitwise, assert_
 
 pytestmark = pytest.mark.gpu
 
-PATHS = {"fused": dict(split_o=False), "split32": dict(split_o=True, state_cols=32),
-         "split16": dict(split_o=True, state_cols=16)}
+# gdn_chunk_prefill arguments: 3xTF32 (bf16_cols has no effect there); bf16 with the module's
+# bf16_cols / local_pair (the default: bf16 tiles); bf16 on the fp32-tile kernels
+PATHS = {"tf32x3": dict(precision="tf32x3"), "bf16": dict(precision="bf16"),
+         "bf16_fp32_tiles": dict(precision="bf16", bf16_cols=0)}
 TOL_BF16 = 2e-2
 TOLS = {"tf32x3": TOL_F32, "bf16": TOL_BF16}  # vs float64, by precision
-TOL_PATHS = 1e-5  # split vs fused: the same products in the same order (expected bitwise)
+
+
+def _tol(path: str) -> float:
+    return TOLS[PATHS[path]["precision"]]
 
 
 def _unaligned(a: np.ndarray):
@@ -43,14 +48,13 @@ def _unaligned(a: np.ndarray):
 
 def _poisoned_workspace(n: int, segs: int, hv: int) -> ChunkWorkspace:
     """A workspace whose float buffers are all NaN: a read of anything not written this call
-    (a stale S_c or V' row, a padded column) poisons the output."""
+    (a stale row, a padded column) poisons the output."""
     ws = ChunkWorkspace.allocate(n, segs, hv)
-    for a in (ws.w, ws.u, ws.gam, ws.p, ws.s):
+    for a in (ws.w, ws.u, ws.gam, ws.p):
         a.fill(np.nan)
     return ws
 
 
-@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("hk,hv,dk,dv,g_scale,aligned", [
     (2, 4, 128, 128, 0.05, True),
@@ -59,7 +63,7 @@ def _poisoned_workspace(n: int, segs: int, hv: int) -> ChunkWorkspace:
     (2, 4, 128, 100, 0.1, False),
     (1, 2, 37, 33, 0.1, False),
 ])
-def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path, precision):
+def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path):
     lengths, slots = (131, 1, 0, 77, 64, 200), (3, 0, 6, 1, 4, 2)  # T = 473
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
@@ -71,15 +75,14 @@ def test_chunk_prefill_vs_float64(rng, hk, hv, dk, dv, g_scale, aligned, path, p
     out = poisoned((n, hv, dv))
     kgdn.gdn_chunk_prefill(qd, kd, dev(v), dev(g), dev(beta), st_d, dev(starts),
                            dev(seg_slots), out, workspace=_poisoned_workspace(n, 6, hv),
-                           precision=precision, **PATHS[path])
-    assert_close(out, exp_out, TOLS[precision], "chunk output")
-    assert_close(st_d, exp_state, TOLS[precision], "chunk state")
+                           **PATHS[path])
+    assert_close(out, exp_out, _tol(path), "chunk output")
+    assert_close(st_d, exp_state, _tol(path), "chunk state")
     assert_same_bits(host(st_d)[5], untouched, "slot outside every segment")
 
 
-@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("path", PATHS)
-def test_chunk_prefill_matches_recurrence_kernel_long(rng, path, precision):
+def test_chunk_prefill_matches_recurrence_kernel_long(rng, path):
     """Many chunks (state carried over 16 chunks) against the token-by-token kernel."""
     hk, hv, dk, dv, n = 2, 4, 128, 128, 1000
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
@@ -90,18 +93,16 @@ def test_chunk_prefill_matches_recurrence_kernel_long(rng, path, precision):
     out_rec, out_chunk = poisoned((n, hv, dv)), poisoned((n, hv, dv))
     kgdn.gdn_recurrence(*args, st_rec, dev(starts), dev(seg_slots), out_rec)
     kgdn.gdn_chunk_prefill(*args, st_chunk, dev(starts), dev(seg_slots), out_chunk,
-                           precision=precision, **PATHS[path])
-    assert_close(out_chunk, host(out_rec), TOLS[precision], "chunk vs recurrence output")
-    assert_close(st_chunk, host(st_rec), TOLS[precision], "chunk vs recurrence state")
+                           **PATHS[path])
+    assert_close(out_chunk, host(out_rec), _tol(path), "chunk vs recurrence output")
+    assert_close(st_chunk, host(st_rec), _tol(path), "chunk vs recurrence state")
 
 
-@pytest.mark.parametrize("precision", TOLS)
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("cuts", [(64,), (128, 192), (64, 256)])
-def test_chunk_prefill_split_bitwise(rng, cuts, path, precision):
+def test_chunk_prefill_split_bitwise(rng, cuts, path):
     assert_chunk_prefill_splits_bitwise(rng, 301, 2, 4, 128, 128, cuts, 0.1, slots=2,
-                                        contiguous_split_state=True, precision=precision,
-                                        **PATHS[path])
+                                        contiguous_split_state=True, **PATHS[path])
 
 
 def test_bf16_products_differ_from_tf32x3(rng):
@@ -124,38 +125,28 @@ def test_bf16_products_differ_from_tf32x3(rng):
 
 
 @pytest.mark.parametrize("precision", TOLS)
-@pytest.mark.parametrize("state_cols", (32, 16))
 @pytest.mark.parametrize("hk,hv,dk,dv,lengths", [
     (2, 4, 128, 128, (1000,)),                 # 16 chunks carried
-    (2, 4, 128, 100, (64, 300, 5)),            # two output column tiles, the second partial
+    (2, 4, 128, 100, (64, 300, 5)),            # four 32-column state tiles, the last partial
     (1, 2, 37, 33, (130, 1, 0, 77, 64, 200)),  # padded head dims, 1-token and empty segments
 ])
-def test_split_o_matches_fused(rng, state_cols, hk, hv, dk, dv, lengths, precision):
-    """The split path (state pass storing S per chunk and V', then the parallel output kernel)
-    against the fused one (output inside the state pass; fp32 tiles, bf16_cols=0, so both run
-    the same local kernel) on NaN-poisoned workspaces: output and state within TOL_PATHS of each
-    other, and both within TOL_F32 of float64."""
+def test_fp32_tiles_vs_float64(rng, hk, hv, dk, dv, lengths, precision):
+    """The fp32-tile kernels (bf16_cols=0: gdn_chunk_local_kernel, gdn_chunk_state_kernel with
+    the output inside it) on NaN-poisoned workspaces, segments in reversed slots: output and
+    state within TOLS[precision] of float64."""
     slots = tuple(reversed(range(len(lengths))))
     starts, seg_slots = segments(lengths, slots)
     n = int(starts[-1])
     q, k, v, g, beta = gdn_inputs(rng, n, hk, hv, dk, dv, 0.1)
-    st_h, st_fused, _ = slot_strided(rng, len(lengths), (hv, dk, dv), scale=0.1)
-    _, st_split, _ = slot_strided(rng, len(lengths), (hv, dk, dv), scale=0.1)
-    st_split[...] = st_fused
+    st_h, st_d, _ = slot_strided(rng, len(lengths), (hv, dk, dv), scale=0.1)
     args = [dev(a) for a in (q, k, v, g, beta)]
-    out_fused, out_split = poisoned((n, hv, dv)), poisoned((n, hv, dv))
-    kgdn.gdn_chunk_prefill(*args, st_fused, dev(starts), dev(seg_slots), out_fused,
-                           workspace=_poisoned_workspace(n, len(lengths), hv), split_o=False,
+    out = poisoned((n, hv, dv))
+    kgdn.gdn_chunk_prefill(*args, st_d, dev(starts), dev(seg_slots), out,
+                           workspace=_poisoned_workspace(n, len(lengths), hv),
                            precision=precision, bf16_cols=0)
-    kgdn.gdn_chunk_prefill(*args, st_split, dev(starts), dev(seg_slots), out_split,
-                           workspace=_poisoned_workspace(n, len(lengths), hv), split_o=True,
-                           state_cols=state_cols, precision=precision)
     exp_out, exp_state = ref.gdn_recurrence(q, k, v, g, beta, st_h, starts, seg_slots)
-    for what, out, st in (("fused", out_fused, st_fused), ("split", out_split, st_split)):
-        assert_close(out, exp_out, TOLS[precision], f"{what} output")
-        assert_close(st, exp_state, TOLS[precision], f"{what} state")
-    assert_close(out_split, host(out_fused), TOL_PATHS, "split vs fused output")
-    assert_close(st_split, host(st_fused), TOL_PATHS, "split vs fused state")
+    assert_close(out, exp_out, TOLS[precision], "output")
+    assert_close(st_d, exp_state, TOLS[precision], "state")
 
 
 # ---- bf16-tile path (bf16_cols 32 / 64: gdn_chunk_local16_kernel + gdn_chunk_state16_kernel) ----
@@ -165,7 +156,7 @@ BF16_COLS = (32, 64)
 def _poisoned_workspace16(n: int, segs: int, hv: int) -> ChunkWorkspace:
     """A bf16-tile workspace whose float buffers are NaN and whose bf16 buffer (Q e^G) is NaN
     bits (0x7fc0): a read of anything not written this call poisons the output."""
-    ws = ChunkWorkspace.allocate(n, segs, hv, chunk_states=False, bf16_tiles=True)
+    ws = ChunkWorkspace.allocate(n, segs, hv, bf16_tiles=True)
     for a in (ws.w, ws.u, ws.gam, ws.p):
         a.fill(np.nan)
     ws.qg.fill(0x7FC0)
@@ -177,8 +168,7 @@ LOCALS = {"pair": True, "local16": False}  # the bf16-tile path's local kernel (
 
 def _run(args, st, starts, seg_slots, out, ws, bf16_cols: int, local_pair: bool = True) -> None:
     kgdn.gdn_chunk_prefill(*args, st, dev(starts), dev(seg_slots), out, workspace=ws,
-                           split_o=False, precision="bf16", bf16_cols=bf16_cols,
-                           local_pair=local_pair)
+                           precision="bf16", bf16_cols=bf16_cols, local_pair=local_pair)
 
 
 def _assert_equal_values(a, b, what: str) -> None:

@@ -46,44 +46,39 @@ def _fits(smem: int, blocks: int) -> bool:
     return smem <= BLOCK_SMEM_MAX and blocks * (smem + RESERVED) <= SM_SMEM
 
 
-@pytest.mark.parametrize("split_o,state_cols,prec,kernel,cols,smem", [
-    (False, 32, TF32, "gdn_chunk_state_kernel<32, true, false>", 32, 161280),
-    # the fused path has one tiling
-    (False, 16, TF32, "gdn_chunk_state_kernel<32, true, false>", 32, 161280),
-    (True, 32, TF32, "gdn_chunk_state_kernel<32, false, false>", 32, 110080),
-    (True, 16, TF32, "gdn_chunk_state_kernel<16, false, false>", 16, 93696),
+@pytest.mark.parametrize("prec,kernel,smem", [
+    (TF32, "gdn_chunk_state_kernel<false>", 161280),
     # bf16 strides: W, Q [64][136]; P [64][72]; K [64][132]; U, S, V' [*][cols + 4]
-    (False, 32, BF16, "gdn_chunk_state_kernel<32, true, true>", 32, 159232),
-    (True, 32, BF16, "gdn_chunk_state_kernel<32, false, true>", 32, 105984),
-    (True, 16, BF16, "gdn_chunk_state_kernel<16, false, true>", 16, 89600),
+    (BF16, "gdn_chunk_state_kernel<true>", 159232),
 ])
-def test_state_launch(split_o, state_cols, prec, kernel, cols, smem):
-    cfg = kchunk.state_launch(split_o, state_cols, prec)
-    assert (cfg.kernel, cfg.cols, cfg.smem) == (kernel, cols, smem)
+def test_state_launch(prec, kernel, smem):
+    cfg = kchunk.state_launch(prec)
+    assert (cfg.kernel, cfg.cols, cfg.smem) == (kernel, 32, smem)
     assert cfg.kernel in kchunk.SOURCE.name_expressions
-    assert _fits(cfg.smem, 2 if split_o else 1)  # __launch_bounds__(256, FUSED_O ? 1 : 2)
+    assert _fits(cfg.smem, 1)  # __launch_bounds__(256, 1)
 
 
 def test_state_launch_default_is_tf32x3():
-    assert kchunk.state_launch(True, 32) == kchunk.state_launch(True, 32, TF32)
+    assert kchunk.state_launch() == kchunk.state_launch(TF32)
 
 
-def test_state_launch_rejects_other_tiles():
-    with pytest.raises(ValueError):
-        kchunk.state_launch(True, 64)
-
-
-@pytest.mark.parametrize("prec,flag,qk,a,col", [(TF32, "false", 132, 68, 72),
-                                                (BF16, "true", 136, 72, 68)])
-def test_output_and_local_smem(prec, flag, qk, a, col):
-    out, local = kchunk.output_launch(prec), kchunk.local_launch(prec)
-    assert out.smem == (64 * qk + 128 * col + 64 * a + 64 * col + 64) * 4
+@pytest.mark.parametrize("prec,flag,qk,a", [(TF32, "false", 132, 68), (BF16, "true", 136, 72)])
+def test_local_smem(prec, flag, qk, a):
+    local = kchunk.local_launch(prec)
     assert local.smem == (2 * 64 * qk + 64 * a + 2 * 64) * 4
-    assert _fits(out.smem, 2)  # gdn_chunk_output_kernel: __launch_bounds__(256, 2)
     assert _fits(local.smem, 2)  # two blocks when the kernel stays <= 128 registers (_nvcc)
-    assert out.kernel == f"gdn_chunk_output_kernel<{flag}>"
     assert local.kernel == f"gdn_chunk_local_kernel<{flag}>"
-    assert {out.kernel, local.kernel} <= set(kchunk.SOURCE.name_expressions)
+    assert local.kernel in kchunk.SOURCE.name_expressions
+
+
+def test_instances():
+    """The instances the launchers can pick: no other kernel is compiled."""
+    assert set(kchunk.SOURCE.name_expressions) == {
+        "gdn_chunk_offsets_kernel", kchunk.LOCAL16.kernel,
+        *[kchunk.local_launch(p).kernel for p in Precision],
+        *[kchunk.state_launch(p).kernel for p in Precision],
+        *[kchunk.localpair_launch(v).kernel for v in (1, 2)],
+        *[kchunk.state16_launch(c).kernel for c in (32, 64)]}
 
 
 @pytest.mark.parametrize("prec", Precision)
@@ -91,7 +86,7 @@ def test_strides_conflict_free(prec):
     """The row strides Mma<BF16> documents: 16-byte rows (cp.async); tf32 fragment reads (g, t)
     of QK tiles and (t, g) of K, B tiles; bf16 float2 reads (g, 2t) of QK, A tiles need 8 mod 32,
     (2t, g) reads of K and B tiles 4 mod 16."""
-    cols = [prec.col_ld(c) for c in (16, 32, 64)]
+    cols = [prec.col_ld(kchunk.STATE_COLS)]
     assert all(ld % 4 == 0 for ld in (prec.qk_ld, prec.ks_ld, prec.a_ld, *cols))
     if prec is BF16:
         assert prec.qk_ld % 32 == 8 and prec.a_ld % 32 == 8

@@ -97,7 +97,6 @@ class CudaBackend(BackendStores):
         import cupy as cp
 
         from ninfer.kernels_cuda.attention import AttentionWorkspace
-        from ninfer.kernels_cuda.gdn_chunk import SPLIT_O as GDN_CHUNK_SPLIT_O
         from ninfer.kernels_cuda.gdn_chunk import ChunkWorkspace, model_precision
         from ninfer.kernels_cuda.gdn_decode import decode_counters
 
@@ -153,8 +152,7 @@ class CudaBackend(BackendStores):
                 fold_norms=envs.fold_norms())
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
-                gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads,
-                                                  chunk_states=GDN_CHUNK_SPLIT_O),
+                gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
                 gdn_chunk_precision=model_precision(_gdn_weights_bf16(params)),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
                 chunked_gdn_prefill=True, fused_attention_prep=True,
