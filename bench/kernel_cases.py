@@ -174,7 +174,7 @@ def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
     """The fused decode step at B = 1, 2, 3, 4, 8: one eager call, and the per-call time of
     back-to-back calls replayed from a CUDA graph (as inside the decode graph, PDL overlap
     included) for the automatic choice ("graph, auto -> NAME") and for each kernel variant
-    forced (kdec.VARIANTS: cluster4 / cluster2 / head; the cluster ones need sm_90)."""
+    forced (kdec.VARIANTS: cluster4 / cluster2 / head / head2; the cluster ones need sm_90)."""
     from ninfer.kernels_cuda import gdn_decode as kdec
     from ninfer.kernels_cuda.gdn_decode import decode_counters, gdn_decode_fused
 

@@ -24,6 +24,9 @@
 //   columns; registers (16 per thread).
 // - gdn_decode_fused_head_kernel (any arch, CL = 1): grid (Hv, N), one block per head doing the
 //   column groups one after another; registers (32 per thread).
+// - gdn_decode_fused_head2_kernel (any arch): grid (Hv, N), one block per head as above, at
+//   <= 64 registers (2 blocks per SM for kc <= 4) and with one reduction round for all column
+//   groups (its own body, gdn_decode_head2_body, at the end of this file).
 // The loads of S are issued before pdl_wait (no kernel of the step before this one writes S or
 // the slots) so they overlap the conv, norm and gate work. In a cluster, each block's sums of
 // o_j^2 over each of its column groups are stored into every block of the cluster (distributed
@@ -352,3 +355,290 @@ __global__ void __launch_bounds__(DEC_THREADS) gdn_decode_fused_head_kernel(cons
   gdn_decode_body<1, MAXK>(p, sh);
 }
 
+
+// ---- gdn_decode_fused_head2_kernel: one block per head at <= 64 registers (2 blocks of 512
+// threads per SM for kc <= 4), the same per-column arithmetic and summation order as the kernels
+// above (bitwise equal). What differs is who does what:
+// - the state (32 values per thread: 4 column groups x 8 rows) is loaded before pdl_wait as in
+//   the per-head kernel, but the norm weights, z and o live only in the threads of warps 12-15
+//   (thread 384 + j: column j), which have no conv channel;
+// - one reduction round for all 4 column groups: every warp stores its 8-row partial sums of
+//   k_i S_ij and q_i S_ij for its 4 columns per lane (red_k / red_q [group][warp][lane]), then
+//   warp 12 + g alone adds the 16 partials of group g in warp order (the other kernels add them
+//   in every warp), computes rk delta_j and o_j and the group's sum of o_j^2, and shares
+//   rk delta_j (kd) and the sum (ssq); every thread then updates its 32 state values. 3 block
+//   barriers after the conv instead of 1 + 2 per column group;
+// - the last-block flag of the conv-state counter is read only before the second barrier, so the
+//   atomic's round trip overlaps the partial sums.
+struct __align__(16) DecHeadShared {
+  float qs[128], ks[128];                          // raw conv outputs of q and k (zero past dk)
+  float vs[DEC_GROUPS * DEC_COLS];                 // v channels by column
+  float red_k[DEC_GROUPS][DEC_WARPS][DEC_COLS];    // per group, per warp: sums of k_i S_ij
+  float red_q[DEC_GROUPS][DEC_WARPS][DEC_COLS];    // ... of q_i S_ij
+  float kd[DEC_GROUPS * DEC_COLS];                 // rk delta_j by column
+  float nw[DEC_GROUPS * DEC_COLS];                 // norm weights by column
+  float zv[DEC_GROUPS * DEC_COLS];                 // z by column
+  float scal[4][3];                                // per warp 0..3: sum q^2, k^2, q k
+  float ssq[DEC_GROUPS];                           // per column group: sum of o_j^2
+  int last;                                        // this block shifts the q/k conv channels
+};
+
+#define DEC_OUT_T0 (DEC_THREADS - DEC_GROUPS * DEC_COLS)  // first thread of warps 12-15
+
+// *p if i < dk and col < dv, else 0 (p is not read). The bounds are tested inside the asm: a
+// plain conditional lets the compiler keep 32 predicates live (and spill them) across the loads.
+__device__ __forceinline__ float ld_in_bounds(const float* p, int i, int dk, int col, int dv) {
+  float v;
+  asm volatile("{\n\t.reg .pred ok;\n\t"
+      "setp.lt.s32 ok, %2, %3;\n\t"
+      "setp.lt.and.s32 ok, %4, %5, ok;\n\t"
+      "mov.b32 %0, 0;\n\t"
+      "@ok ld.global.f32 %0, [%1];\n\t}"
+      : "=f"(v)
+      : "l"(p), "r"(i), "r"(dk), "r"(col), "r"(dv));
+  return v;
+}
+
+// The state loads of gdn_decode_head2_body: s[gi][r] = S[row0 + r][32 gi + lane] (0 outside
+// dk x dv). At dk = dv = 128 (a uniform branch; the stores do the same) every address is one
+// base plus an immediate offset (fewer registers than per-row pointers and bounds).
+__device__ __forceinline__ void head2_load(float (&s)[DEC_GROUPS][DEC_RPW], const float* S,
+                                           int row0, int lane, int dk, int dv) {
+  if (dk == 128 && dv == 128) {
+    const float* b = S + row0 * 128 + lane;
+#pragma unroll
+    for (int gi = 0; gi < DEC_GROUPS; ++gi)
+#pragma unroll
+      for (int r = 0; r < DEC_RPW; ++r) s[gi][r] = b[r * 128 + gi * DEC_COLS];
+  } else {
+#pragma unroll
+    for (int gi = 0; gi < DEC_GROUPS; ++gi) {
+      const int col = gi * DEC_COLS + lane;
+#pragma unroll
+      for (int r = 0; r < DEC_RPW; ++r) {
+        const int i = row0 + r;
+        s[gi][r] = ld_in_bounds(S + (i64)i * dv + col, i, dk, col, dv);
+      }
+    }
+  }
+}
+
+template <int MAXK>
+__device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, DecHeadShared& sh) {
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int h = blockIdx.x;
+  const i64 n = blockIdx.y;
+  const int group = p.value_heads / p.key_heads;
+  const int kh = h / group;
+  const int keep = p.kc - 1;
+  const int dk = p.dk, dv = p.dv;
+  const bool ow = t >= DEC_OUT_T0;  // warps 12-15: reduction and output of column oc
+  const int oc = t - DEC_OUT_T0;
+
+  // ---- before pdl_wait: slot, S, weights (no kernel of the step before writes them)
+  // thread t: q channel t (t < 128), k channel t - 128 (t < 256), v channel of column t - 256
+  // (t < 384); channel -1: none
+  int c = -1;
+  if (t < 256) {
+    const int i = t & 127;
+    if (i < dk) c = (t < 128 ? kh * dk : (p.key_heads + kh) * dk) + i;
+  } else if (t < DEC_OUT_T0) {
+    const int col = t - 256;
+    if (col < dv) c = 2 * p.key_heads * dk + h * dv + col;
+  }
+  // the conv weights of channel c (t < 384) or the norm weight of column oc (t >= 384) go to
+  // shared memory (each thread reads back its own), so that no weight register is held across
+  // pdl_wait; loaded together with the slot, whose round trip the state loads wait for anyway
+  const int slot = p.slots[n];
+  __shared__ float cw2[MAXK + 1][DEC_OUT_T0];
+  {
+    float wv[MAXK + 1];
+    const bool w_bf16 = p.bf16_flags & 1;
+#pragma unroll
+    for (int j = 0; j <= MAXK; ++j)
+      wv[j] = (c >= 0 && j <= keep) ? load_any(p.conv_w, w_bf16, (i64)c * p.conv_w_rs + j)
+                                    : 0.0f;
+    if (ow && oc < dv) wv[0] = load_any(p.norm_w, p.bf16_flags & 8, oc);
+    if (t < DEC_OUT_T0) {
+#pragma unroll
+      for (int j = 0; j <= MAXK; ++j) cw2[j][t] = wv[j];
+    } else {
+      sh.nw[oc] = wv[0];
+    }
+  }
+  float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
+  const int row0 = warp * DEC_RPW;
+  float s[DEC_GROUPS][DEC_RPW];
+  head2_load(s, S, row0, lane, dk, dv);
+
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // ---- 3. gates (first: fewer registers live through the conv; a_log and dt_bias are loaded
+  // here, beside a and b, rather than held across pdl_wait)
+  const float a_log = load_any(p.a_log, p.bf16_flags & 2, h);
+  const float dt_bias = load_any(p.dt_bias, p.bf16_flags & 4, h);
+  const float av = p.a[n * p.a_rs + h] + dt_bias;
+  const float bv = p.b[n * p.b_rs + h];
+  const float g = -expf(a_log) * softplus_f(av);
+  const float beta = sigmoid_f(bv);
+  const float decay = expf(g);
+
+  // ---- 1. conv (reads the old state of every needed channel)
+  const float* xrow = p.qkv + n * p.qkv_rs;
+  float* cst = p.conv_state + (i64)slot * p.conv_ss;
+  float x = 0.0f, win[MAXK];
+  if (c >= 0) x = xrow[c];
+#pragma unroll
+  for (int j = 0; j < MAXK; ++j)
+    win[j] = (c >= 0 && j < keep) ? cst[(i64)j * p.channels + c] : 0.0f;
+  if (ow) sh.zv[oc] = oc < dv ? p.z[n * p.z_rs + (i64)h * p.z_hs + oc] : 0.0f;
+  {
+    float acc = 0.0f, wl = 0.0f;  // wl: the tap on the new input (index keep)
+#pragma unroll
+    for (int j = 0; j <= MAXK; ++j) {
+      const float wj = t < DEC_OUT_T0 ? cw2[j][t] : 0.0f;
+      if (j < keep) acc = fmaf(wj, win[j], acc);
+      if (j == keep) wl = wj;
+    }
+    acc = fmaf(wl, x, acc);
+    const float u = c >= 0 ? silu_f(acc) : 0.0f;
+    if (t < 128) sh.qs[t] = u;
+    else if (t < 256) sh.ks[t - 128] = u;
+    else if (t < DEC_OUT_T0) sh.vs[t - 256] = u;
+  }
+  // conv state: the owner shifts a v channel now; the shifted q/k window goes to shared memory
+  // for the last block of the key head
+  __shared__ float qk_win2[MAXK][256];
+#pragma unroll
+  for (int j = 0; j < MAXK; ++j) {
+    if (j < keep) {
+      const float nv = j + 1 < keep ? win[j + 1] : x;
+      if (t < 256) qk_win2[j][t] = nv;
+      else if (c >= 0) cst[(i64)j * p.channels + c] = nv;
+    }
+  }
+  __syncthreads();
+  int prev = 0;
+  if (t == 0) {  // every thread's conv-state reads are done (their values were used above)
+    __threadfence();
+    prev = atomicAdd(p.counters + n * p.key_heads + kh, 1);
+  }
+  // ---- 2. norms of q and k
+  if (t < 128) {
+    const float qv = sh.qs[t], kv = sh.ks[t];
+    const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
+    if (lane == 0) {
+      sh.scal[warp][0] = sq;
+      sh.scal[warp][1] = sk;
+      sh.scal[warp][2] = sqk;
+    }
+  }
+  // ---- 4. delta rule: this warp's 8-row partial sums for the 4 column groups
+  {
+    float pk[DEC_GROUPS], pq[DEC_GROUPS];
+#pragma unroll
+    for (int gi = 0; gi < DEC_GROUPS; ++gi) pk[gi] = pq[gi] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < DEC_RPW; ++r) {
+      const float kr = sh.ks[row0 + r], qr = sh.qs[row0 + r];
+#pragma unroll
+      for (int gi = 0; gi < DEC_GROUPS; ++gi) {
+        pk[gi] = fmaf(kr, s[gi][r], pk[gi]);
+        pq[gi] = fmaf(qr, s[gi][r], pq[gi]);
+      }
+    }
+#pragma unroll
+    for (int gi = 0; gi < DEC_GROUPS; ++gi) {
+      sh.red_k[gi][warp][lane] = pk[gi];
+      sh.red_q[gi][warp][lane] = pq[gi];
+    }
+  }
+  __syncthreads();
+  // warp 12 + gi: column sums of group gi (in warp order), rk delta_j, o_j, sum of o_j^2
+  float o = 0.0f;
+  if (ow) {
+    const int gi = oc / DEC_COLS;
+    float kc = 0.0f, qc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; ++w) {
+      kc += sh.red_k[gi][w][lane];
+      qc += sh.red_q[gi][w][lane];
+    }
+    const float ssq_q = (sh.scal[0][0] + sh.scal[1][0]) + (sh.scal[2][0] + sh.scal[3][0]);
+    const float ssq_k = (sh.scal[0][1] + sh.scal[1][1]) + (sh.scal[2][1] + sh.scal[3][1]);
+    const float qk = (sh.scal[0][2] + sh.scal[1][2]) + (sh.scal[2][2] + sh.scal[3][2]);
+    const float rq = p.q_scale / sqrtf(ssq_q + p.l2_eps);
+    const float rk = 1.0f / sqrtf(ssq_k + p.l2_eps);
+    const float v = sh.vs[oc];
+    // explicit fmas, the same expressions as gdn_decode_body (the same bits)
+    const float kdelta = rk * (beta * fmaf(-decay, rk * kc, v));
+    o = rq * fmaf(kdelta, qk, decay * qc);
+    sh.kd[oc] = kdelta;
+    const float part = warp_sum(oc < dv ? o * o : 0.0f);
+    if (lane == 0) sh.ssq[gi] = part;
+  }
+  if (t == 0) sh.last = prev == group - 1;
+  __syncthreads();
+  // ---- state update: S'_ij = d S_ij + k_i (rk delta_j)
+  {
+    const float4* k4 = reinterpret_cast<const float4*>(sh.ks + row0);
+    float kr[DEC_RPW];
+#pragma unroll
+    for (int r4 = 0; r4 < DEC_RPW / 4; ++r4) {
+      const float4 kk = k4[r4];
+      kr[r4 * 4] = kk.x;
+      kr[r4 * 4 + 1] = kk.y;
+      kr[r4 * 4 + 2] = kk.z;
+      kr[r4 * 4 + 3] = kk.w;
+    }
+    if (dk == 128 && dv == 128) {
+      float* b = S + row0 * 128 + lane;
+#pragma unroll
+      for (int gi = 0; gi < DEC_GROUPS; ++gi) {
+        const float kdelta = sh.kd[gi * DEC_COLS + lane];
+#pragma unroll
+        for (int r = 0; r < DEC_RPW; ++r)
+          b[r * 128 + gi * DEC_COLS] = fmaf(kr[r], kdelta, decay * s[gi][r]);
+      }
+    } else {
+#pragma unroll
+      for (int gi = 0; gi < DEC_GROUPS; ++gi) {
+        const int col = gi * DEC_COLS + lane;
+        if (col < dv) {
+          const float kdelta = sh.kd[col];
+#pragma unroll
+          for (int r = 0; r < DEC_RPW; ++r) {
+            const int i = row0 + r;
+            if (i < dk) S[(i64)i * dv + col] = fmaf(kr[r], kdelta, decay * s[gi][r]);
+          }
+        }
+      }
+    }
+  }
+  // ---- the last block of the key head shifts the q/k channels (all blocks have read them)
+  if (sh.last) {  // uniform; written before the second barrier
+    if (t == 0) p.counters[n * p.key_heads + kh] = 0;
+    if (t < 256 && c >= 0) {
+#pragma unroll
+      for (int j = 0; j < MAXK; ++j)
+        if (j < keep) cst[(i64)j * p.channels + c] = qk_win2[j][t];
+    }
+  }
+  // ---- 5. gated RMSNorm over the dv outputs of head h (the group sums in group order)
+  if (ow && oc < dv) {
+    float total = sh.ssq[0];
+#pragma unroll
+    for (int r = 1; r < DEC_GROUPS; ++r) total += sh.ssq[r];
+    const float denom = sqrtf(total / (float)dv + p.eps);
+    p.out[n * p.out_rs + (i64)h * p.out_hs + oc] = sh.nw[oc] * (o / denom) * silu_f(sh.zv[oc]);
+  }
+}
+
+// MAXK 3 (kc <= 4): 2 blocks of 512 threads per SM (<= 64 registers); MAXK 7: 1 block.
+template <int MAXK>
+__global__ void __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
+    gdn_decode_fused_head2_kernel(const DecodeParams p) {
+  __shared__ DecHeadShared sh;
+  gdn_decode_head2_body<MAXK>(p, sh);
+}

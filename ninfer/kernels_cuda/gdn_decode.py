@@ -29,6 +29,8 @@ VARIANTS = {
     "cluster4": Variant("gdn_decode_fused_kernel", 4),
     "cluster2": Variant("gdn_decode_fused_pair_kernel", 2),
     "head": Variant("gdn_decode_fused_head_kernel", 1),
+    # one block per head at <= 64 registers (kc <= 4: 2 blocks per SM), one reduction round
+    "head2": Variant("gdn_decode_fused_head2_kernel", 1),
 }
 SOURCE = KernelSource("gdn_decode.cu", tuple(
     f"{v.kernel}<{m}>" for v in VARIANTS.values() for m in _MAXK))
@@ -57,22 +59,24 @@ def _cluster_device() -> tuple[bool, int]:
 
 def choose_variant(value_heads: int, n: int) -> str:
     """The kernel gdn_decode_fused runs for N rows of Hv heads. VARIANT forces one. Else, below
-    sm_90 "head"; on sm_90 the cluster kernel with the most blocks per head whose blocks fit one
-    per SM (cluster4, then cluster2), else "head". H200, 9B shape (Hv = 32), us per launch in a
+    sm_90 "head2"; on sm_90 the cluster kernel with the most blocks per head whose blocks fit one
+    per SM (cluster4, then cluster2), else "head2". H200, 9B shape (Hv = 32), us per launch in a
     graph (bench `--op gdn_decode_fused`): B = 1 cluster4 5.7, cluster2 5.9, head 6.6; B = 2
     cluster2 6.9, head 7.5, cluster4 10.9; B = 3 head 8.4, cluster2 9.1; B = 4 head 9.7, cluster2
     10.4; B = 8 head 18.5, cluster2 20.1, cluster4 30.4. (Variants that staged the state through
     shared memory by cp.async, at 64 registers and 2 blocks per SM, measured 5.6 / 8.1 / 10.6 /
-    11.8 / 18.9 us at their best and were removed.)"""
+    11.8 / 18.9 us at their best and were removed.) "head2" (one block per head, 64 registers,
+    one reduction round instead of two barriers per column group) replaces "head" in the choice;
+    its timings are still to be measured."""
     if VARIANT is not None:
         return VARIANT
     sm90, sms = _cluster_device()
     if not sm90:
-        return "head"
+        return "head2"
     for name in ("cluster4", "cluster2"):
         if VARIANTS[name].blocks_per_head * value_heads * n <= sms:
             return name
-    return "head"
+    return "head2"
 
 
 def decode_counters(max_rows: int, key_heads: int):

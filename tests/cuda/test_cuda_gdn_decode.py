@@ -1,8 +1,8 @@
 """The fused GDN decode step (gdn_decode.cu) on the GPU: vs the unfused float64 references at the
 Qwen3.5 head ratios (fewer heads) for B = 1, 3, 8 over several steps, f32 and bf16 weights, and
-for every kernel variant (kdec.VARIANTS: cluster4 / cluster2 / head); bitwise: a row alone ==
-the row in a batch (with the
-variant switching by N), every variant == the one-block-per-head kernel, a CUDA graph replay ==
+for every kernel variant (kdec.VARIANTS: cluster4 / cluster2 / head / head2); bitwise: a row
+alone == the row in a batch (with the variant switching by N), every variant == the
+one-block-per-head kernel (also at the full 9B head counts, B = 8), a CUDA graph replay ==
 eager, PDL on == PDL off (behind a GEMV that writes qkv), per variant."""
 from __future__ import annotations
 
@@ -155,12 +155,12 @@ def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
     """Each row's output and state do not depend on the batch size or on which rows share a
     launch: rows alone, the full batch, and subsets give the same bits. On sm_90 the SM count
     the automatic choice sees is faked (24) so that, at Hv = 6, rows alone run cluster4, the
-    subset of 2 cluster2, the subset of 3 and the batch of 8 the per-head kernel."""
+    subset of 2 cluster2, the subset of 3 and the batch of 8 the per-head kernel (head2)."""
     monkeypatch.setattr(kdec, "VARIANT", None)
     if _sm90():
         monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 24))
         assert [kdec.choose_variant(6, n) for n in (1, 2, 3, 8)] == \
-            ["cluster4", "cluster2", "head", "head"]
+            ["cluster4", "cluster2", "head2", "head2"]
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
     n = 8
@@ -195,7 +195,7 @@ def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
 @pytest.mark.parametrize("kc", [4, 6])
 @pytest.mark.parametrize("shape", ["9b", "27b", "odd"])
 def test_variants_equal_bitwise(rng, monkeypatch, shape, kc):
-    """Every variant (sm_90: all; below: head) gives the bits of the one-block-per-head
+    """Every variant (sm_90: all; below: head, head2) gives the bits of the one-block-per-head
     kernel: output, state and conv state over 3 steps from the same start."""
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.FLOAT32, kc=kc)
@@ -219,6 +219,39 @@ def test_variants_equal_bitwise(rng, monkeypatch, shape, kc):
             _same_bits(states[v][1], states["head"][1], f"step {step}: state, {v} vs head")
             _same_bits(states[v][0], states["head"][0], f"step {step}: conv state, {v} vs head")
         assert int(host(counters).sum()) == 0
+
+
+def test_full_9b_heads_b8(rng, monkeypatch):
+    """The 9B head counts (Hk 16, Hv 32, dk = dv = 128: head2's constant-stride state path) at
+    B = 8, where head2 runs 256 blocks (2 per SM on the H200): every variant vs the float64
+    reference, and bitwise == the one-block-per-head kernel (output, state, conv state), 2
+    steps from the same start."""
+    hk, hv, dk, dv, n = 16, 32, 128, 128, 8
+    prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16, num_slots=10)
+    variants = [v for v in VARIANTS if _sm90() or kdec.VARIANTS[v].blocks_per_head == 1]
+    counters = kdec.decode_counters(n, hk)
+    states = {v: _copies(prob) for v in variants}
+    for step in range(2):
+        slots = prob.slots(n)
+        host_in, dev_in = prob.inputs(n)
+        expect = prob.reference(host_in, slots)
+        outs = {}
+        for v in variants:
+            monkeypatch.setattr(kdec, "VARIANT", v)
+            outs[v] = poisoned((n, hv, dv))
+            conv, st = states[v]
+            prob.run(dev_in, dev(slots), outs[v], counters, conv=conv, state=st)
+            what = f"{v} B={n} step {step} slots {slots.tolist()}"
+            assert_close(outs[v], expect, 5e-5, f"{what}: output")
+            assert_close(st, prob.st_h, 5e-5, f"{what}: state")
+            assert_close(conv, prob.conv_h, 1e-7, f"{what}: conv state")
+            assert int(host(counters).sum()) == 0, f"{what}: counters not reset"
+        for v in variants:
+            if v != "head":
+                _same_bits(outs[v], outs["head"], f"step {step}: out, {v} vs head")
+                _same_bits(states[v][1], states["head"][1], f"step {step}: state, {v} vs head")
+                _same_bits(states[v][0], states["head"][0],
+                           f"step {step}: conv state, {v} vs head")
 
 
 class Chain:
@@ -264,8 +297,9 @@ def _chain_with_inputs(rng, n):
     return ch, conv0, st0, [cp().asarray(randn(rng, ch.x.shape)) for _ in range(3)]
 
 
-# (variant, n): the automatic choice at B = 1 and 8, and each variant forced at B = 3
-CHAIN_CASES = [(None, 1), (None, 8)] + [(v, 3) for v in VARIANTS]
+# (variant, n): the automatic choice at B = 1 and 8, each variant forced at B = 3, and head2 at
+# B = 8 (its 2-blocks-per-SM regime)
+CHAIN_CASES = [(None, 1), (None, 8)] + [(v, 3) for v in VARIANTS] + [("head2", 8)]
 
 
 @pytest.mark.parametrize("variant,n", CHAIN_CASES)

@@ -6,21 +6,22 @@ import pytest
 
 def test_gdn_decode_kernel_choice(monkeypatch):
     """gdn_decode_fused (CPU): on sm_90 cluster4 while its 4 * Hv * N blocks fit one per SM,
-    then cluster2 (2 * Hv * N), else "head"; always "head" below sm_90 (all bitwise equal, so
+    then cluster2 (2 * Hv * N), else "head2"; always "head2" below sm_90 (all bitwise equal, so
     the choice by N keeps batch invariance); VARIANT forces one."""
     from ninfer.kernels_cuda import gdn_decode as kdec
 
     monkeypatch.setattr(kdec, "VARIANT", None)
     monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 132))
     assert [kdec.choose_variant(32, n) for n in range(1, 9)] == \
-        ["cluster4", "cluster2"] + ["head"] * 6
-    assert [kdec.choose_variant(48, n) for n in (1, 2, 8)] == ["cluster2", "head", "head"]
+        ["cluster4", "cluster2"] + ["head2"] * 6
+    assert [kdec.choose_variant(48, n) for n in (1, 2, 8)] == ["cluster2", "head2", "head2"]
     assert [kdec.choose_variant(16, n) for n in (1, 2, 3, 4, 5, 8)] == \
-        ["cluster4"] * 2 + ["cluster2"] * 2 + ["head"] * 2
+        ["cluster4"] * 2 + ["cluster2"] * 2 + ["head2"] * 2
     monkeypatch.setattr(kdec, "_cluster_device", lambda: (False, 132))
-    assert kdec.choose_variant(32, 1) == "head" and kdec.choose_variant(32, 8) == "head"
-    monkeypatch.setattr(kdec, "VARIANT", "cluster2")
-    assert kdec.choose_variant(32, 8) == "cluster2"
+    assert kdec.choose_variant(32, 1) == "head2" and kdec.choose_variant(32, 8) == "head2"
+    for name in ("cluster2", "head"):
+        monkeypatch.setattr(kdec, "VARIANT", name)
+        assert kdec.choose_variant(32, 8) == name
 
 
 def test_gdn_decode_variants_cover_instances():
@@ -42,6 +43,8 @@ def test_gdn_decode_variants_cover_instances():
             importlib.reload(kdec)
         os.environ["NINFER_GDN_DECODE_KERNEL"] = "head"
         assert importlib.reload(kdec).VARIANT == "head"
+        os.environ["NINFER_GDN_DECODE_KERNEL"] = "head2"
+        assert importlib.reload(kdec).VARIANT == "head2"
     finally:
         if old is None:
             os.environ.pop("NINFER_GDN_DECODE_KERNEL", None)
