@@ -61,6 +61,13 @@ def gemv_persist() -> bool:
     return _flag("NINFER_GEMV_PERSIST", True)
 
 
+def moe_fused() -> bool:
+    """NINFER_MOE_FUSED (default on; "0" turns it off): moe_block at decode runs the routed
+    experts in two launches (routing + grouping + gate_up, then down + combine) instead of four;
+    bitwise the same results. Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_FUSED", True)
+
+
 def gemv_tma() -> bool:
     """NINFER_GEMV_TMA (default on; "0" turns it off): bf16 decode GEMVs with K % 16 == 0 on an
     sm_90 device use linear_tma_kernel (weights streamed by bulk copies into a shared-memory ring)

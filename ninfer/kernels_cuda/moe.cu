@@ -24,8 +24,14 @@
 //     memory (linear.cu linear_mma_rows_kernel); bitwise the same results.
 //   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)],
 //     optionally + sigmoid(gate[n]) * shared[n] (the gated shared expert).
-// Every kernel of the decode path (route, group, route_group, the expert stages, combine) may be
-// launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter).
+//   Fused decode path (moe.py FUSED, NINFER_MOE_FUSED; N <= 8, N*K <= 64, bf16 tensor-core
+//   experts): moe_fused_gate_up_kernel<J> = moe_route_group_kernel<J> (recomputed by every
+//   block into shared memory; block (0, 0) writes weights, ids and the group tables) +
+//   moe_mma_rows_kernel<1>; moe_fused_down_kernel = moe_mma_rows_kernel<0> over every group of
+//   a 16-column output tile + moe_combine_kernel for those columns (one block owns each output
+//   element). Same functions and orders as the four launches: bitwise the same results.
+// Every kernel of the decode path (route, group, route_group, the expert stages, combine, the
+// fused pair) may be launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
 //   moe_gather_kernel<OT>: x rows -> per-expert padded blocks (cast to the weights' type);
 //   moe_swiglu_kernel<OT>: act = silu(g) * u over the padded blocks (cast to OT).
@@ -262,14 +268,14 @@ __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
 
 // The block's outputs of the mma kernels (after the partials are in red): out[pair][m0 + r] =
 // the split sum of (tile row r, pair slot n) (SWIGLU: silu(gate) * up), NaN for a bad expert;
-// rows past M and empty slots are not stored.
+// rows past M and empty slots are not stored. gp: the group's MOE_GROUP pair slots.
 template <int SWIGLU>
 __device__ __forceinline__ void moe_mma_store(const MoeGemvParams& p, const MmaPartials<8>& red,
-                                              int grp, int m0, bool bad) {
+                                              const int* gp, int m0, bool bad) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   for (int idx = threadIdx.x; idx < TILE * 8; idx += blockDim.x) {
     const int r = idx >> 3, n = idx & 7;
-    const int pn = p.group_pairs[grp * MOE_GROUP + n];
+    const int pn = gp[n];
     if (m0 + r >= p.m || pn < 0) continue;
     float v = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
     if (bad) v = NINFER_NAN;
@@ -303,7 +309,7 @@ __global__ void __launch_bounds__(256) moe_mma_kernel(const MoeGemvParams p) {
   mma_gemv_accumulate<MMA_U>(wrow0, wrow1, xrow, k_begin, k_end, t, c);
   mma_store_partials(red, warp, g, t, c);
   __syncthreads();
-  moe_mma_store<SWIGLU>(p, red, grp, m0, bad);
+  moe_mma_store<SWIGLU>(p, red, p.group_pairs + grp * MOE_GROUP, m0, bad);
 }
 
 // moe_mma_rows_kernel<SWIGLU>: moe_mma_kernel with the expert's weight tile read
@@ -353,20 +359,20 @@ __device__ __forceinline__ void mma_rows_tile(const char* wp, i64 hib, i64 rsb, 
   }
 }
 
+// The accumulator fragment c of one tile of moe_mma_rows_kernel: expert e (bad: an id outside
+// [0, experts), nothing read, c stays 0), the group's pair slots gp (MOE_GROUP entries, -1
+// empty), output rows from m0, K range of split `split`; buf_s / buf: this warp's 4 KiB staging
+// buffer (shared-space address, 256-byte aligned / generic pointer). Returns `bad` (carried
+// through the K loop in bit 31 of the row mask: a register of its own there spilled at 64
+// registers). Shared by the per-stage kernel and the fused decode kernels, so their tiles are
+// bitwise the same.
 template <int SWIGLU>
-__global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
-  pdl_enter();
-  const int grp = blockIdx.y;
-  // group_expert has N*K entries (the grid's y extent): in bounds past num_groups too
-  const int groups = *p.num_groups, e = p.group_expert[grp];
-  if (grp >= groups) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ bool moe_rows_tile_c(const MoeGemvParams& p, int e, bool bad,
+                                                const int* gp, int m0, int split, int lane,
+                                                unsigned buf_s, char* buf, float (&c)[4]) {
   const int g = lane >> 2, t = lane & 3, h = lane >> 4;
-  const bool bad = e < 0 || e >= p.experts;
-  constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
-  const int m0 = blockIdx.x * TILE;
   int k_begin, k_end;
-  mma_warp_k_range(p.k, p.splits, warp, k_begin, k_end);
+  mma_warp_k_range(p.k, p.splits, split, k_begin, k_end);
   // tile row 2j + h (j = 0..7) holds output row m0 + 2j + h (SWIGLU: gate row m0 + 2j + h for
   // j < 4, up row up_offset + m0 + 2(j - 4) + h for j >= 4), as A rows g / g + 8 of
   // moe_mma_kernel; rows past M and every row of a bad expert are never read (zeros)
@@ -385,23 +391,45 @@ __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParam
   if (span >= full) mma_rows_load(wp, hib, rsb, valid, ku < span, v);
   // x row of pair slot g; an empty slot (-1) reads slot 0's row instead of zeros: it only feeds
   // mma column g, whose outputs are not stored
-  const int pr = p.group_pairs[grp * MOE_GROUP + g];
+  const int pr = gp[g];
   const int p0 = __shfl_sync(0xffffffffu, pr, 0);
   const int pa = pr >= 0 ? pr : p0;
   const float* xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs + k_begin + 8 * t;
-  // the buffers start at the first 256-byte boundary of the dynamic shared memory (the launcher
-  // adds MMA_ROWS_ALIGN bytes), so the XOR-swizzled addresses stay inside each warp's buffer
+  mma_rows_tile(wp, hib, rsb, valid, span, full, ku, xp, t, lane, buf_s,
+                reinterpret_cast<bf16raw*>(buf), v, c);
+  return (valid >> 31) != 0u;
+}
+
+// The first 256-byte boundary of the dynamic shared memory (the launchers add MMA_ROWS_ALIGN
+// bytes), so the XOR-swizzled addresses stay inside each warp's staging buffer: its
+// shared-space address and generic pointer.
+__device__ __forceinline__ char* moe_rows_base(unsigned& base_s) {
   const unsigned s0 = (unsigned)__cvta_generic_to_shared(moe_rows_smem);
   const unsigned pad = (MMA_ROWS_ALIGN - (s0 & (MMA_ROWS_ALIGN - 1))) & (MMA_ROWS_ALIGN - 1);
-  char* const base = reinterpret_cast<char*>(moe_rows_smem) + pad;
+  base_s = s0 + pad;
+  return reinterpret_cast<char*>(moe_rows_smem) + pad;
+}
+
+template <int SWIGLU>
+__global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
+  pdl_enter();
+  const int grp = blockIdx.y;
+  // group_expert has N*K entries (the grid's y extent): in bounds past num_groups too
+  const int groups = *p.num_groups, e = p.group_expert[grp];
+  if (grp >= groups) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
+  const int m0 = blockIdx.x * TILE;
+  unsigned base_s;
+  char* const base = moe_rows_base(base_s);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  mma_rows_tile(wp, hib, rsb, valid, span, full, ku, xp, t, lane,
-                s0 + pad + warp * (MMA_ROWS_UNITS * 16),
-                reinterpret_cast<bf16raw*>(base + warp * (MMA_ROWS_UNITS * 16)), v, c);
+  const bool bad = moe_rows_tile_c<SWIGLU>(
+      p, e, e < 0 || e >= p.experts, p.group_pairs + grp * MOE_GROUP, m0, warp, lane,
+      base_s + warp * (MMA_ROWS_UNITS * 16), base + warp * (MMA_ROWS_UNITS * 16), c);
   MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(base + p.splits * (MMA_ROWS_UNITS * 16));
-  mma_store_partials(red, warp, g, t, c);
+  mma_store_partials(red, warp, lane >> 2, lane & 3, c);
   __syncthreads();
-  moe_mma_store<SWIGLU>(p, red, grp, m0, (valid >> 31) != 0u);
+  moe_mma_store<SWIGLU>(p, red, p.group_pairs + grp * MOE_GROUP, m0, bad);
 }
 
 // out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or
@@ -445,6 +473,149 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
   for (int i = 0; i < top_k; ++i) acc += s_w[i] * y[s_row[i] + j];
   if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
   out[n * out_rs + j] = acc;
+}
+
+// ---- Fused decode path (moe.py FUSED): routing + grouping + gate_up, then down + combine ----
+// At most MOE_FUSED_PAIRS (row, slot) pairs (N <= 8 rows of top_k <= 8 at the 35B-A3B shape).
+#define MOE_FUSED_PAIRS 64
+#define MOE_DOWN_SLOTS 8  // moe_fused_down_kernel: groups in flight per block (named barriers 1..8)
+
+// moe_fused_gate_up_kernel<J>: moe_route_group_kernel<J> and moe_mma_rows_kernel<1> in one
+// launch. Grid (ceil(Im / 8), N*K), blockDim.x = 32 * max(splits, ceil(N*K / 32)) (<= 256).
+// Every block routes all N rows (moe_route_row, one warp per row) and groups the pairs
+// (moe_group_block) into shared memory: the same functions as moe_route_group_kernel, so the
+// same weights, ids and group tables. Block (0, 0) also writes them to w_out / ids_out and to
+// p.group_* (for moe_fused_down_kernel); block (x, g) then computes tile x of group g exactly as
+// moe_mma_rows_kernel<1> does (moe_rows_tile_c, warps >= splits have an empty K range and add
+// nothing), so act is bitwise that of the per-stage path. Dynamic shared memory: mma_rows_smem
+// of the block's warps.
+// moe_fused_gate_up_kernel's prologue (not inlined: its registers then do not compete with the
+// K loop's, which spilled at 64 registers): routing and grouping into the block's shared tables;
+// the lead block also writes them to global memory.
+template <int J>
+__device__ __noinline__ void moe_fused_route_group(const MoeGemvParams& p,
+                                                   const float* __restrict__ logits,
+                                                   i64 logits_rs, int n_rows, float* w_out,
+                                                   i64 w_rs, int* ids_out, i64 ids_rs, int* s_ids,
+                                                   float* s_w, int* s_gexp, int* s_gpairs,
+                                                   int* s_groups) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool lead = blockIdx.x == 0 && blockIdx.y == 0;
+  const int top_k = p.top_k, n_pairs = n_rows * top_k;
+  for (int n = warp; n < n_rows; n += blockDim.x >> 5)
+    moe_route_row<J>(logits + (i64)n * logits_rs, p.experts, top_k, lane,
+                     lead ? w_out + (i64)n * w_rs : s_w + n * top_k,
+                     lead ? ids_out + (i64)n * ids_rs : s_ids + n * top_k, s_ids + n * top_k);
+  __syncthreads();
+  moe_group_block(s_ids, n_pairs, MOE_GROUP, s_gexp, s_gpairs, s_groups);
+  __syncthreads();
+  if (lead) {  // the group tables' buffers are the workspace's (read-only for the stage kernels)
+    for (int i = threadIdx.x; i < n_pairs * MOE_GROUP; i += blockDim.x) {
+      const_cast<int*>(p.group_pairs)[i] = s_gpairs[i];
+      if (i < n_pairs) const_cast<int*>(p.group_expert)[i] = s_gexp[i];
+    }
+    if (threadIdx.x == 0) *const_cast<int*>(p.num_groups) = *s_groups;
+  }
+}
+
+template <int J>
+__global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
+    const MoeGemvParams p, const float* __restrict__ logits, i64 logits_rs, int n_rows,
+    float* __restrict__ w_out, i64 w_rs, int* __restrict__ ids_out, i64 ids_rs) {
+  __shared__ int s_ids[MOE_FUSED_PAIRS];
+  __shared__ float s_w[MOE_FUSED_PAIRS];
+  __shared__ int s_gexp[MOE_FUSED_PAIRS];
+  __shared__ int s_gpairs[MOE_FUSED_PAIRS * MOE_GROUP];
+  __shared__ int s_groups;
+  pdl_enter();
+  moe_fused_route_group<J>(p, logits, logits_rs, n_rows, w_out, w_rs, ids_out, ids_rs, s_ids, s_w,
+                           s_gexp, s_gpairs, &s_groups);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if ((int)blockIdx.y >= s_groups) return;
+  const int e = s_gexp[blockIdx.y];
+  unsigned base_s;
+  char* const base = moe_rows_base(base_s);  // the partials, then the warps' staging buffers
+  constexpr int RED = 16 * 16 * 8 * 4;        // sizeof(MmaPartials<8>), a multiple of 256
+  float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const bool bad = moe_rows_tile_c<1>(
+      p, e, e < 0 || e >= p.experts, s_gpairs + blockIdx.y * MOE_GROUP, blockIdx.x * 8, warp,
+      lane, base_s + RED + warp * (MMA_ROWS_UNITS * 16),
+      base + RED + warp * (MMA_ROWS_UNITS * 16), c);
+  MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(base);
+  if (warp < p.splits) mma_store_partials(red, warp, lane >> 2, lane & 3, c);
+  __syncthreads();
+  moe_mma_store<1>(p, red, s_gpairs + blockIdx.y * MOE_GROUP, blockIdx.x * 8, bad);
+}
+
+// moe_fused_down_kernel: moe_mma_rows_kernel<0> over every group and moe_combine_kernel in one
+// launch. Grid ceil(H / 16): block b owns output columns [16 b, 16 b + 16) of every row, so no
+// other block adds into them (no atomics). Warps form `slots` = min(MOE_DOWN_SLOTS,
+// warps / splits) teams of `splits` warps; team s walks the groups s, s + slots, ... and computes
+// each group's 16-row tile exactly as moe_mma_rows_kernel<0> (moe_rows_tile_c, warp = split,
+// partials summed in split order, NaN for a bad expert) into y[pair][r] in shared memory (a
+// named barrier per team between the partials and their sum). Then thread (n, r) adds, as
+// moe_combine_kernel does, sum over k in ascending expert id of w[n, k] * y[pair(n, k)][r]
+// (acc += w * y from 0.0f), then acc + sigmoid(gate[n]) * shared[n, j] when `shared` is given:
+// bitwise the per-stage path's out. p: the down stage (x = act by pair; out unused); w / ids:
+// the routing (written by moe_fused_gate_up_kernel). blockDim.x = 32 * warps with splits <=
+// warps <= 16; dynamic shared memory (moe.py fused_down_smem): warps * 4 KiB of staging, then
+// slots * splits partial tiles of 16 x 8 floats, + 256 B of alignment slack.
+__global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
+    const MoeGemvParams p, const float* __restrict__ w, i64 w_rs, const int* __restrict__ ids,
+    int n_rows, const float* __restrict__ shared, i64 shared_rs, const float* __restrict__ gate,
+    i64 gate_rs, float* __restrict__ out, i64 out_rs) {
+  __shared__ float s_y[MOE_FUSED_PAIRS * 16];
+  __shared__ int s_pair[MOE_FUSED_PAIRS];  // [n][rank]: the pair of row n's rank-th expert
+  __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
+  pdl_enter();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int top_k = p.top_k, n_pairs = n_rows * top_k;
+  for (int q = threadIdx.x; q < n_pairs; q += blockDim.x) {
+    const int n = q / top_k, k = q - n * top_k, id = ids[q];
+    int rank = 0;
+    for (int k2 = 0; k2 < top_k; ++k2) rank += ids[n * top_k + k2] < id;
+    s_pair[n * top_k + rank] = q;
+    s_cw[n * top_k + rank] = w[n * w_rs + k];
+  }
+  const int splits = p.splits, warps = blockDim.x >> 5;
+  const int slots = min(MOE_DOWN_SLOTS, warps / splits);
+  const int slot = warp / splits, split = warp - slot * splits;
+  const int m0 = blockIdx.x * 16;
+  const int groups = *p.num_groups;
+  unsigned base_s;
+  char* const base = moe_rows_base(base_s);
+  if (slot < slots) {
+    MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(
+        base + warps * (MMA_ROWS_UNITS * 16) + slot * splits * (16 * 8 * 4));
+    const int team = splits * 32, tt = threadIdx.x - slot * team;
+    for (int grp = slot; grp < groups; grp += slots) {
+      const int e = p.group_expert[grp];
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      const bool bad = moe_rows_tile_c<0>(
+          p, e, e < 0 || e >= p.experts, p.group_pairs + grp * MOE_GROUP, m0, split, lane,
+          base_s + warp * (MMA_ROWS_UNITS * 16), base + warp * (MMA_ROWS_UNITS * 16), c);
+      mma_store_partials(red, split, lane >> 2, lane & 3, c);
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + slot), "r"(team) : "memory");
+      for (int idx = tt; idx < 16 * 8; idx += team) {
+        const int r = idx >> 3, n = idx & 7;
+        const int pn = p.group_pairs[grp * MOE_GROUP + n];
+        if (m0 + r >= p.m || pn < 0) continue;
+        float v = mma_reduce_partials<0>(red, splits, r, n);
+        if (bad) v = NINFER_NAN;
+        s_y[pn * 16 + r] = v;
+      }
+      asm volatile("bar.sync %0, %1;" ::"r"(1 + slot), "r"(team) : "memory");
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n_rows * 16; idx += blockDim.x) {
+    const int n = idx >> 4, r = idx & 15, j = m0 + r;
+    if (j >= p.m) continue;
+    float acc = 0.0f;
+    for (int i = 0; i < top_k; ++i) acc += s_cw[n * top_k + i] * s_y[s_pair[n * top_k + i] * 16 + r];
+    if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
+    out[n * out_rs + j] = acc;
+  }
 }
 
 template <typename OT>

@@ -7,7 +7,8 @@ paths:
   intermediates live in a `MoeWorkspace` (allocated per call when None); bf16 weights with
   16-byte aligned rows run the tensor-core `moe_mma_rows_kernel` (groups of up to 8 pairs;
   NINFER_GEMV_ROWS=0: `moe_mma_kernel`, bitwise the same), others the f32-FMA
-  `moe_gemv_kernel`;
+  `moe_gemv_kernel`; `moe_block` at decode (`fused_applies`) runs routing + gate_up and
+  down + combine as two launches (FUSED, NINFER_MOE_FUSED), bitwise the four-launch results;
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
@@ -43,6 +44,17 @@ MMA_SPLITS = 8  # moe_mma(_rows)_kernel: at most 8 warps (K ranges) per block
 # shared memory), bitwise equal to moe_mma_kernel. H200, 35B-A3B decode graph, B = 1 / 8:
 # 4.43 / 8.96 ms, against 4.64 / 8.83 ms with moe_mma_kernel (measured on another machine).
 GEMV_ROWS = envs.gemv_rows()
+# NINFER_MOE_FUSED (read once at import; default on): moe_block at decode (N <= FUSED_MAX_ROWS,
+# N * K <= FUSED_MAX_PAIRS, bf16 experts on the tensor-core path, E <= 32 * FUSED_J[-1]) runs
+# the routed experts in two launches instead of four: moe_fused_gate_up_kernel (routing,
+# grouping and gate_up + SwiGLU) and moe_fused_down_kernel (down and the combine with the gated
+# shared add); bitwise the same weights, ids and output. "0": the four-launch path (A/B timing).
+FUSED = envs.moe_fused()
+FUSED_MAX_ROWS = 8
+FUSED_MAX_PAIRS = 64  # moe.cu MOE_FUSED_PAIRS
+FUSED_J = (1, 2, 4, 8, 16)  # moe_fused_gate_up_kernel<J>: experts per lane (E <= 32 J)
+FUSED_DOWN_WARPS = 16  # moe_fused_down_kernel: warps per block
+FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
 
 
 def _swiglu_rows(nt: int) -> int:
@@ -57,6 +69,7 @@ SOURCE = KernelSource("moe.cu", tuple(
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
        "moe_mma_rows_kernel<1>"]
+    + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -165,12 +178,13 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
               shared_gate=None, workspace: MoeWorkspace | None = None,
-              batch_invariant: bool = False) -> None:
+              batch_invariant: bool = False, fused: bool | None = None) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, `moe_experts(x, gate_up, down, ids_out,
     weights_out, out)` and, with `shared` f32[N, H] and `shared_gate` f32[N, 1] (rows strided),
     out += sigmoid(shared_gate) * shared, bitwise equal to those ops (and `sigmoid_scale_add`).
     Grouped-GEMV path: the routing and the grouping are one launch and the shared add runs in
-    the combine (4 launches instead of 6)."""
+    the combine (4 launches instead of 6); where `fused_applies`, 2 launches (`fused`: None
+    follows FUSED, False forces the 4-launch path)."""
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
@@ -188,6 +202,10 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         return
     ws = _workspace(workspace, n, top_k, hidden, inter)
     use_mma, nt = _gemv_plan(x, gu, dn, kind)
+    if (FUSED if fused is None else fused) and fused_applies(n, top_k, experts, use_mma):
+        _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
+                     gated)
+        return
     j = _route_j(experts, ROUTE_GROUP_J)
     if j is None:
         moe_route(logits, top_k, weights_out, ids_out)
@@ -201,6 +219,58 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
                name="moe_route_group", pdl=True)
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
                   gated)
+
+
+def fused_applies(n: int, top_k: int, experts: int, use_mma: bool) -> bool:
+    """Whether moe_block's grouped-GEMV call can take the two fused launches: decode row
+    counts, at most FUSED_MAX_PAIRS pairs, the tensor-core expert kernels, E <= 32 FUSED_J[-1]."""
+    return (use_mma and n <= FUSED_MAX_ROWS and n * top_k <= FUSED_MAX_PAIRS
+            and _route_j(experts, FUSED_J) is not None)
+
+
+def fused_down_smem(splits: int, warps: int = FUSED_DOWN_WARPS) -> int:
+    """Dynamic shared memory of moe_fused_down_kernel: the warps' staging buffers, the teams'
+    partial tiles and the alignment slack (72.25 KiB at 16 warps, 2 splits)."""
+    slots = min(FUSED_DOWN_SLOTS, warps // splits)
+    return warps * MMA_ROWS_WARP_SMEM + slots * splits * 16 * 8 * 4 + MMA_ROWS_ALIGN
+
+
+def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
+                 gated) -> None:
+    """moe_block's decode path in two launches (moe.cu moe_fused_gate_up_kernel and
+    moe_fused_down_kernel): same K splits, tiles and groups as `_experts_gemv` with the
+    tensor-core rows kernels, so bitwise its results."""
+    n, hidden = x.shape
+    pairs = n * top_k
+    x_rs = C.row_stride(x, "x")
+    gu_splits = mma_splits(hidden, MMA_SPLITS)
+    warps = max(gu_splits, -(-pairs // 32))  # moe_group_block: a thread per pair
+    params = C.pack(_GEMV, w=C.ptr(gu), x=C.ptr(x), out=C.ptr(ws.act),
+                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
+                    num_groups=C.ptr(ws.num_groups), w_es=gu.shape[1] * hidden, w_rs=hidden,
+                    x_rs=x_rs, out_rs=ws.act.shape[1], m=inter, k=hidden, splits=gu_splits,
+                    top_k=top_k, up_offset=inter, x_by_pair=0, experts=experts)
+    launch(get_function(SOURCE, f"moe_fused_gate_up_kernel<{_route_j(experts, FUSED_J)}>"),
+           ((inter + 7) // 8, pairs), (32 * warps,),
+           (params, logits, np.int64(C.row_stride(logits, "logits")), np.int32(n), weights_out,
+            np.int64(C.row_stride(weights_out, "weights_out")), ids_out,
+            np.int64(C.row_stride(ids_out, "ids_out"))),
+           shared_mem=mma_rows_smem(warps), name="moe_fused_gate_up", pdl=True)
+    dn_splits = mma_splits(inter, MMA_SPLITS)
+    params = C.pack(_GEMV, w=C.ptr(dn), x=C.ptr(ws.act), out=0,
+                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
+                    num_groups=C.ptr(ws.num_groups), w_es=hidden * inter, w_rs=inter,
+                    x_rs=ws.act.shape[1], out_rs=0, m=hidden, k=inter, splits=dn_splits,
+                    top_k=top_k, up_offset=inter, x_by_pair=1, experts=experts)
+    fn = get_function(SOURCE, "moe_fused_down_kernel")
+    smem = fused_down_smem(dn_splits)
+    if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
+    launch(fn, ((hidden + 15) // 16,), (32 * FUSED_DOWN_WARPS,),
+           (params, weights_out, np.int64(C.row_stride(weights_out, "weights_out")), ids_out,
+            np.int32(n)) + shared_args + (out, np.int64(C.row_stride(out, "out"))),
+           shared_mem=smem, name="moe_fused_down", pdl=True)
 
 
 def _gated_shared(shared, gate, n: int, hidden: int) -> tuple | None:

@@ -541,3 +541,157 @@ def test_moe_block_pdl_on_equals_off(rng, monkeypatch):
         assert np.isfinite(host(got[True][2])).all()
         for a, b, what in zip(got[True], got[False], ("weights", "ids", "out")):
             _same_bits(a, b, f"{what}, n={n}, PDL on vs off")
+
+
+# The fused decode path (NINFER_MOE_FUSED, kmoe.FUSED): moe_fused_gate_up_kernel (routing,
+# grouping, gate_up) and moe_fused_down_kernel (down, combine, gated shared add) against the
+# four-launch path (fused=False), bitwise: weights, ids, output and the group tables.
+
+def _kmoe_block(x, logits, top_k, gu, dn, shared, *, fused: bool):
+    """kmoe.moe_block (the launcher: ops.moe_block has no `fused` switch) into poisoned outputs;
+    logits: [router logits | shared gate logit]."""
+    n, experts = logits.shape[0], logits.shape[1] - 1
+    w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, x.shape[1]))
+    gate = logits[:, experts:] if shared is not None else None
+    kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                   shared_gate=gate, fused=fused)
+    return w, ids, out
+
+
+def _fused_vs_unfused(x, logits, top_k, gu, dn, shared, what: str):
+    n, experts = logits.shape[0], logits.shape[1] - 1
+    hidden, inter = x.shape[1], dn.shape[2]
+    got = {}
+    for fused in (True, False):
+        ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+        for a in (ws.act, ws.y):
+            a.fill(np.nan)
+        for a in (ws.group_expert, ws.group_pairs, ws.num_groups):
+            a.fill(-7)
+        w, ids, out = (poisoned((n, top_k)), poisoned((n, top_k), np.int32),
+                       poisoned((n, hidden)))
+        gate = logits[:, experts:] if shared is not None else None
+        kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                       shared_gate=gate, workspace=ws, fused=fused)
+        got[fused] = (w, ids, out, ws)
+    (w1, i1, o1, ws1), (w0, i0, o0, ws0) = got[True], got[False]
+    assert np.isfinite(host(o1)).all(), f"{what}: non-finite output"
+    for a, b, name in ((w1, w0, "weights"), (i1, i0, "ids"), (o1, o0, "out")):
+        _same_bits(a, b, f"{what}: {name}, fused vs four launches")
+    groups = int(host(ws0.num_groups)[0])
+    _same_bits(ws1.num_groups, ws0.num_groups, f"{what}: num_groups")
+    _same_bits(ws1.group_expert[:groups], ws0.group_expert[:groups], f"{what}: group experts")
+    _same_bits(ws1.group_pairs[:groups * 8], ws0.group_pairs[:groups * 8], f"{what}: group pairs")
+    return w1, i1, o1
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("with_shared", [True, False])
+def test_moe_fused_equals_four_launches_35b_shape(rng, n, with_shared):
+    """35B-A3B shape (H = 2048, Im = 512, 256 experts, top 8), duplicate experts across rows
+    (logits of row 2 copy row 0's): bitwise the four-launch path; the output within 2e-2 of the
+    float64 oracle (bf16 weights, f32 x)."""
+    experts, top_k, hidden = 256, 8, 2048
+    sub = 24  # expert e has expert e % 24's weights
+    gu_h, gu_d, dn_h, dn_d = _experts_35b(rng, sub)
+    reps = -(-experts // sub)
+    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    x = dev(randn(rng, (n, hidden)))
+    logits_h = randn(rng, (n, experts + 1), 2.0)
+    if n > 2:
+        logits_h[2, :experts] = logits_h[0, :experts]  # the same 8 experts in rows 0 and 2
+    logits = dev(logits_h)
+    shared = dev(randn(rng, (n, hidden))) if with_shared else None
+    assert kmoe.fused_applies(n, top_k, experts, True)
+    w, ids, out = _fused_vs_unfused(x, logits, top_k, gu, dn, shared, f"35B n={n}")
+    expect = ref.moe_experts(host(x), gu_h, dn_h, host(ids) % sub, host(w))
+    if with_shared:
+        expect = expect + host(shared) / (1.0 + np.exp(-logits_h[:, experts:].astype(np.float64)))
+    assert_close(out, expect, 2e-2)
+
+
+@pytest.mark.parametrize("n,hidden,inter,experts,top_k", [
+    (1, 136, 40, 64, 8),     # 1 split per stage: gate_up blocks of max(1, 64 / 32) warps
+    (3, 296, 48, 100, 5),    # hidden not a multiple of 16 (partial output tiles), E % 32 != 0
+    (8, 1040, 264, 256, 8),  # Im % 16 != 0, 64 pairs
+    (5, 528, 96, 512, 4),    # J = 16
+    (8, 304, 8, 8, 8),       # top_k = E: every row picks every expert
+])
+def test_moe_fused_equals_four_launches_odd_shapes(rng, n, hidden, inter, experts, top_k):
+    (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts, hidden,
+                                                        inter)
+    assert kmoe.fused_applies(n, top_k, experts, True)
+    _fused_vs_unfused(x, logits, top_k, gu, dn, shared, f"n={n} H={hidden} Im={inter}")
+
+
+def test_moe_fused_batch_invariance(rng):
+    """A row's fused result does not depend on the other rows of the launch."""
+    experts, top_k, hidden, inter, n = 64, 8, 1040, 264, 8
+    (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts, hidden,
+                                                        inter)
+    full = _kmoe_block(x, logits, top_k, gu, dn, shared, fused=True)
+    for rows in ([0], [5, 6], [1, 2, 3, 7]):
+        part = _kmoe_block(x[rows], logits[rows], top_k, gu, dn, shared[rows], fused=True)
+        for a, b, what in zip(part, full, ("weights", "ids", "out")):
+            _same_bits(a, host(b)[rows], f"{what}, rows {rows}")
+
+
+def test_moe_fused_falls_back_outside_its_shapes(rng):
+    """N > 8, f32 weights or N*K > 64 take the four-launch path (fused_applies is False)."""
+    assert not kmoe.fused_applies(9, 8, 256, True)
+    assert not kmoe.fused_applies(8, 9, 256, True)
+    assert not kmoe.fused_applies(4, 8, 256, False)
+    assert not kmoe.fused_applies(4, 8, 600, True)
+    (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.FLOAT32, 4, 64)
+    _fused_vs_unfused(x, logits, 8, gu, dn, shared, "f32 weights")
+
+
+def test_moe_fused_graph_replay_equals_eager(rng):
+    """The fused launches captured in a CUDA graph, replayed on new inputs: bitwise eager."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    n, hidden, inter, experts, top_k = 3, 1040, 264, 256, 8
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, n, experts,
+                                                            hidden, inter)
+        ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+        w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
+
+        def step(fused=True):
+            kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                           shared_gate=logits[:, experts:], workspace=ws, fused=fused)
+
+        step()
+        ctx.synchronize()
+        graph = CudaGraph("moe_block_fused")
+        with graph.capture(ctx.stream):
+            step()
+        for _ in range(2):
+            x[...] = dev(randn(rng, (n, hidden)))
+            logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
+            shared[...] = dev(randn(rng, (n, hidden)))
+            for a in (w, ids, out):
+                a.fill(-7 if a.dtype == np.int32 else np.nan)
+            graph.launch(ctx.stream)
+            ctx.synchronize()
+            replay = [a.copy() for a in (w, ids, out)]
+            step(fused=False)
+            ctx.synchronize()
+            assert np.isfinite(host(out)).all(), "non-finite output"
+            for g, e, what in zip(replay, (w, ids, out), ("weights", "ids", "out")):
+                _same_bits(g, e, f"{what}: graph replay (fused) vs eager four launches")
+        graph.destroy()
+
+
+def test_moe_fused_pdl_on_equals_off(rng, monkeypatch):
+    from ninfer.kernels_cuda import _loader
+
+    (_, gu), (_, dn), x, logits, shared = _block_inputs(rng, DType.BFLOAT16, 8, 256, 1040, 264)
+    got = {}
+    for pdl in (True, False):
+        monkeypatch.setattr(_loader, "_PDL", pdl)
+        got[pdl] = _kmoe_block(x, logits, 8, gu, dn, shared, fused=True)
+    for a, b, what in zip(got[True], got[False], ("weights", "ids", "out")):
+        _same_bits(a, b, f"{what}, PDL on vs off")
