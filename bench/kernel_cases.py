@@ -98,7 +98,9 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         q = f32_random(cp, (batch, s.heads, s.head_dim))
         o = cp.empty_like(q)
         ws = katt.AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
-        label = f"decode B={batch} ctx={context} bf16 KV"
+        path = "mma" if katt.use_mma(katt.C.WKind.BF16, s.heads // s.kv_heads, s.head_dim) \
+            else "fma"  # NINFER_ATTN_MMA=0 forces the FMA kernel
+        label = f"decode B={batch} ctx={context} bf16 KV {path}"
 
         def call(i):
             katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos, s.head_dim ** -0.5, o,

@@ -100,6 +100,15 @@ def gemv_pdl() -> bool:
     return _flag("NINFER_GEMV_PDL", True)
 
 
+def attention_mma() -> bool:
+    """NINFER_ATTN_MMA (default on; "0" turns it off): decode paged_attention over bf16 KV pages
+    with head_dim 64..256 and <= 8 query heads per KV head runs its q.K and P.V on the tensor
+    cores (mma.sync, q and p split into bf16 hi + lo terms) instead of f32 FMAs. Both paths are
+    batch invariant; they differ from each other in the last bits. Read once, at import of the
+    launcher."""
+    return _flag("NINFER_ATTN_MMA", True)
+
+
 def pdl() -> bool:
     """NINFER_PDL (default on; "0" turns it off): the decode step's small kernels (norms, GDN
     decode, attention, elementwise, MoE routing) are launched with programmatic dependent launch

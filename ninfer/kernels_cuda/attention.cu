@@ -60,6 +60,7 @@
 // Both kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
 // the first statement, before any early exit.
 #include "common.cuh"
+#include "mma_gemv.cuh"
 
 #define ATTN_MAX_CHUNKS 64   // chunks per row at most (the workspace's chunk dimension)
 #define ATTN_CHUNK_GRAIN 64  // chunk sizes are multiples of this (and at least this)
@@ -216,6 +217,20 @@ __device__ __forceinline__ void attn_cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void attn_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ldmatrix: four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Plain:
+// register i of lane l gets matrix i's (row l/4, cols 2(l%4), +1); trans: (rows 2(l%4), +1,
+// col l/4) (low half = the lower index).
+__device__ __forceinline__ void attn_ldsm_x4(unsigned addr, unsigned (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void attn_ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // Multi-value butterfly: v[j] holds this lane's partial of key j (j < K). Returns the sum over
@@ -376,15 +391,192 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
   }
 }
 
+// MMA chunk body (bf16 pages, G <= 8 query heads, D = 64..256): key warp kw computes its tiles
+// of TK = 16 keys (t0 = key_begin + 16 kw, stride 16 KW) with mma.sync.m16n8k16 (bf16 inputs,
+// f32 accumulate), keys as the M side and the G query heads as the 8 N columns:
+//   S[16 keys][8] = K q^T  (D / 16 k-steps; q = q_hi + q_lo as two bf16 terms, 2 mmas a step);
+//   online softmax per query column (max / sum over the 16 keys: 2 values a lane, then xor
+//   4, 8, 16; base 2, scale_log2 applied after the mma);
+//   P^T to the B layout by 8 shuffles, split p = p_hi + p_lo;
+//   O^T[D][8] += V^T P^T  (D / 16 m-tiles, 2 mmas each).
+// The warp's 16 KiB stage holds the K tile (8 KiB for D = 256) and the V tile; K and V of a tile
+// are separate cp.async groups, so the next tile's K is in flight while this tile's P V runs
+// and the next V while the next S runs; both of a chunk's first tile are issued together.
+// Rows of the tiles are 16-byte-chunk swizzled (chunk c of key j at c ^ (j & 7)): the cp.async
+// writes and the ldmatrix reads hit distinct bank groups. At the end the warp leaves its state
+// where the FMA path does: acc of query head hl at wst[hl * D + dim], its max and sum at
+// sm_m / sm_l[kw * G + hl] (-inf / 0 and zeros for a warp without keys). qf: q fragments
+// [D / 16][32 lanes] = {hi b0, hi b1, lo b0, lo b1}. Returns whether a key's page was invalid.
+template <int D>
+__device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt, bool row_ok,
+                                              int g, int key_begin, int key_end, int kw, int KW,
+                                              int G, const uint4* qf, float* wst, float* sm_m,
+                                              float* sm_l) {
+  constexpr int TK = 16;              // keys of a warp tile (the mma's M)
+  constexpr int ROW_B = 2 * D;        // bytes of one key row
+  constexpr int CPR = ROW_B / 16;     // 16-byte chunks of a row
+  constexpr int KPI = 32 / CPR;       // rows copied by one warp-wide cp.async
+  constexpr int HALF_B = TK * ROW_B;  // the K (or V) tile
+  constexpr int MT = D / 16;          // k-steps of S, m-tiles of O^T
+  static_assert(CPR >= 8 && CPR <= 32, "D in 64..256");
+  const int lane = threadIdx.x & 31;
+  const int gi = lane >> 2, t = lane & 3;
+  const bf16raw* kbase = static_cast<const bf16raw*>(p.k_pages);
+  const bf16raw* vbase = static_cast<const bf16raw*>(p.v_pages);
+  const unsigned kbuf = attn_smem_u32(wst), vbuf = kbuf + HALF_B;
+  const int stride = KW * TK;
+  const int cc = lane % CPR, jj = lane / CPR;  // this lane copies chunk cc of rows i * KPI + jj
+  // copies one tile's K or V rows (lane j < 16's rid: the element row of key t0 + j)
+  auto issue = [&](int rid, const bf16raw* base, unsigned buf) -> bool {
+    bool bad_tile = false;
+#pragma unroll
+    for (int i = 0; i < TK / KPI; ++i) {
+      const int j = i * KPI + jj;
+      const int r = __shfl_sync(ATTN_FULL, rid, j);
+      attn_cp_async<16>(buf + j * ROW_B + ((cc ^ (j & 7)) << 4),
+                        base + (i64)max(r, 0) * D + cc * 8, r >= 0);
+      bad_tile |= r == -1;
+    }
+    return bad_tile;
+  };
+  // ldmatrix rows: lanes 8i..8i+7 address matrix i. K (A = [key][dim]): keys r8 + 8 (i & 1),
+  // chunk 2 ks + (i >> 1); V (A = V^T by .trans): keys r8 + 8 (i >> 1), chunk 2 mt + (i & 1).
+  // The swizzled chunk (2 s + c) ^ r8 = 2 s ^ (c ^ r8).
+  const int r8 = lane & 7, mi = lane >> 3;
+  const unsigned ka = kbuf + (r8 + ((mi & 1) << 3)) * ROW_B;
+  const unsigned va = vbuf + (r8 + ((mi >> 1) << 3)) * ROW_B;
+  const int kx = (mi >> 1) ^ r8, vx = (mi & 1) ^ r8;
+  // P^T exchange: lane (gi, t) needs p of keys 2t, 2t+1 (+8) for query gi, held by lanes
+  // 8t + gi / 2 (key 2t) and 8t + 4 + gi / 2 (key 2t + 1), value 2 (key >> 3) + (gi & 1)
+  const int src_a = t * 8 + (gi >> 1), src_b = src_a + 4;
+  const bool odd = (gi & 1) != 0;
+
+  float o[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
+  bool bad = false;
+  int t0 = key_begin + kw * TK;
+  if (t0 < key_end) {  // the first tile: K and V issued together
+    const int rid = attn_key_row(p, bt, row_ok, g, t0 + lane, key_end, lane < TK);
+    bad |= issue(rid, kbase, kbuf);
+    attn_cp_async_commit();
+    issue(rid, vbase, vbuf);
+    attn_cp_async_commit();
+  }
+  int rid_next = attn_key_row(p, bt, row_ok, g, t0 + stride + lane, key_end, lane < TK);
+  for (; t0 < key_end; t0 += stride) {
+    const bool more = t0 + stride < key_end;
+    attn_cp_async_wait<1>();  // this tile's K has landed (its V may be in flight)
+    __syncwarp();
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < MT; ++ks) {
+      unsigned a[4];
+      attn_ldsm_x4(ka + (((2 * ks) ^ kx) << 4), a);
+      const uint4 b = qf[ks * 32 + lane];
+      mma_bf16_16816(s, a[0], a[1], a[2], a[3], b.x, b.y);
+      mma_bf16_16816(s, a[0], a[1], a[2], a[3], b.z, b.w);
+    }
+    __syncwarp();  // the K tile is read: the next tile's K goes there
+    if (more) bad |= issue(rid_next, kbase, kbuf);
+    attn_cp_async_commit();
+    const bool k0 = t0 + gi < key_end, k1 = t0 + gi + 8 < key_end;
+    const float x0 = k0 ? __fmul_rn(s[0], p.scale_log2) : -NINFER_INF;
+    const float x1 = k0 ? __fmul_rn(s[1], p.scale_log2) : -NINFER_INF;
+    const float x2 = k1 ? __fmul_rn(s[2], p.scale_log2) : -NINFER_INF;
+    const float x3 = k1 ? __fmul_rn(s[3], p.scale_log2) : -NINFER_INF;
+    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(ATTN_FULL, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(ATTN_FULL, mx1, off));
+    }
+    // key t0 is valid, so the new maxima are finite; corr = 1 (exact) when a max did not move
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const bool moved0 = mn0 != m0, moved1 = mn1 != m1;
+    const float c0 = moved0 ? exp2f(m0 - mn0) : 1.0f;  // 0 on the first tile
+    const float c1 = moved1 ? exp2f(m1 - mn1) : 1.0f;
+    const float p0 = exp2f(x0 - mn0), p1 = exp2f(x1 - mn1);
+    const float p2 = exp2f(x2 - mn0), p3 = exp2f(x3 - mn1);
+    float sum0 = __fadd_rn(p0, p2), sum1 = __fadd_rn(p1, p3);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {  // symmetric butterfly: the same bits in every lane
+      sum0 = __fadd_rn(sum0, __shfl_xor_sync(ATTN_FULL, sum0, off));
+      sum1 = __fadd_rn(sum1, __shfl_xor_sync(ATTN_FULL, sum1, off));
+    }
+    l0 = fmaf(l0, c0, sum0);
+    l1 = fmaf(l1, c1, sum1);
+    m0 = mn0;
+    m1 = mn1;
+    const float a0 = __shfl_sync(ATTN_FULL, p0, src_a), a1 = __shfl_sync(ATTN_FULL, p1, src_a);
+    const float a2 = __shfl_sync(ATTN_FULL, p2, src_a), a3 = __shfl_sync(ATTN_FULL, p3, src_a);
+    const float b0 = __shfl_sync(ATTN_FULL, p0, src_b), b1 = __shfl_sync(ATTN_FULL, p1, src_b);
+    const float b2 = __shfl_sync(ATTN_FULL, p2, src_b), b3 = __shfl_sync(ATTN_FULL, p3, src_b);
+    unsigned ph0, pl0, ph1, pl1;
+    split_bf16x2(odd ? a1 : a0, odd ? b1 : b0, ph0, pl0);  // keys 2t, 2t + 1
+    split_bf16x2(odd ? a3 : a2, odd ? b3 : b2, ph1, pl1);  // keys 2t + 8, 2t + 9
+    if (moved0 || moved1) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        o[mt][0] = __fmul_rn(o[mt][0], c0);
+        o[mt][1] = __fmul_rn(o[mt][1], c1);
+        o[mt][2] = __fmul_rn(o[mt][2], c0);
+        o[mt][3] = __fmul_rn(o[mt][3], c1);
+      }
+    }
+    attn_cp_async_wait<1>();  // this tile's V has landed (the next K may be in flight)
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      unsigned a[4];
+      attn_ldsm_x4_trans(va + (((2 * mt) ^ vx) << 4), a);
+      mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
+      mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
+    }
+    __syncwarp();  // the V tile is read: the next tile's V goes there
+    if (more) issue(rid_next, vbase, vbuf);
+    attn_cp_async_commit();
+    rid_next = attn_key_row(p, bt, row_ok, g, t0 + 2 * stride + lane, key_end, lane < TK);
+  }
+  attn_cp_async_wait<0>();  // (only empty groups remain) the stage is free for acc
+  __syncwarp();
+  const int n0 = 2 * t, n1 = n0 + 1;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const int d0 = mt * 16 + gi;
+    if (n0 < G) {
+      wst[n0 * D + d0] = o[mt][0];
+      wst[n0 * D + d0 + 8] = o[mt][2];
+    }
+    if (n1 < G) {
+      wst[n1 * D + d0] = o[mt][1];
+      wst[n1 * D + d0 + 8] = o[mt][3];
+    }
+  }
+  if (gi == 0) {
+    if (n0 < G) {
+      sm_m[kw * G + n0] = m0;
+      sm_l[kw * G + n0] = l0;
+    }
+    if (n1 < G) {
+      sm_m[kw * G + n1] = m1;
+      sm_l[kw * G + n1] = l1;
+    }
+  }
+  return bad;
+}
+
 #define ATTN_BUF_FLOATS 2048  // one pipeline buffer of a warp (8 KiB): {K, V} x KPW keys x 32 lanes
 
 // Dynamic shared memory (floats; mirrored by attention.py `_smem_bytes`):
-//   stage [nwarps][NST * 2048] (NST x 8 KiB per warp: the K/V ring of its tiles; at the chunk
-//   end the warp's acc [GW][D] over its start) | p [nwarps][64] ([KPW][4] used) | m, l, f [KW][G] |
+//   stage [nwarps][NST * 2048] (NST x 8 KiB per warp: the K/V ring of its tiles; MMA: the
+//   K and the V tile; at the chunk end the warp's acc [GW][D] over its start) | MMA only: q
+//   fragments uint4 [D / 16][32] | p [nwarps][64] ([KPW][4] used) | m, l, f [KW][G] |
 //   chunk max [G] | then SPLIT=0: run_o, grp_o [G][D], run_m, run_l, grp_m, grp_l, a, b, ra,
 //   rb [G];  SPLIT=1: merge a, b, l [G][ATTN_GROUP], M [G].
 // Blocks of <= 4 warps (3 per SM: <= 168 registers), except GW=1 (G = 1, 5, 7: up to 7 warps).
-template <typename KT, int GW, int DPL, int SPLIT, int NST>
+template <typename KT, int GW, int DPL, int SPLIT, int NST, int MMA>
 __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
     paged_attention_kernel(const AttnParams p) {
   pdl_enter();  // before the early exits: every block waits and triggers
@@ -401,6 +593,9 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   constexpr int STAGE_F = NST * ATTN_BUF_FLOATS;  // floats of a warp's stage
   static_assert(BUF_B <= ATTN_BUF_FLOATS * 4, "a tile fits one 8 KiB buffer");
   static_assert(GW * D <= STAGE_F, "acc fits the stage");
+  static_assert(!MMA || (sizeof(KT) == 2 && GW == 8 && NST == 2 && D >= 64),
+                "the MMA path: bf16 pages, D >= 64, one head group of up to 8 heads");
+  constexpr int QF_F = MMA ? (D / 16) * 32 * 4 : 0;  // floats of the q fragments (MMA)
   extern __shared__ float4 attn_smem4[];
   float* smem = reinterpret_cast<float*>(attn_smem4);
   __shared__ int sm_bad, sm_last, sm_chunks;
@@ -409,7 +604,7 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   const int nwarps = nthreads >> 5;
   const int HG = p.head_groups;
   const int KW = (nwarps * p.hg_recip) >> 16;  // nwarps / HG
-  const int G = HG * GW;
+  const int G = MMA ? p.q_heads / p.kv_heads : HG * GW;
   const int kw = (warp * p.hg_recip) >> 16;  // warp / HG without a division
   const int hg = warp - kw * HG;
   const int g = blockIdx.y;
@@ -421,7 +616,8 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   if (c_begin >= row.n_chunks) return;
 
   float* sm_stage = smem;
-  float* sm_p = sm_stage + nwarps * STAGE_F;
+  float* sm_qf = sm_stage + nwarps * STAGE_F;  // MMA: uint4 [D / 16][32]
+  float* sm_p = sm_qf + QF_F;
   float* sm_m = sm_p + nwarps * 64;
   float* sm_l = sm_m + KW * G;
   float* sm_f = sm_l + KW * G;
@@ -450,11 +646,25 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
       run_l[tid] = grp_l[tid] = 0.0f;
     }
   }
-  __syncthreads();  // sm_bad and the running state are ready
+  if constexpr (MMA) {  // q fragments of the mma's B (lane (gi, t): query head gi, dims
+                       // 16 ks + 2t, +1 and +8, +9), split into bf16 hi and lo terms
+    uint4* qf = reinterpret_cast<uint4*>(sm_qf);
+    for (int e = tid; e < (D / 16) * 32; e += nthreads) {
+      const int ks = e >> 5, gi = (e >> 2) & 7, t = e & 3;
+      uint4 f = make_uint4(0u, 0u, 0u, 0u);
+      if (gi < G) {
+        const float* qp = p.q + n * p.q_rs + (i64)(g * G + gi) * p.q_hs + ks * 16 + 2 * t;
+        split_bf16x2(qp[0], qp[1], f.x, f.z);
+        split_bf16x2(qp[8], qp[9], f.y, f.w);
+      }
+      qf[e] = f;
+    }
+  }
+  __syncthreads();  // sm_bad, the running state and the q fragments are ready
 
-  float q[GW][DPL];
+  float q[MMA ? 1 : GW][DPL];
 #pragma unroll
-  for (int h = 0; h < GW; ++h) {
+  for (int h = 0; h < (MMA ? 0 : GW); ++h) {
     const float* qp = p.q + n * p.q_rs + (i64)(g * G + hg * GW + h) * p.q_hs + lane * DPL;
 #pragma unroll
     for (int d = 0; d < DPL; ++d) q[h][d] = qp[d];
@@ -490,122 +700,128 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   for (int c = c_begin; c < (SPLIT ? c_end : sm_chunks); ++c) {
     const int key_begin = c * row.chunk_keys;
     const int key_end = min(row.len, key_begin + row.chunk_keys);
-    // the warp's running max and sum per head live in its sm_m / sm_l slots (warp-uniform
-    // values; registers are kept for q and acc)
-    float* wm = sm_m + kw * G + hg * GW;
-    float* wl = sm_l + kw * G + hg * GW;
-    float acc[GW][DPL];
-#pragma unroll
-    for (int h = 0; h < GW; ++h) {
-      if (lane == 0) {
-        wm[h] = -NINFER_INF;
-        wl[h] = 0.0f;
-      }
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) acc[h][d] = 0.0f;
-    }
-    __syncwarp();
     bool bad = false;
-    // software pipeline over a ring of NST buffers: tile i's copies land while tiles
-    // i-NST+1 .. i-1 are computed (NST - 1 tiles in flight); page ids are looked up one tile
-    // before their copies are issued. The order of the arithmetic does not depend on NST.
-    int t0 = key_begin + kw * KPW;
-    {
-      int rid0[NST - 1];
-#pragma unroll
-      for (int s = 0; s < NST - 1; ++s)  // all lookups first (independent loads)
-        rid0[s] = attn_key_row(p, bt, row.ok, g, t0 + s * stride + lane, key_end, lane < KPW);
-#pragma unroll
-      for (int s = 0; s < NST - 1; ++s) {
-        if (t0 + s * stride < key_end) bad |= issue(rid0[s], s);
-        attn_cp_async_commit();
-      }
-    }
-    int rid_next =
-        attn_key_row(p, bt, row.ok, g, t0 + (NST - 1) * stride + lane, key_end, lane < KPW);
-    for (int b = 0; t0 < key_end; t0 += stride, b = b + 1 == NST ? 0 : b + 1) {
-      // buffer b - 1 (mod NST) was read by the previous tile (synced at the loop end)
-      if (t0 + (NST - 1) * stride < key_end) bad |= issue(rid_next, b == 0 ? NST - 1 : b - 1);
-      attn_cp_async_commit();
-      rid_next = attn_key_row(p, bt, row.ok, g, t0 + NST * stride + lane, key_end, lane < KPW);
-      attn_cp_async_wait<NST - 1>();  // this lane's copies of buffer b have landed
-      __syncwarp();             // ... and every lane's (bf16 D=32 copies in lane pairs)
-      const unsigned char* kb = st + b * BUF_B;
-      const unsigned char* vb = kb + KPW * KEY_B;
-      // K of the tile to f32 once, then per head: KPW partial dots, reduced over the lanes,
-      // online softmax over the tile, acc *= corr
-      float kf[KPW][DPL];
-#pragma unroll
-      for (int j = 0; j < KPW; ++j) {
-        Lane kj;
-        kj.load_shared(kb + j * KEY_B);
-#pragma unroll
-        for (int d = 0; d < DPL; ++d) kf[j][d] = kj.get(d);
-      }
+    if constexpr (MMA) {
+      bad = attn_mma_warp<D>(p, bt, row.ok, g, key_begin, key_end, kw, KW, G,
+                             reinterpret_cast<const uint4*>(sm_qf), wst, sm_m, sm_l);
+    } else {
+      // the warp's running max and sum per head live in its sm_m / sm_l slots (warp-uniform
+      // values; registers are kept for q and acc)
+      float* wm = sm_m + kw * G + hg * GW;
+      float* wl = sm_l + kw * G + hg * GW;
+      float acc[GW][DPL];
 #pragma unroll
       for (int h = 0; h < GW; ++h) {
-        float part[KPW];
+        if (lane == 0) {
+          wm[h] = -NINFER_INF;
+          wl[h] = 0.0f;
+        }
+#pragma unroll
+        for (int d = 0; d < DPL; ++d) acc[h][d] = 0.0f;
+      }
+      __syncwarp();
+      // software pipeline over a ring of NST buffers: tile i's copies land while tiles
+      // i-NST+1 .. i-1 are computed (NST - 1 tiles in flight); page ids are looked up one tile
+      // before their copies are issued. The order of the arithmetic does not depend on NST.
+      int t0 = key_begin + kw * KPW;
+      {
+        int rid0[NST - 1];
+#pragma unroll
+        for (int s = 0; s < NST - 1; ++s)  // all lookups first (independent loads)
+          rid0[s] = attn_key_row(p, bt, row.ok, g, t0 + s * stride + lane, key_end, lane < KPW);
+#pragma unroll
+        for (int s = 0; s < NST - 1; ++s) {
+          if (t0 + s * stride < key_end) bad |= issue(rid0[s], s);
+          attn_cp_async_commit();
+        }
+      }
+      int rid_next =
+          attn_key_row(p, bt, row.ok, g, t0 + (NST - 1) * stride + lane, key_end, lane < KPW);
+      for (int b = 0; t0 < key_end; t0 += stride, b = b + 1 == NST ? 0 : b + 1) {
+        // buffer b - 1 (mod NST) was read by the previous tile (synced at the loop end)
+        if (t0 + (NST - 1) * stride < key_end) bad |= issue(rid_next, b == 0 ? NST - 1 : b - 1);
+        attn_cp_async_commit();
+        rid_next = attn_key_row(p, bt, row.ok, g, t0 + NST * stride + lane, key_end, lane < KPW);
+        attn_cp_async_wait<NST - 1>();  // this lane's copies of buffer b have landed
+        __syncwarp();             // ... and every lane's (bf16 D=32 copies in lane pairs)
+        const unsigned char* kb = st + b * BUF_B;
+        const unsigned char* vb = kb + KPW * KEY_B;
+        // K of the tile to f32 once, then per head: KPW partial dots, reduced over the lanes,
+        // online softmax over the tile, acc *= corr
+        float kf[KPW][DPL];
 #pragma unroll
         for (int j = 0; j < KPW; ++j) {
-          float dot = 0.0f;
+          Lane kj;
+          kj.load_shared(kb + j * KEY_B);
 #pragma unroll
-          for (int d = 0; d < DPL; ++d) dot = fmaf(q[h][d], kf[j][d], dot);
-          part[j] = dot;
+          for (int d = 0; d < DPL; ++d) kf[j][d] = kj.get(d);
         }
-        float s = attn_key_sum<KPW>(part, lane);
-        s = t0 + jl < key_end ? __fmul_rn(s, p.scale_log2) : -NINFER_INF;
-        float tmax = s;
 #pragma unroll
-        for (int o = LPK; o < 32; o <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(ATTN_FULL, tmax, o));
-        const float m_old = wm[h], l_old = wl[h];
-        const float m_new = fmaxf(m_old, tmax);
-        // warp-uniform; corr = 1 (exp2f(0)) when the max is unchanged, and x * 1 is exact
-        const bool moved = m_new != m_old;
-        const float corr = moved ? exp2f(m_old - m_new) : 1.0f;  // 0 on the first tile
-        const float pj = exp2f(s - m_new);
-        float psum = pj;
+        for (int h = 0; h < GW; ++h) {
+          float part[KPW];
 #pragma unroll
-        for (int o = LPK; o < 32; o <<= 1)
-          psum = __fadd_rn(psum, __shfl_xor_sync(ATTN_FULL, psum, o));
-        const float l_new = fmaf(l_old, corr, psum);
-        __syncwarp();  // every lane has read wm[h], wl[h]
-        if (lane == 0) {
-          wm[h] = m_new;
-          wl[h] = l_new;
+          for (int j = 0; j < KPW; ++j) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int d = 0; d < DPL; ++d) dot = fmaf(q[h][d], kf[j][d], dot);
+            part[j] = dot;
+          }
+          float s = attn_key_sum<KPW>(part, lane);
+          s = t0 + jl < key_end ? __fmul_rn(s, p.scale_log2) : -NINFER_INF;
+          float tmax = s;
+#pragma unroll
+          for (int o = LPK; o < 32; o <<= 1)
+            tmax = fmaxf(tmax, __shfl_xor_sync(ATTN_FULL, tmax, o));
+          const float m_old = wm[h], l_old = wl[h];
+          const float m_new = fmaxf(m_old, tmax);
+          // warp-uniform; corr = 1 (exp2f(0)) when the max is unchanged, and x * 1 is exact
+          const bool moved = m_new != m_old;
+          const float corr = moved ? exp2f(m_old - m_new) : 1.0f;  // 0 on the first tile
+          const float pj = exp2f(s - m_new);
+          float psum = pj;
+#pragma unroll
+          for (int o = LPK; o < 32; o <<= 1)
+            psum = __fadd_rn(psum, __shfl_xor_sync(ATTN_FULL, psum, o));
+          const float l_new = fmaf(l_old, corr, psum);
+          __syncwarp();  // every lane has read wm[h], wl[h]
+          if (lane == 0) {
+            wm[h] = m_new;
+            wl[h] = l_new;
+          }
+          if ((lane & (LPK - 1)) == 0) sm_pw[jl * 4 + h] = pj;
+          if (moved) {
+#pragma unroll
+            for (int d = 0; d < DPL; ++d) acc[h][d] = __fmul_rn(acc[h][d], corr);
+          }
         }
-        if ((lane & (LPK - 1)) == 0) sm_pw[jl * 4 + h] = pj;
-        if (moved) {
+        __syncwarp();  // p of every key is in sm_pw
+        // acc += p_j v_j, j ascending
 #pragma unroll
-          for (int d = 0; d < DPL; ++d) acc[h][d] = __fmul_rn(acc[h][d], corr);
+        for (int j = 0; j < KPW; ++j) {
+          const float4 pp = *reinterpret_cast<const float4*>(sm_pw + j * 4);
+          const float pjh[4] = {pp.x, pp.y, pp.z, pp.w};
+          Lane vj;
+          vj.load_shared(vb + j * KEY_B);
+#pragma unroll
+          for (int d = 0; d < DPL; ++d) {
+            const float vd = vj.get(d);
+#pragma unroll
+            for (int h = 0; h < GW; ++h) acc[h][d] = fmaf(pjh[h], vd, acc[h][d]);
+          }
         }
+        __syncwarp();  // sm_pw and buffer b are rewritten by the next tiles
       }
-      __syncwarp();  // p of every key is in sm_pw
-      // acc += p_j v_j, j ascending
+      attn_cp_async_wait<0>();  // (only empty groups remain) the stage is free for acc
 #pragma unroll
-      for (int j = 0; j < KPW; ++j) {
-        const float4 pp = *reinterpret_cast<const float4*>(sm_pw + j * 4);
-        const float pjh[4] = {pp.x, pp.y, pp.z, pp.w};
-        Lane vj;
-        vj.load_shared(vb + j * KEY_B);
+      for (int h = 0; h < GW; ++h) {
+        float* dst = wst + h * D + lane * DPL;
 #pragma unroll
-        for (int d = 0; d < DPL; ++d) {
-          const float vd = vj.get(d);
-#pragma unroll
-          for (int h = 0; h < GW; ++h) acc[h][d] = fmaf(pjh[h], vd, acc[h][d]);
-        }
+        for (int d = 0; d < DPL; ++d) dst[d] = acc[h][d];
       }
-      __syncwarp();  // sm_pw and buffer b are rewritten by the next tiles
-    }
-    attn_cp_async_wait<0>();  // (only empty groups remain) the stage is free for acc
+    }  // FMA path
 
     // merge the KW key warps (warp order) into the chunk partial (m_c, l_c, o_c)
     if (bad) sm_bad = 1;
-#pragma unroll
-    for (int h = 0; h < GW; ++h) {
-      float* dst = wst + h * D + lane * DPL;
-#pragma unroll
-      for (int d = 0; d < DPL; ++d) dst[d] = acc[h][d];
-    }
     __syncthreads();
     // SPLIT=0 folds the chunk into the group state, and at a group's last chunk the group into
     // the row state (the same two-level fold as the split mode's merge)

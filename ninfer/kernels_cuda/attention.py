@@ -13,6 +13,13 @@ Pass a workspace sized for the largest decode batch and context (allocated per c
 which is not capturable). With more rows (prefill), each block loops over its row's chunks: no
 workspace. Both modes give bitwise identical rows. Both kernels are launched with programmatic
 dependent launch allowed (`_loader.launch(..., pdl=True)`).
+
+bf16 pages with D in 64..256 and <= 8 query heads per KV head use the MMA variant (`use_mma`;
+NINFER_ATTN_MMA=0 forces the FMA kernel for A/B timing): one warp computes 16 keys of all the
+group's heads with mma.sync (keys as M, heads as the 8 N columns; q and p split into bf16
+hi + lo terms), K and V of a tile in flight together; chunking, the warp / chunk merges and
+both launch modes are shared with the FMA kernel, so the same invariances hold. The choice
+depends only on (dtype, D, group), never on N.
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ import math
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
@@ -32,10 +40,15 @@ _BUF_FLOATS = 2048  # per warp and pipeline buffer (ATTN_BUF_FLOATS)
 _DPL = (1, 2, 4, 8)  # head_dim = 32 * DPL
 _GW = (1, 2, 3, 4)
 PIPELINE_BUFFERS = 2  # K/V buffers per warp (NST in attention.cu): one tile in flight
+_MMA_DPL = (2, 4, 8)  # head dims of the MMA variant (bf16 pages; 64, 128, 256)
+_MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_heads / kv_heads)
+MMA = envs.attention_mma()
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
-    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}>"
-       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]))
+    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
+       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
+    + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
+       f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -144,11 +157,29 @@ def head_layout(group: int) -> tuple[int, int, int]:
     raise ValueError(f"unsupported GQA group size {group} (query heads per KV head)")
 
 
-def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool) -> int:
+def use_mma(kind: C.WKind, group: int, dim: int) -> bool:
+    """Whether paged_attention runs the MMA variant for these pages / heads (module doc)."""
+    return MMA and kind is C.WKind.BF16 and group <= 8 and dim // 32 in _MMA_DPL
+
+
+def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool,
+                mma: bool = False) -> int:
     """Dynamic shared memory of paged_attention_kernel (layout comment in attention.cu)."""
     floats = nwarps * (PIPELINE_BUFFERS * _BUF_FLOATS + 64) + 3 * kw * group + group
+    if mma:
+        floats += dim // 16 * 32 * 4  # the q fragments
     floats += 3 * group * GROUP + group if split else 2 * group * dim + 8 * group
     return 4 * floats
+
+
+def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, int, int, int]:
+    """(instance name, dynamic shared bytes, HG, KW) of the paged_attention launch for pages of
+    `kind`, `group` query heads per KV head and head dim `dim`, split or loop mode."""
+    mma = use_mma(kind, group, dim)
+    gw, hg, kw = (_MMA_GW, 1, 4) if mma else head_layout(group)
+    name = (f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, {int(split)}, "
+            f"{PIPELINE_BUFFERS}, {int(mma)}>")
+    return name, _smem_bytes(group, kw, hg * kw, dim, split, mma), hg, kw
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
@@ -184,9 +215,9 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
         return
     C.require(n <= 65535, "q", f"{n} rows > 65535 per call")
     group = q_heads // kv_heads
-    gw, hg, kw = head_layout(group)
     chunks = launch_chunks(block_tables.shape[1] * page_size)
     split = n <= SPLIT_MAX_ROWS
+    name, smem, hg, kw = kernel_plan(kind, group, dim, split)
     part_o = part_ml = grp_o = grp_ml = counters = 0
     max_chunks = 1
     if split:
@@ -218,9 +249,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1)
-    smem = _smem_bytes(group, kw, hg * kw, dim, split)
-    fn = get_function(SOURCE, f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, "
-                              f"{int(split)}, {PIPELINE_BUFFERS}>")
+    fn = get_function(SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
         # ~70 KiB per 4-warp block: prefer the largest

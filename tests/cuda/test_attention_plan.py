@@ -28,22 +28,27 @@ def test_chunk_rule():
     assert katt.launch_chunks(10 ** 7) == katt.MAX_CHUNKS
 
 
+@pytest.mark.parametrize("mma", [True, False])
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16])
 @pytest.mark.parametrize("dim", [32, 64, 128, 256])
-def test_every_launch_is_built_and_fits(group, dim):
+def test_every_launch_is_built_and_fits(monkeypatch, group, dim, mma):
+    """Every instance a launch can pick (MMA variant on or off) is built and fits a block."""
+    monkeypatch.setattr(katt, "MMA", mma)
     names = set(katt.SOURCE.name_expressions)
-    gw, hg, kw = katt.head_layout(group)
     for split in (True, False):
-        for ctype in ("unsigned short", "float"):
-            smem = katt._smem_bytes(group, kw, hg * kw, dim, split)
+        for kind in katt.C.WKind:
+            name, smem, _, _ = katt.kernel_plan(kind, group, dim, split)
             assert smem + RESERVED <= BLOCK_SMEM_MAX
-            assert (f"paged_attention_kernel<{ctype}, {gw}, {dim // 32}, {int(split)}, "
-                    f"{katt.PIPELINE_BUFFERS}>") in names
+            assert name in names
+            assert (", 1>" in name) == (mma and kind is katt.C.WKind.BF16 and group <= 8
+                                        and dim >= 64), name
 
 
+@pytest.mark.parametrize("mma", [True, False])
 @pytest.mark.parametrize("group", [2, 4, 8])  # Qwen3.5 GQA groups
-def test_blocks_per_sm(group):
+def test_blocks_per_sm(monkeypatch, group, mma):
     """With head_dim 256 (bf16, split mode) 3 blocks fit an SM (the kernel's launch bounds)."""
-    gw, hg, kw = katt.head_layout(group)
-    smem = katt._smem_bytes(group, kw, hg * kw, 256, True) + RESERVED
+    monkeypatch.setattr(katt, "MMA", mma)
+    _, smem, _, _ = katt.kernel_plan(katt.C.WKind.BF16, group, 256, True)
+    smem += RESERVED
     assert 3 * smem <= SM_SMEM < 4 * smem, smem

@@ -6,7 +6,11 @@ ceil(len / 64) rounded up to 64; one and several 8-chunk merge groups), GQA grou
 dims 32..256, f32/bf16 pages, power-of-two and other page sizes, strided q and out; bitwise
 batch invariance (a row alone == the same row in any batch, split (decode) mode == loop (prefill)
 mode); invalid rows/pages -> NaN rows only; workspace counters back at 0 after every launch;
-workspace too small -> InvalidInput."""
+workspace too small -> InvalidInput.
+
+The MMA variant (bf16 pages, D 64..256, <= 8 heads per KV head; katt.use_mma) is the default
+for those shapes; tests that force either path monkeypatch katt.MMA (NINFER_ATTN_MMA at
+import). It is held to TOL_MMA and its error is printed next to the FMA path's."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,13 +22,21 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import assert_close, assert_same_bits, dev, host, poisoned, randn
+from cuda_testutil import assert_close, assert_same_bits, dev, host, poisoned, randn, rel_err
 
 pytestmark = pytest.mark.gpu
 
 TOL = 1e-5  # vs float64 on the stored K/V (bf16 pages: the oracle sees the same bf16 values)
+# MMA path: q and p as bf16 hi + lo terms (~2^-17 relative each) and tensor-core f32
+# accumulation; expected ~1e-5, so a looser bound than the FMA path
+TOL_MMA = 5e-5
 # lengths across the chunk regimes: 1 chunk, 64-key chunks (1..8 groups), chunks of 128 / 192
 REGIME_LENGTHS = [1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000]
+
+
+def _tol(bf16, heads, hkv, d):
+    mma = katt.use_mma(katt.C.WKind.BF16 if bf16 else katt.C.WKind.F32, heads // hkv, d)
+    return TOL_MMA if mma else TOL
 
 
 def _pages(rng, num_pages, hkv, page_size, d, bf16):
@@ -106,7 +118,7 @@ def test_paged_attention_regimes_vs_float64(rng, bf16, heads, hkv):
     expect = kv.oracle(q_full[:, :, :d], np.array(row_seq), np.array(row_pos), scale)
     o = host(out)
     for i in range(n):
-        assert_close(o[i], expect[i], TOL, f"row {i} (len {row_pos[i] + 1})")
+        assert_close(o[i], expect[i], _tol(bf16, heads, hkv, d), f"row {i} (len {row_pos[i] + 1})")
 
 
 @pytest.mark.parametrize("bf16", [False, True])
@@ -125,18 +137,21 @@ def test_paged_attention_vs_float64(rng, bf16, heads, hkv, d, page_size):
     scale = d ** -0.5
     out = poisoned((n, heads, d))
     ops.paged_attention(q_d, kv.kp_d, kv.vp_d, kv.bt_d, dev(row_seq), dev(row_pos), scale, out)
-    assert_close(out, kv.oracle(q_full[:, :, :d], row_seq, row_pos, scale), TOL)
+    assert_close(out, kv.oracle(q_full[:, :, :d], row_seq, row_pos, scale),
+                 _tol(bf16, heads, hkv, d))
     out_full = poisoned((n, heads, d + 8))  # the launcher also takes strided out rows/heads
     kv.run(q_d, row_seq, row_pos, scale, out=out_full[:, :, 4:4 + d])
     assert_same_bits(out_full[:, :, 4:4 + d], out, "strided out")
     assert np.isnan(host(out_full)[:, :, :4]).all() and np.isnan(host(out_full)[:, :, -4:]).all()
 
 
+@pytest.mark.parametrize("mma", [True, False])
 @pytest.mark.parametrize("heads,hkv,d,bf16", [(16, 4, 256, True), (24, 4, 256, True),
-                                              (8, 2, 128, False)])
-def test_paged_attention_bitwise_batch_invariance(rng, monkeypatch, heads, hkv, d, bf16):
+                                              (8, 2, 128, False), (16, 2, 64, True)])
+def test_paged_attention_bitwise_batch_invariance(rng, monkeypatch, heads, hkv, d, bf16, mma):
     """A row's bits do not depend on the batch: alone, in any subset, in split (decode) and in
-    loop (prefill) mode, and across repeated launches sharing one workspace."""
+    loop (prefill) mode, and across repeated launches sharing one workspace (both paths)."""
+    monkeypatch.setattr(katt, "MMA", mma)
     lengths = [9000, 33, 512, 4097, 65, 1]
     kv = _Kv(rng, lengths, hkv, d, bf16)
     row_seq = np.array([0, 1, 2, 0, 3, 4, 5, 0, 3], np.int32)
@@ -216,3 +231,86 @@ def test_workspace_too_small_raises(rng):
             kv.run(q, *rows, d ** -0.5, workspace=ws)
     ok = katt.AttentionWorkspace.allocate(4, heads, d, max_context)
     assert np.isfinite(host(kv.run(q, *rows, d ** -0.5, workspace=ok))).all()
+
+
+# odd lengths around tiles (16 keys), chunks (64), pages (16 / 12) and merge groups (512)
+MMA_LENGTHS = [1, 2, 15, 16, 17, 31, 63, 64, 65, 127, 129, 511, 513, 1000, 4097]
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_mma_path_vs_float64_and_fma(rng, monkeypatch, group, d):
+    """MMA variant (bf16 pages) vs the float64 oracle over odd lengths, page boundaries and rows
+    of different lengths in one launch, GQA groups 1/2/4/8; the FMA path on the same inputs for
+    comparison; split == loop mode bitwise for the MMA path."""
+    hkv = 2
+    heads = group * hkv
+    page_size = 12 if d == 128 else 16
+    kv = _Kv(rng, MMA_LENGTHS, hkv, d, True, page_size)
+    seqs = list(range(len(MMA_LENGTHS)))
+    row_seq = np.array(seqs + [14, 14, 13, 12], np.int32)
+    row_pos = np.array([n - 1 for n in MMA_LENGTHS] + [page_size - 1, page_size, 511, 191],
+                       np.int32)
+    n = len(row_seq)
+    q_h = randn(rng, (n, heads, d), 2.0)
+    q = dev(q_h)
+    scale = d ** -0.5
+    expect = kv.oracle(q_h, row_seq, row_pos, scale)
+    assert katt.use_mma(katt.C.WKind.BF16, group, d) == katt.MMA
+    monkeypatch.setattr(katt, "MMA", True)
+    mma = host(kv.run(q, row_seq, row_pos, scale))
+    monkeypatch.setattr(katt, "MMA", False)
+    fma = host(kv.run(q, row_seq, row_pos, scale))
+    errs = [(rel_err(mma[i], expect[i]), rel_err(fma[i], expect[i])) for i in range(n)]
+    print(f"G={group} D={d}: max rel err mma {max(e[0] for e in errs):.2e}, "
+          f"fma {max(e[1] for e in errs):.2e}")
+    for i in range(n):
+        assert_close(mma[i], expect[i], TOL_MMA, f"mma row {i} (len {row_pos[i] + 1})")
+        assert_close(fma[i], expect[i], TOL, f"fma row {i} (len {row_pos[i] + 1})")
+    monkeypatch.setattr(katt, "MMA", True)
+    monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
+    assert_same_bits(kv.run(q, row_seq, row_pos, scale), mma, "mma loop mode vs split mode")
+
+
+@pytest.mark.parametrize("mma", [True, False])
+def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
+    """A B=8 decode launch (9B shape, bf16 pages) captured in a CUDA graph and replayed with
+    new q gives the eager bits; the workspace counters stay 0."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    monkeypatch.setattr(katt, "MMA", mma)
+    heads, hkv, d = 16, 4, 256
+    lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 1025]
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        kv = _Kv(rng, lengths, hkv, d, True)
+        row_seq = dev(np.arange(8, dtype=np.int32))
+        row_pos = dev(np.array(lengths, np.int32) - 1)
+        ws = katt.AttentionWorkspace.allocate(8, heads, d, kv.bt.shape[1] * kv.page_size)
+        q = dev(randn(rng, (8, heads, d)))
+        out = poisoned((8, heads, d))
+
+        def call():
+            katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, row_seq, row_pos, d ** -0.5,
+                                 out, workspace=ws)
+
+        call()  # compile / warm up outside the capture
+        ctx.synchronize()
+        graph = CudaGraph("paged_attention")
+        with graph.capture(ctx.stream):
+            call()
+        qs = [randn(rng, (8, heads, d)) for _ in range(3)]
+        replays = []
+        for qh in qs:
+            q[...] = dev(qh)
+            out.fill(np.nan)
+            graph.launch(ctx.stream)
+            replays.append(host(out).copy())
+        ctx.synchronize()
+        graph.destroy()
+        for i, qh in enumerate(qs):
+            q[...] = dev(qh)
+            out.fill(np.nan)
+            call()
+            assert_same_bits(out, replays[i], f"replay {i} vs eager")
+        assert not host(ws.counters).any()
