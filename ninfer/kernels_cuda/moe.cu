@@ -410,6 +410,17 @@ __device__ __forceinline__ char* moe_rows_base(unsigned& base_s) {
   return reinterpret_cast<char*>(moe_rows_smem) + pad;
 }
 
+// Guard of the fused kernels' dynamic shared memory layout (moe_rows_base's alignment pad plus
+// `used` bytes from there): traps (a launch failure naming the kernel under NINFER_CUDA_SYNC=1)
+// instead of reading and writing past the block's allocation (cudaErrorIllegalAddress, or
+// silently another block's data) when the launcher's size and the kernel's layout disagree.
+__device__ __forceinline__ void moe_rows_smem_check(unsigned base_s, unsigned used) {
+  unsigned dyn;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  const unsigned s0 = (unsigned)__cvta_generic_to_shared(moe_rows_smem);
+  if (base_s - s0 + used > dyn) __trap();
+}
+
 template <int SWIGLU>
 __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
   pdl_enter();
@@ -535,7 +546,13 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
   const int e = s_gexp[blockIdx.y];
   unsigned base_s;
   char* const base = moe_rows_base(base_s);  // the partials, then the warps' staging buffers
-  constexpr int RED = 16 * 16 * 8 * 4;        // sizeof(MmaPartials<8>), a multiple of 256
+  // sizeof(MmaPartials<8>) = 4 KiB: moe.py passes mma_rows_smem(warps) = warps * 4 KiB + one
+  // MmaPartials<8> + 256 B. (It was 16 * 16 * 8 * 4 = sizeof(MmaPartials<16>), 12 KiB more than
+  // allocated: the staging buffers of the last warps lay past the block's dynamic shared memory,
+  // cudaErrorIllegalAddress on the H200.)
+  constexpr int RED = (int)sizeof(MmaPartials<8>);
+  static_assert(RED % MMA_ROWS_ALIGN == 0, "the staging buffers stay 256-byte aligned");
+  moe_rows_smem_check(base_s, RED + (blockDim.x >> 5) * (MMA_ROWS_UNITS * 16));
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const bool bad = moe_rows_tile_c<1>(
       p, e, e < 0 || e >= p.experts, s_gpairs + blockIdx.y * MOE_GROUP, blockIdx.x * 8, warp,
@@ -584,6 +601,7 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
   const int groups = *p.num_groups;
   unsigned base_s;
   char* const base = moe_rows_base(base_s);
+  moe_rows_smem_check(base_s, warps * (MMA_ROWS_UNITS * 16) + slots * splits * (16 * 8 * 4));
   if (slot < slots) {
     MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(
         base + warps * (MMA_ROWS_UNITS * 16) + slot * splits * (16 * 8 * 4));

@@ -255,6 +255,7 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
            (params, logits, np.int64(C.row_stride(logits, "logits")), np.int32(n), weights_out,
             np.int64(C.row_stride(weights_out, "weights_out")), ids_out,
             np.int64(C.row_stride(ids_out, "ids_out"))),
+           # moe.cu: one MmaPartials<8>, then the warps' staging buffers (checked in-kernel)
            shared_mem=mma_rows_smem(warps), name="moe_fused_gate_up", pdl=True)
     dn_splits = mma_splits(inter, MMA_SPLITS)
     params = C.pack(_GEMV, w=C.ptr(dn), x=C.ptr(ws.act), out=0,

@@ -1,0 +1,46 @@
+"""The fused decode MoE kernels' dynamic shared memory (no GPU): the bytes each kernel indexes
+(moe.cu layouts, mirrored here) fit in what moe.py launches them with, for every block shape the
+launcher can pick. moe_fused_gate_up_kernel once put its staging buffers after a 16 KiB
+(MmaPartials<16>) partials area while mma_rows_smem reserves one MmaPartials<8> (4 KiB): 12 KiB
+past the allocation, cudaErrorIllegalAddress on the H200."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ninfer.kernels_cuda import _nvcc
+from ninfer.kernels_cuda import moe as kmoe
+from ninfer.kernels_cuda.linear import MMA_ROWS_ALIGN, MMA_ROWS_WARP_SMEM, mma_splits
+
+PARTIALS8 = 8 * 16 * 8 * 4  # sizeof(MmaPartials<8>)
+PAD = MMA_ROWS_ALIGN - 1    # moe_rows_base's worst alignment pad
+
+
+@pytest.mark.parametrize("hidden", [8, 136, 296, 1040, 2048, 4096, 8192])
+@pytest.mark.parametrize("pairs", [1, 8, 33, 64])
+def test_fused_gate_up_layout_fits(hidden, pairs):
+    splits = mma_splits(hidden, kmoe.MMA_SPLITS)
+    warps = max(splits, -(-pairs // 32))  # _block_fused
+    used = PAD + PARTIALS8 + warps * MMA_ROWS_WARP_SMEM  # partials, then the staging buffers
+    assert used <= kmoe.mma_rows_smem(warps), (hidden, pairs, warps, used)
+
+
+@pytest.mark.parametrize("inter", [8, 40, 264, 512, 1024, 4096])
+def test_fused_down_layout_fits(inter):
+    splits = mma_splits(inter, kmoe.MMA_SPLITS)
+    warps = kmoe.FUSED_DOWN_WARPS
+    slots = min(kmoe.FUSED_DOWN_SLOTS, warps // splits)
+    assert slots >= 1
+    used = PAD + warps * MMA_ROWS_WARP_SMEM + slots * splits * 16 * 8 * 4
+    assert used <= kmoe.fused_down_smem(splits), (inter, splits, used)
+
+
+def test_fused_gate_up_partials_are_one_mma_partials8():
+    """The kernel's partials area is sizeof(MmaPartials<8>), the size mma_rows_smem reserves."""
+    text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
+    body = text[text.index("moe_fused_gate_up_kernel(\n"):]
+    body = body[:body.index("\n}\n")]
+    (red,) = re.findall(r"constexpr int RED = ([^;]+);", body)
+    assert red.replace(" ", "") == "(int)sizeof(MmaPartials<8>)", red
+    assert "moe_rows_smem_check(" in body
