@@ -12,7 +12,7 @@ import numpy as np
 from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
-from ninfer.kernels_cuda._loader import KernelSource, current_device, get_function, launch
+from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
 
@@ -51,31 +51,24 @@ THREADS = 512
 VARIANT: str | None = envs.gdn_decode_kernel(tuple(VARIANTS))
 
 
-def _cluster_device() -> tuple[bool, int]:
-    """(sm_90 or newer, SM count) of the current device."""
-    props = current_device()
-    return props.compute_capability >= (9, 0), props.sm_count
-
-
 def choose_variant(value_heads: int, n: int) -> str:
-    """The kernel gdn_decode_fused runs for N rows of Hv heads. VARIANT forces one. Else, below
-    sm_90 "head2"; on sm_90 the cluster kernel with the most blocks per head whose blocks fit one
-    per SM (cluster4, then cluster2), else "head2". H200, 9B shape (Hv = 32), us per launch in a
-    graph (bench `--op gdn_decode_fused`): B = 1 cluster4 5.7, cluster2 5.9, head 6.6; B = 2
-    cluster2 6.9, head 7.5, cluster4 10.9; B = 3 head 8.4, cluster2 9.1; B = 4 head 9.7, cluster2
-    10.4; B = 8 head 18.5, cluster2 20.1, cluster4 30.4. (Variants that staged the state through
-    shared memory by cp.async, at 64 registers and 2 blocks per SM, measured 5.6 / 8.1 / 10.6 /
-    11.8 / 18.9 us at their best and were removed.) "head2" (one block per head, 64 registers,
-    one reduction round instead of two barriers per column group) replaces "head" in the choice;
-    its timings are still to be measured."""
+    """The kernel gdn_decode_fused runs for N rows of Hv heads: VARIANT if set, else "head2"
+    (one block per head at 64 registers, one reduction round), which was fastest at every B on
+    the H200. 9B shape (Hv = 32), us per launch in a graph (`ninfer-bench kernels --op
+    gdn_decode_fused`, 2026-11-30):
+
+        B    head2  cluster4  cluster2  head
+        1     4.8     5.7       5.9      6.7
+        2     5.3    10.9       6.8      7.3
+        3     6.1    12.3       9.0      8.2
+        4     7.4    16.9      10.0      9.5
+        8    11.9    29.9      19.8     18.2
+
+    (Variants that staged the state through shared memory by cp.async were measured earlier at
+    5.6 / 8.1 / 10.6 / 11.8 / 18.9 us at their best and were removed.) `value_heads` and `n`
+    are kept for the callers: the choice may depend on them again."""
     if VARIANT is not None:
         return VARIANT
-    sm90, sms = _cluster_device()
-    if not sm90:
-        return "head2"
-    for name in ("cluster4", "cluster2"):
-        if VARIANTS[name].blocks_per_head * value_heads * n <= sms:
-            return name
     return "head2"
 
 

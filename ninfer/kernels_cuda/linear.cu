@@ -30,7 +30,7 @@
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
 
-// flags (linear_tma_kernel only; the other kernels take 0): GEMV_FOLD_NORM: x is the residual
+// flags (linear_tma_kernel<..., FOLD = 1> only; the other kernels take 0): GEMV_FOLD_NORM: x is the residual
 // stream h and the kernel multiplies RMSNorm1p(h) with weight norm_w (f32, or bf16 with
 // GEMV_NORM_W_BF16), bitwise what norm.cu's rms_norm (zero-centred) writes for D = K with its
 // block of norm_threads threads; GEMV_ACCUMULATE: out += x @ w^T (bitwise out + result).
@@ -283,9 +283,14 @@ __device__ __forceinline__ float tma_fold_denom(const GemvParams& p, int n0, int
     const int r = item / VW, vw = item - r * VW;
     const float* h = p.x + (i64)(n0 + r) * p.x_rs;
     float ss = 0.0f;
-    for (int i = vw * 32 + lane; i < p.k; i += T) {
-      const float v = h[i];
-      ss = fmaf(v, v, ss);
+    // 16 independent loads in flight, then the fmaf chain in j order (a padded 0 adds +0 to a
+    // sum >= +0: no change)
+    for (int i0 = vw * 32 + lane; i0 < p.k; i0 += 16 * T) {
+      float v[16];
+#pragma unroll
+      for (int j = 0; j < 16; ++j) v[j] = i0 + j * T < p.k ? h[i0 + j * T] : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 16; ++j) ss = fmaf(v[j], v[j], ss);
     }
     ss = warp_sum(ss);
     if (lane == 0) part[r * 32 + vw] = ss;
@@ -310,7 +315,7 @@ __device__ __forceinline__ float2 tma_fold2(const GemvParams& p, float2 v, float
   return make_float2(tma_fold_value(p, v.x, denom, k), tma_fold_value(p, v.y, denom, k + 1));
 }
 
-template <int SWIGLU, int SK, int CONS, int XS, int TG>
+template <int SWIGLU, int SK, int CONS, int XS, int TG, int FOLD>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
   constexpr int TILE = SWIGLU ? 8 : 16;
@@ -383,7 +388,7 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   const int g = lane >> 2, t = lane & 3;
   const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
   const int xk0 = 2 * t + warp * WK;  // k of xrow[0]
-  const bool fold = p.flags & GEMV_FOLD_NORM;
+  const bool fold = FOLD && (p.flags & GEMV_FOLD_NORM);
   // red[1] is first written by a second tile, after every consumer passed the first tile's
   // barrier (so after this prologue's reads)
   const float denom = fold ? tma_fold_denom<CONS>(p, n0, g, warp, lane,
@@ -414,7 +419,20 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   }
   unsigned q = 0;
   int parity = 0;
+  const bool accumulate = FOLD && (p.flags & GEMV_ACCUMULATE);
   for (int t0 = blockIdx.x; t0 < tiles; t0 += TG * G) {
+    // GEMV_ACCUMULATE: the residual values this thread adds to (its output idx = threadIdx.x
+    // of the epilogue below, which alone writes them), loaded before the tiles' mmas
+    float prev[TG];
+#pragma unroll
+    for (int i = 0; i < TG; ++i) {
+      prev[i] = 0.0f;
+      if (accumulate) {
+        const int m = (t0 + i * G) * TILE + (threadIdx.x >> 3), n = n0 + (threadIdx.x & 7);
+        if (threadIdx.x < TILE * 8 && t0 + i * G < tiles && m < p.m && n < p.n)
+          prev[i] = p.out[(i64)n * p.out_rs + m];
+      }
+    }
     float c[TG][4];
 #pragma unroll
     for (int i = 0; i < TG; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
@@ -473,12 +491,12 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
       mma_store_partials(red[parity], warp, g, t, c[i]);
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
       const int m0 = tile * TILE;
+      static_assert(TILE * 8 <= 32 * CONS, "one output per thread (prev)");
       for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
         const int rr = idx >> 3, n = idx & 7;
         if (m0 + rr < p.m && n0 + n < p.n) {
-          float* o = p.out + (i64)(n0 + n) * p.out_rs + m0 + rr;
           const float v = mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
-          *o = (p.flags & GEMV_ACCUMULATE) ? *o + v : v;
+          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] = accumulate ? prev[i] + v : v;
         }
       }
       parity ^= 1;

@@ -42,12 +42,12 @@ SOURCE = KernelSource("linear.cu", tuple(
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1>" for sk in envs.TMA_STAGE_K
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1, 0>" for sk in envs.TMA_STAGE_K
        for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}>" for tg in envs.TMA_TILE_GROUPS if tg > 1
-       for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1>" for xs in range(1, TMA_MAX_X_STAGES + 1)
-       for sw in (0, 1)]))
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {fold}>" for tg in envs.TMA_TILE_GROUPS
+       for sw in (0, 1) for fold in (0, 1) if tg > 1 or fold]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {fold}>"
+       for xs in range(1, TMA_MAX_X_STAGES + 1) for sw in (0, 1) for fold in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"), ("norm_w", "ptr"), ("norm_eps", "f32"),
@@ -244,7 +244,11 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tg = TMA_TILE_GROUP if tile_group is None else tile_group
     if xs or sk != 1024 or consumers != 16:
         tg = 1
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}>")
+    folded = int(fold is not None)
+    C.require(not folded or (sk == 1024 and consumers == 16), "fold",
+              "needs 1024-k stages and 16 consumer warps (the default TMA GEMV)")
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, "
+                              f"{folded}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     name = "linear_swiglu_tma" if swiglu else "linear_tma"
@@ -297,7 +301,7 @@ def folds(n: int, weight) -> bool:
     on). Alignment of the operands is checked at the call."""
     w, kind = C.weight_array(weight, "weight")
     return (kind is C.WKind.BF16 and w.ndim == 2 and w.shape[1] > 0 and n <= GEMV_MAX_ROWS
-            and GEMV_TMA and tma_ok(w.shape[1]))
+            and GEMV_TMA and TMA_SK == 1024 and TMA_CONSUMERS == 16 and tma_ok(w.shape[1]))
 
 
 def _require_fold(fold: Fold | None, n: int, w, swiglu: bool) -> None:

@@ -153,14 +153,8 @@ def _copies(prob):
 @pytest.mark.parametrize("shape", ["27b", "odd"])
 def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
     """Each row's output and state do not depend on the batch size or on which rows share a
-    launch: rows alone, the full batch, and subsets give the same bits. On sm_90 the SM count
-    the automatic choice sees is faked (24) so that, at Hv = 6, rows alone run cluster4, the
-    subset of 2 cluster2, the subset of 3 and the batch of 8 the per-head kernel (head2)."""
+    launch: rows alone, the full batch, and subsets give the same bits (the automatic choice)."""
     monkeypatch.setattr(kdec, "VARIANT", None)
-    if _sm90():
-        monkeypatch.setattr(kdec, "_cluster_device", lambda: (True, 24))
-        assert [kdec.choose_variant(6, n) for n in (1, 2, 3, 8)] == \
-            ["cluster4", "cluster2", "head2", "head2"]
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
     n = 8

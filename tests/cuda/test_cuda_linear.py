@@ -447,7 +447,7 @@ def test_fold_residual_layer_equals_add_rms_norm_bitwise(rng, k, n):
     """One residual step: out_proj accumulating into h, then the next linear normalising h,
     equals out_proj into a buffer, add_rms_norm, linear (h and the output bitwise)."""
     hidden, m = 2048, 257
-    _, y = rows_view(rng, (n, k), pad=4)
+    _, y = rows_view(rng, (n, k), pad=8)
     h_host = randn(rng, (n, hidden), 1.5)
     w_out = weight_pair(rng, (hidden, k), DType.BFLOAT16, scale=k ** -0.5)[1]
     w_next = weight_pair(rng, (m, hidden), DType.BFLOAT16, scale=hidden ** -0.5)[1]

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# One device call: precompile, decode A/B runs, GPU test files, the model oracle, kernel
+# benchmarks (lists from env: DECODES="name:ENV=1+ENV2=0:shape ...", TESTS="file[::-k expr] ...",
+# MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ..."). Logs: $OUT/logs.tgz + $OUT/summary.txt.
+set -u
+cd "$(dirname "$0")/.."
+FINAL=${OUT:-/tmp/session_out}; L=/tmp/session_logs; mkdir -p "$L" "$FINAL"
+trap 'tar czf "$FINAL/logs.tgz" -C "$L" . ; cp "$L/summary.txt" "$FINAL/" 2>/dev/null' EXIT
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl > "$L/wheels.log" 2>&1
+  export PYTHONPATH="/tmp/site:$PWD"
+else
+  export PYTHONPATH=$PWD
+fi
+export NINFER_KERNEL_CACHE=/tmp/nk PYTHONUNBUFFERED=1
+T0=$(date +%s)
+note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/summary.txt"; }
+if [ -d bench/_base ]; then  # an older tree for same-machine A/B (DECODES env PYTHONPATH=bench/_base)
+  PYTHONPATH=bench/_base python3 bench/precompile.py > "$L/precompile_base.log" 2>&1 &
+fi
+python3 -m bench.precompile > "$L/precompile.log" 2>&1
+wait
+note "$(tail -1 "$L/precompile.log") | base: $(tail -1 "$L/precompile_base.log" 2>/dev/null)"
+for spec in ${DECODES:-}; do  # name:ENVS:shape
+  IFS=: read -r name envs shape <<< "$spec"
+  timeout 120 env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 --shape "$shape" \
+    > "$L/decode_$name.log" 2>&1
+  note "decode $name rc=$? $(grep -E '^ *[0-9]+ +[0-9]+\.[0-9]+ ' "$L/decode_$name.log" | awk '{printf "B=%s %s ms r=%s | ", $1, $2, $8}')"
+done
+for spec in ${TESTS:-}; do  # file or file::expr
+  f=${spec%%::*}; k=""; [ "$spec" != "$f" ] && k=${spec#*::}
+  timeout "${TEST_LIMIT:-150}" env NINFER_CUDA_SYNC=1 python3 -m pytest -m gpu "tests/cuda/$f.py" \
+    ${k:+-k "$k"} --maxfail=5 -q -p no:cacheprovider > "$L/test_$f.log" 2>&1
+  note "test $f rc=$? $(tail -1 "$L/test_$f.log")"
+done
+if [ -n "${MODEL:-}" ]; then
+  timeout "${MODEL_LIMIT:-240}" python3 -m pytest -m gpu tests/models/test_qwen35_gpu.py -q \
+    -p no:cacheprovider --maxfail=6 ${MODEL_K:+-k "$MODEL_K"} > "$L/model.log" 2>&1
+  note "model rc=$? $(tail -1 "$L/model.log")"
+fi
+if [ -n "${KERNELS:-}" ]; then
+  for e in X=0 ${KERNEL_ENVS:-}; do
+    timeout 150 env $e python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS} \
+      > "$L/kernels_$e.log" 2>&1
+    note "kernels $e rc=$?"
+  done
+fi
