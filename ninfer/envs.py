@@ -101,12 +101,14 @@ def gemv_pdl() -> bool:
 
 
 def attention_mma() -> bool:
-    """NINFER_ATTN_MMA (default on; "0" turns it off): decode paged_attention over bf16 KV pages
+    """NINFER_ATTN_MMA (default off; "1" turns it on): decode paged_attention over bf16 KV pages
     with head_dim 64..256 and <= 8 query heads per KV head runs its q.K and P.V on the tensor
     cores (mma.sync, q and p split into bf16 hi + lo terms) instead of f32 FMAs. Both paths are
-    batch invariant; they differ from each other in the last bits. Read once, at import of the
-    launcher."""
-    return _flag("NINFER_ATTN_MMA", True)
+    batch invariant; they differ from each other in the last bits. Off by default: on the H200
+    it was no faster (9B graph us, MMA vs FMA: B=1 ctx 1024 14.4 vs 12.9, B=8 ctx 1024 30.6 vs
+    30.6, B=8 ctx 8192 105.9 vs 109.0, B=1 ctx 32768 64.4 vs 60.3). Read once, at import of
+    the launcher."""
+    return _flag("NINFER_ATTN_MMA", False)
 
 
 def pdl() -> bool:
@@ -118,11 +120,13 @@ def pdl() -> bool:
 
 
 def fold_norms() -> bool:
-    """NINFER_FOLD_NORMS (default on; "0" turns it off): CUDA decode steps of dense models fold
+    """NINFER_FOLD_NORMS (default off; "1" turns it on): CUDA decode steps of dense models fold
     the RMSNorms into the linears that read them and the residual adds into the output
-    projections' epilogues (bitwise the same results, about 2 launches fewer per layer). Read
-    when a backend is built."""
-    return _flag("NINFER_FOLD_NORMS", True)
+    projections' epilogues (bitwise the same results, 2 launches fewer per layer). Off by
+    default: measured slower on the H200 (same machine, B=1 / B=8 ms: 9B 5.227 / 6.082 folded
+    against 4.742 / 5.730; 27B 16.18 / 20.64 against 14.96 / 17.16). Read when a backend is
+    built."""
+    return _flag("NINFER_FOLD_NORMS", False)
 
 
 def pdl_trigger_first() -> bool:

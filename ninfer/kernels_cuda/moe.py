@@ -49,7 +49,12 @@ GEMV_ROWS = envs.gemv_rows()
 # the routed experts in two launches instead of four: moe_fused_gate_up_kernel (routing,
 # grouping and gate_up + SwiGLU) and moe_fused_down_kernel (down and the combine with the gated
 # shared add); bitwise the same weights, ids and output. "0": the four-launch path (A/B timing).
+# By default only while N * K <= FUSED_DEFAULT_PAIRS (an explicit fused=True takes any pairs up to
+# FUSED_MAX_PAIRS): H200 35B-A3B decode graph, same machine, B = 1 / 8 ms: 3.149 / 9.933 fused
+# for every N against 3.245 / 7.816 unfused (the down kernel's 128 blocks walk up to 64 expert
+# groups one after another at B = 8).
 FUSED = envs.moe_fused()
+FUSED_DEFAULT_PAIRS = 8
 FUSED_MAX_ROWS = 8
 FUSED_MAX_PAIRS = 64  # moe.cu MOE_FUSED_PAIRS
 FUSED_J = (1, 2, 4, 8, 16)  # moe_fused_gate_up_kernel<J>: experts per lane (E <= 32 J)
@@ -202,7 +207,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         return
     ws = _workspace(workspace, n, top_k, hidden, inter)
     use_mma, nt = _gemv_plan(x, gu, dn, kind)
-    if (FUSED if fused is None else fused) and fused_applies(n, top_k, experts, use_mma):
+    take = FUSED and n * top_k <= FUSED_DEFAULT_PAIRS if fused is None else fused
+    if take and fused_applies(n, top_k, experts, use_mma):
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
                      gated)
         return
