@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: precompile, decode A/B runs, GPU test files, the model oracle, kernel
-# benchmarks (lists from env: DECODES="name:ENV=1+ENV2=0:shape ...", TESTS="file[::-k expr] ...",
-# MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ..."). Logs: $OUT/logs.tgz + $OUT/summary.txt.
+# benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...", TESTS="file[::-k expr] ...",
+# MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ...", PROFILE_ENVS="ENV=1 ..."). Logs: $OUT/logs.tgz +
+# $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/session_out}; L=/tmp/session_logs; mkdir -p "$L" "$FINAL"
@@ -46,3 +47,11 @@ if [ -n "${KERNELS:-}" ]; then
     note "kernels $e rc=$?"
   done
 fi
+for e in ${PROFILE_ENVS:-}; do  # ncu per-kernel breakdown of one 9B decode step at B=1 per env
+  timeout 180 env $e ncu --clock-control none --profile-from-start off \
+    --metrics gpu__time_duration.sum --csv python3 bench/profile_decode.py --shape 9b --batch 1 \
+    > "$L/profile_$e.log" 2>&1
+  note "profile $e rc=$?"
+  python3 bench/profile_decode.py --summarize "$L/profile_$e.log" --batch 1 \
+    > "$L/profile_${e}_summary.txt" 2>&1
+done
