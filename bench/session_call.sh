@@ -17,12 +17,8 @@ fi
 export NINFER_KERNEL_CACHE=/tmp/nk PYTHONUNBUFFERED=1
 T0=$(date +%s)
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/summary.txt"; }
-if [ -d bench/_base ]; then  # an older tree for same-machine A/B (DECODES env PYTHONPATH=bench/_base)
-  PYTHONPATH=bench/_base python3 bench/precompile.py > "$L/precompile_base.log" 2>&1 &
-fi
 python3 -m bench.precompile > "$L/precompile.log" 2>&1
-wait
-note "$(tail -1 "$L/precompile.log") | base: $(tail -1 "$L/precompile_base.log" 2>/dev/null)"
+note "$(tail -1 "$L/precompile.log")"
 for spec in ${DECODES:-}; do  # name:ENVS:shape
   IFS=: read -r name envs shape <<< "$spec"
   timeout 120 env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 --shape "$shape" \
