@@ -173,19 +173,15 @@ def gdn_chunk_prefill(ctx: BenchContext, cp) -> list[Measure]:
 
 
 def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
-    """The fused decode step at B = 1, 2, 3, 4, 8: one eager call, and the per-call time of
-    back-to-back calls replayed from a CUDA graph (as inside the decode graph, PDL overlap
-    included) for the automatic choice ("graph, auto -> NAME") and for each kernel variant
-    forced (kdec.VARIANTS: cluster4 / cluster2 / head / head2; the cluster ones need sm_90)."""
-    from ninfer.kernels_cuda import gdn_decode as kdec
+    """The fused decode step (its one kernel, head2) at B = 1, 2, 3, 4, 8: one eager call, and
+    the per-call time of back-to-back calls replayed from a CUDA graph (as inside the decode
+    graph, PDL overlap included)."""
     from ninfer.kernels_cuda.gdn_decode import decode_counters, gdn_decode_fused
 
     s = ctx.shape
     out = []
     c = s.conv_channels
     state_bytes = s.value_heads * s.dk * s.dv * 4
-    sm90 = kdec._cluster_device()[0]
-    variants = [v for v, k in kdec.VARIANTS.items() if sm90 or k.blocks_per_head == 1]
     for batch in (1, 2, 3, 4, 8):
         # >= 2 sets: back-to-back PDL launches must not share state slots (the kernel reads S
         # before pdl_wait)
@@ -208,21 +204,13 @@ def gdn_decode(ctx: BenchContext, cp) -> list[Measure]:
             gdn_decode_fused(qkv, w[0], conv, a, b, w[1], w[2], state, slot_sets[i % copies],
                              z, w[3], 1e-6, o, counters=counters)
 
-        default = kdec.VARIANT
-        try:
-            meas = Measure("gdn_decode_fused", f"{label} eager", ctx.time(call), bytes=nbytes,
-                           note="1 launch")
-            out.append(_peer(meas, ctx, lambda: peers.fla_recurrent(
-                batch, s.key_heads, s.value_heads, s.dk, s.dv)))
-            auto = kdec.choose_variant(s.value_heads, batch)
-            for variant in [None] + variants:
-                kdec.VARIANT = variant
-                kind = f"graph, auto -> {auto}" if variant is None else f"graph, {variant}"
-                ms, reps = ctx.time_graph(call)
-                out.append(Measure("gdn_decode_fused", f"{label} {kind}", ms, bytes=nbytes,
-                                   note=f"graph of {reps} launches, {copies} sets"))
-        finally:
-            kdec.VARIANT = default
+        meas = Measure("gdn_decode_fused", f"{label} eager", ctx.time(call), bytes=nbytes,
+                       note="1 launch")
+        out.append(_peer(meas, ctx, lambda: peers.fla_recurrent(
+            batch, s.key_heads, s.value_heads, s.dk, s.dv)))
+        ms, reps = ctx.time_graph(call)
+        out.append(Measure("gdn_decode_fused", f"{label} graph", ms, bytes=nbytes,
+                           note=f"graph of {reps} launches, {copies} sets"))
     return out
 
 

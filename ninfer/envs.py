@@ -145,18 +145,6 @@ def gemv_tma_tile_group() -> int:
     return _choice("NINFER_GEMV_TMA_TILE_GROUP", 4, TMA_TILE_GROUPS)
 
 
-def gdn_decode_kernel(variants: tuple[str, ...]) -> str | None:
-    """NINFER_GDN_DECODE_KERNEL (unset: chosen per launch; else one of `variants`, the kernel
-    names of kernels_cuda/gdn_decode.py): forces gdn_decode_fused's kernel (all give the same
-    bits). Read once, at import of the launcher."""
-    raw = os.environ.get("NINFER_GDN_DECODE_KERNEL", "").strip()
-    if not raw:
-        return None
-    if raw not in variants:
-        raise ValueError(f"NINFER_GDN_DECODE_KERNEL={raw!r}: expected one of {sorted(variants)}")
-    return raw
-
-
 def gemv_tma_sk() -> int:
     """NINFER_GEMV_TMA_SK (default 1024; 1024 or 2048): k per ring stage of linear_tma_kernel,
     i.e. bytes / 2 of each row's bulk copy. Read once, at import of the launcher."""

@@ -1,4 +1,5 @@
-// gdn_decode.cu: one fused kernel per GDN layer per decode step (one token per row).
+// gdn_decode.cu: one fused kernel per GDN layer per decode step (one token per row),
+// gdn_decode_fused_head2_kernel.
 //
 // For row n's token and value head h: 1. conv update + SiLU of the channels head h needs (q and
 // k of key head kh = h / (Hv / Hk), v of head h) from the slot's conv state and the new qkv row;
@@ -14,33 +15,23 @@
 // so one reduction round gives K_j, Q_j, |q|^2, |k|^2 and q . k. Only the RMSNorm couples the
 // columns of a head (through sum_j o_j^2).
 //
-// Kernel variants (all bitwise equal: the same per-column arithmetic and summation order, so
-// the launcher may pick one by N and keep batch invariance). Every block has 512 threads; warp w
-// handles rows 8w..8w+7 of the block's columns (one column per lane and column group); a block
-// covers NG = DEC_GROUPS / CL column groups of one head and a cluster of CL blocks the head:
-// - gdn_decode_fused_kernel (sm_90, CL = 4): grid (4 * Hv, N), clusters of 4 blocks of 32
-//   columns; the state sits in registers (8 per thread).
-// - gdn_decode_fused_pair_kernel (sm_90, CL = 2): grid (2 * Hv, N), clusters of 2 blocks of 64
-//   columns; registers (16 per thread).
-// - gdn_decode_fused_head_kernel (any arch, CL = 1): grid (Hv, N), one block per head doing the
-//   column groups one after another; registers (32 per thread).
-// - gdn_decode_fused_head2_kernel (any arch): grid (Hv, N), one block per head as above, at
-//   <= 64 registers (2 blocks per SM for kc <= 4) and with one reduction round for all column
-//   groups (its own body, gdn_decode_head2_body, at the end of this file).
-// The loads of S are issued before pdl_wait (no kernel of the step before this one writes S or
-// the slots) so they overlap the conv, norm and gate work. In a cluster, each block's sums of
-// o_j^2 over each of its column groups are stored into every block of the cluster (distributed
-// shared memory); every block adds the DEC_GROUPS partials in group order (the per-head kernel
-// adds its own partials in the same order).
-// Threads 0-127 / 128-255 / 256-: the conv of the q / k / v channels (one each).
-// All: column sums over the 16 warps are added in warp order; no atomics in the arithmetic, so
-// the results are deterministic and batch invariant.
+// Grid (Hv, N): one block of 512 threads per head and row, at <= 64 registers (2 blocks per SM
+// for kc <= 4). Warp w handles rows 8w..8w+7 of the state for all 4 column groups (one column per
+// lane and group: 32 state values per thread). The loads of S are issued before pdl_wait (no
+// kernel of the step before this one writes S or the slots) so they overlap the conv, norm and
+// gate work. Threads 0-127 / 128-255 / 256-383: the conv of the q / k / v channels (one each);
+// warps 12-15 (threads 384-511, no conv channel): the column sums, o_j and the output (details
+// in the section below). Column sums over the 16 warps are added in warp order and the
+// RMSNorm adds the 4 group sums in group order; no atomics in the arithmetic, so the results
+// are deterministic and batch invariant.
+// (Three other bitwise-equal kernels, thread-block clusters of 4 and 2 blocks per head and a
+// one-block-per-head kernel at ~105 registers, were slower at every B on the H200 and were
+// removed; see gdn_decode.py.)
 //
-// Conv state ownership: the v channel of column j of head h belongs to the block that owns
-// column j, which shifts it in place. The q/k channels of key head kh are read by all blocks of
-// the Hv/Hk heads of the group, so the last of them to finish reading (counted on
-// counters[n * Hk + kh], which it resets to 0 for the next launch) shifts them. counters must be
-// zero before the first launch.
+// Conv state ownership: the v channel of column j of head h belongs to head h's block, which
+// shifts it in place. The q/k channels of key head kh are read by the blocks of the Hv/Hk heads
+// of the group, so the last of them to finish reading (counted on counters[n * Hk + kh], which it
+// resets to 0 for the next launch) shifts them. counters must be zero before the first launch.
 // PDL: slots, S and the weights are read before pdl_wait; qkv, a, b, z, the conv state and the
 // counters after it, and every write is after it.
 // Weights (conv, a_log, dt_bias, norm) may each be f32 or bf16 (runtime flags, bit i = bf16).
@@ -78,296 +69,16 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, i64 i) {
 #define DEC_COLS 32   // columns per group (one per lane)
 #define DEC_GROUPS 4  // column groups per head (DEC_GROUPS * DEC_COLS = 128 >= dv)
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#define DEC_CLUSTER_OK 0
-#define DEC_CLUSTER_DIMS(n)
-#else
-#define DEC_CLUSTER_OK 1
-#define DEC_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
-#endif
-
-// Cluster barrier halves and a store into another block's shared memory (sm_90; no-ops below,
-// where the cluster kernel is never launched).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if DEC_CLUSTER_OK
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_arrive_release() {
-#if DEC_CLUSTER_OK
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-#if DEC_CLUSTER_OK
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// *local_ptr of block `rank` of the cluster = v.
-__device__ __forceinline__ void st_cluster_f32(float* local_ptr, unsigned rank, float v) {
-#if DEC_CLUSTER_OK
-  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(local_ptr));
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(a), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
-#endif
-}
-
-struct DecShared {
-  float qs[128], ks[128];               // raw conv outputs of q and k (zero past dk)
-  float vs[DEC_GROUPS * DEC_COLS];      // the block's v channels
-  float red_k[DEC_WARPS][DEC_COLS];     // per-warp column sums of k_i S_ij
-  float red_q[DEC_WARPS][DEC_COLS];     // ... of q_i S_ij
-  float scal[4][3];                     // per warp 0..3: sum q^2, k^2, q k
-  float xch[DEC_GROUPS];                // per column group: sum of o_j^2 (cluster kernel)
-  int last;                             // this block shifts the q/k conv channels
-};
-
-// One block's work: NG = DEC_GROUPS / CL column groups of one head (a cluster of CL blocks
-// holds the head). MAXK: the largest kc - 1 handled (the size of the register windows; kc itself
-// is runtime).
-template <int CL, int MAXK>
-__device__ __forceinline__ void gdn_decode_body(const DecodeParams& p, DecShared& sh) {
-  constexpr bool CLUSTER = CL > 1;
-  constexpr int NG = DEC_GROUPS / CL;  // column groups done by this block
-  static_assert(CL == 1 || CL == 2 || CL == 4, "CL divides DEC_GROUPS");
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  const int h = blockIdx.x / CL;
-  const int g0 = (blockIdx.x % CL) * NG;  // first column group; blockIdx.x % CL: cluster rank
-  const i64 n = blockIdx.y;
-  const int group = p.value_heads / p.key_heads;
-  const int kh = h / group;
-  const int keep = p.kc - 1;
-  const int dk = p.dk, dv = p.dv;
-  if (CLUSTER) cluster_arrive_relaxed();  // paired with the wait before the exchange
-
-  // ---- before pdl_wait: slot, S, weights (no kernel of the step before writes them)
-  const int slot = p.slots[n];
-  float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
-  const int row0 = warp * DEC_RPW;
-  float s[NG][DEC_RPW];
-#pragma unroll
-  for (int gi = 0; gi < NG; ++gi) {
-    const int col = (g0 + gi) * DEC_COLS + lane;
-#pragma unroll
-    for (int r = 0; r < DEC_RPW; ++r) {
-      const int i = row0 + r;
-      s[gi][r] = (i < dk && col < dv) ? S[(i64)i * dv + col] : 0.0f;
-    }
-  }
-  // thread t: q channel t (t < 128), k channel t - 128 (t < 256) or the v channel of local
-  // column t - 256 (t < 256 + NG * 32); channel -1: none
-  const bool w_bf16 = p.bf16_flags & 1;
-  int c = -1;
-  if (t < 256) {
-    const int i = t & 127;
-    if (i < dk) c = (t < 128 ? kh * dk : (p.key_heads + kh) * dk) + i;
-  } else if (t < 256 + NG * DEC_COLS) {
-    const int col = g0 * DEC_COLS + t - 256;
-    if (col < dv) c = 2 * p.key_heads * dk + h * dv + col;
-  }
-  float w[MAXK + 1];
-#pragma unroll
-  for (int j = 0; j <= MAXK; ++j)
-    w[j] = (c >= 0 && j <= keep) ? load_any(p.conv_w, w_bf16, (i64)c * p.conv_w_rs + j) : 0.0f;
-  const float a_log = load_any(p.a_log, p.bf16_flags & 2, h);
-  const float dt_bias = load_any(p.dt_bias, p.bf16_flags & 4, h);
-  float nw[NG];  // warp 0's norm weights (registers, as zv and o_keep below)
-#pragma unroll
-  for (int gi = 0; gi < NG; ++gi) {
-    const int col = (g0 + gi) * DEC_COLS + lane;
-    nw[gi] = (warp == 0 && col < dv) ? load_any(p.norm_w, p.bf16_flags & 8, col) : 0.0f;
-  }
-
-  pdl_wait();
-  pdl_launch_dependents();
-
-  // ---- 1. conv (reads the old state of every needed channel)
-  const float* xrow = p.qkv + n * p.qkv_rs;
-  float* cst = p.conv_state + (i64)slot * p.conv_ss;
-  float x = 0.0f, win[MAXK];
-  if (c >= 0) x = xrow[c];
-#pragma unroll
-  for (int j = 0; j < MAXK; ++j)
-    win[j] = (c >= 0 && j < keep) ? cst[(i64)j * p.channels + c] : 0.0f;
-  const float av = p.a[n * p.a_rs + h] + dt_bias;
-  const float bv = p.b[n * p.b_rs + h];
-  float zv[NG];
-#pragma unroll
-  for (int gi = 0; gi < NG; ++gi) {
-    const int col = (g0 + gi) * DEC_COLS + lane;
-    zv[gi] = (warp == 0 && col < dv) ? p.z[n * p.z_rs + (i64)h * p.z_hs + col] : 0.0f;
-  }
-  {
-    float acc = 0.0f, wl = 0.0f;  // wl: the tap on the new input (index keep)
-#pragma unroll
-    for (int j = 0; j <= MAXK; ++j) {
-      if (j < keep) acc = fmaf(w[j], win[j], acc);
-      if (j == keep) wl = w[j];
-    }
-    acc = fmaf(wl, x, acc);
-    const float u = c >= 0 ? silu_f(acc) : 0.0f;
-    if (t < 128) sh.qs[t] = u;
-    else if (t < 256) sh.ks[t - 128] = u;
-    else if (t < 256 + NG * DEC_COLS) sh.vs[t - 256] = u;
-  }
-  // conv state: the owner shifts a v channel now; the shifted q/k window goes to shared memory
-  // for the last block of the key head (the registers are needed for the state)
-  __shared__ float qk_win[MAXK][256];
-#pragma unroll
-  for (int j = 0; j < MAXK; ++j) {
-    if (j < keep) {
-      const float nv = j + 1 < keep ? win[j + 1] : x;
-      if (t < 256) qk_win[j][t] = nv;
-      else if (c >= 0) cst[(i64)j * p.channels + c] = nv;
-    }
-  }
-  __syncthreads();
-  int prev = 0;
-  if (t == 0) {  // every thread's conv-state reads are done (their values were used above)
-    __threadfence();
-    prev = atomicAdd(p.counters + n * p.key_heads + kh, 1);
-  }
-  // ---- 2./3. norms of q and k, gates
-  if (t < 128) {
-    const float qv = sh.qs[t], kv = sh.ks[t];
-    const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
-    if (lane == 0) {
-      sh.scal[warp][0] = sq;
-      sh.scal[warp][1] = sk;
-      sh.scal[warp][2] = sqk;
-    }
-  }
-  const float g = -expf(a_log) * softplus_f(av);
-  const float beta = sigmoid_f(bv);
-  const float decay = expf(g);
-  // ---- 4. delta rule, one column group at a time
-  float o_keep[NG], ssq_part[NG];
-#pragma unroll
-  for (int gi = 0; gi < NG; ++gi) {
-    const int col = (g0 + gi) * DEC_COLS + lane;
-    const bool col_ok = col < dv;
-    if (gi > 0) __syncthreads();  // red_k / red_q of the previous group have been read
-    float sv[DEC_RPW];  // S[row0 + r][col], 0 outside dk x dv (either way)
-#pragma unroll
-    for (int r = 0; r < DEC_RPW; ++r) {
-      const int i = row0 + r;
-      sv[r] = s[gi][r];
-    }
-    float pk = 0.0f, pq = 0.0f;
-#pragma unroll
-    for (int r = 0; r < DEC_RPW; ++r) {
-      pk = fmaf(sh.ks[row0 + r], sv[r], pk);
-      pq = fmaf(sh.qs[row0 + r], sv[r], pq);
-    }
-    sh.red_k[warp][lane] = pk;
-    sh.red_q[warp][lane] = pq;
-    if (gi == 0 && t == 0)
-      sh.last = prev == group * CL - 1;
-    __syncthreads();
-    float kc = 0.0f, qc = 0.0f;
-#pragma unroll
-    for (int w = 0; w < DEC_WARPS; ++w) {
-      kc += sh.red_k[w][lane];
-      qc += sh.red_q[w][lane];
-    }
-    const float ssq_q = (sh.scal[0][0] + sh.scal[1][0]) + (sh.scal[2][0] + sh.scal[3][0]);
-    const float ssq_k = (sh.scal[0][1] + sh.scal[1][1]) + (sh.scal[2][1] + sh.scal[3][1]);
-    const float qk = (sh.scal[0][2] + sh.scal[1][2]) + (sh.scal[2][2] + sh.scal[3][2]);
-    const float rq = p.q_scale / sqrtf(ssq_q + p.l2_eps);
-    const float rk = 1.0f / sqrtf(ssq_k + p.l2_eps);
-    const float v = sh.vs[gi * DEC_COLS + lane];
-    // explicit fmas (no contraction choices left to the compiler): both kernels round alike
-    const float kdelta = rk * (beta * fmaf(-decay, rk * kc, v));
-    const float o = rq * fmaf(kdelta, qk, decay * qc);
-    if (col_ok) {
-#pragma unroll
-      for (int r = 0; r < DEC_RPW; ++r) {
-        const int i = row0 + r;
-        if (i < dk) S[(i64)i * dv + col] = fmaf(sh.ks[i], kdelta, decay * sv[r]);
-      }
-    }
-    o_keep[gi] = o;
-    ssq_part[gi] = warp_sum(col_ok ? o * o : 0.0f);  // the same in every warp
-  }
-  // ---- the last block of the key head shifts the q/k channels (all blocks have read them)
-  if (sh.last) {  // uniform; written before the barrier of group 0
-    if (t == 0) p.counters[n * p.key_heads + kh] = 0;
-    if (t < 256 && c >= 0) {
-#pragma unroll
-      for (int j = 0; j < MAXK; ++j)
-        if (j < keep) cst[(i64)j * p.channels + c] = qk_win[j][t];
-    }
-  }
-  // ---- 5. gated RMSNorm over the dv outputs of head h
-  float total;
-  if (CLUSTER) {
-    cluster_wait_acquire();  // every block of the cluster is running
-    if (t < DEC_GROUPS) {  // thread t: partial of group g0 + t % NG into block t / NG
-      float v = ssq_part[0];
-#pragma unroll
-      for (int gi = 1; gi < NG; ++gi)
-        if (t % NG == gi) v = ssq_part[gi];
-      st_cluster_f32(&sh.xch[g0 + t % NG], t / NG, v);
-    }
-    cluster_arrive_release();
-    cluster_wait_acquire();
-    total = sh.xch[0];
-#pragma unroll
-    for (int r = 1; r < DEC_GROUPS; ++r) total += sh.xch[r];
-  } else {
-    total = ssq_part[0];
-#pragma unroll
-    for (int r = 1; r < NG; ++r) total += ssq_part[r];
-  }
-  if (warp == 0) {
-    const float denom = sqrtf(total / (float)dv + p.eps);
-#pragma unroll
-    for (int gi = 0; gi < NG; ++gi) {
-      const int col = (g0 + gi) * DEC_COLS + lane;
-      if (col < dv)
-        p.out[n * p.out_rs + (i64)h * p.out_hs + col] =
-            nw[gi] * (o_keep[gi] / denom) * silu_f(zv[gi]);
-    }
-  }
-}
-
-// Occupancy (launch bounds; nvcc sm_90, no spills): the MAXK 3 (kc <= 4, Qwen3.5) instances of
-// the CL 4 and 2 kernels fit 64 registers, 2 blocks of 512 threads per SM (MAXK 7: 72 / 77
-// registers, 1 block); the per-head kernel takes 102-105 registers (1 block per SM).
-template <int MAXK>
-__global__ void DEC_CLUSTER_DIMS(4) __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
-    gdn_decode_fused_kernel(const DecodeParams p) {
-  __shared__ DecShared sh;
-  gdn_decode_body<4, MAXK>(p, sh);
-}
-
-template <int MAXK>
-__global__ void DEC_CLUSTER_DIMS(2) __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
-    gdn_decode_fused_pair_kernel(const DecodeParams p) {
-  __shared__ DecShared sh;
-  gdn_decode_body<2, MAXK>(p, sh);
-}
-
-template <int MAXK>
-__global__ void __launch_bounds__(DEC_THREADS) gdn_decode_fused_head_kernel(const DecodeParams p) {
-  __shared__ DecShared sh;
-  gdn_decode_body<1, MAXK>(p, sh);
-}
-
-
 // ---- gdn_decode_fused_head2_kernel: one block per head at <= 64 registers (2 blocks of 512
-// threads per SM for kc <= 4), the same per-column arithmetic and summation order as the kernels
-// above (bitwise equal). What differs is who does what:
-// - the state (32 values per thread: 4 column groups x 8 rows) is loaded before pdl_wait as in
-//   the per-head kernel, but the norm weights, z and o live only in the threads of warps 12-15
-//   (thread 384 + j: column j), which have no conv channel;
+// threads per SM for kc <= 4). Who does what:
+// - the state (32 values per thread: 4 column groups x 8 rows) is loaded before pdl_wait; the
+//   norm weights, z and o live only in the threads of warps 12-15 (thread 384 + j: column j),
+//   which have no conv channel;
 // - one reduction round for all 4 column groups: every warp stores its 8-row partial sums of
 //   k_i S_ij and q_i S_ij for its 4 columns per lane (red_k / red_q [group][warp][lane]), then
-//   warp 12 + g alone adds the 16 partials of group g in warp order (the other kernels add them
-//   in every warp), computes rk delta_j and o_j and the group's sum of o_j^2, and shares
-//   rk delta_j (kd) and the sum (ssq); every thread then updates its 32 state values. 3 block
-//   barriers after the conv instead of 1 + 2 per column group;
+//   warp 12 + g alone adds the 16 partials of group g in warp order, computes rk delta_j and o_j
+//   and the group's sum of o_j^2, and shares rk delta_j (kd) and the sum (ssq); every thread
+//   then updates its 32 state values. 3 block barriers after the conv;
 // - the last-block flag of the conv-state counter is read only before the second barrier, so the
 //   atomic's round trip overlaps the partial sums.
 struct __align__(16) DecHeadShared {
@@ -571,7 +282,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     const float rq = p.q_scale / sqrtf(ssq_q + p.l2_eps);
     const float rk = 1.0f / sqrtf(ssq_k + p.l2_eps);
     const float v = sh.vs[oc];
-    // explicit fmas, the same expressions as gdn_decode_body (the same bits)
+    // explicit fmas (no contraction choices left to the compiler)
     const float kdelta = rk * (beta * fmaf(-decay, rk * kc, v));
     o = rq * fmaf(kdelta, qk, decay * qc);
     sh.kd[oc] = kdelta;
@@ -635,7 +346,8 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   }
 }
 
-// MAXK 3 (kc <= 4): 2 blocks of 512 threads per SM (<= 64 registers); MAXK 7: 1 block.
+// MAXK 3 (kc <= 4): 2 blocks of 512 threads per SM (<= 64 registers; nvcc sm_90: 64, no
+// spills); MAXK 7: 1 block (111 registers).
 template <int MAXK>
 __global__ void __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
     gdn_decode_fused_head2_kernel(const DecodeParams p) {

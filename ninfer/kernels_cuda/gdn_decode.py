@@ -2,38 +2,36 @@
 
 CUDA-only op (the unfused equivalent is gdn_conv -> split -> l2norm_heads (q scaled by
 dk^-1/2) -> gdn_gates -> gdn_recurrence -> gated_rms_norm, one token per row).
+
+One kernel, gdn_decode_fused_head2_kernel: grid (Hv, N), one block of 512 threads per head at
+64 registers (2 blocks per SM for kc <= 4), one reduction round for the 4 column groups. Three
+other bitwise-equal kernels were measured against it and removed: "cluster4" and "cluster2"
+(sm_90 thread-block clusters of 4 / 2 blocks per head, the RMSNorm sums exchanged through
+distributed shared memory) and "head" (one block per head at ~105 registers, a reduction round
+per column group). 9B shape (Hv = 32), us per launch in a graph (`ninfer-bench kernels --op
+gdn_decode_fused`, H200, 2026-11-30):
+
+    B    head2  cluster4  cluster2  head
+    1     4.8     5.7       5.9      6.7
+    2     5.3    10.9       6.8      7.3
+    3     6.1    12.3       9.0      8.2
+    4     7.4    16.9      10.0      9.5
+    8    11.9    29.9      19.8     18.2
+
+(Variants that staged the state through shared memory by cp.async were measured earlier at
+5.6 / 8.1 / 10.6 / 11.8 / 18.9 us at their best and were removed before.)
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """One kernel of gdn_decode.cu (all bitwise equal to each other)."""
-
-    kernel: str         # the __global__ template's name
-    blocks_per_head: int  # CL: a cluster of this many blocks holds a head (> 1 needs sm_90)
-
-
-VARIANTS = {
-    "cluster4": Variant("gdn_decode_fused_kernel", 4),
-    "cluster2": Variant("gdn_decode_fused_pair_kernel", 2),
-    "head": Variant("gdn_decode_fused_head_kernel", 1),
-    # one block per head at <= 64 registers (kc <= 4: 2 blocks per SM), one reduction round
-    "head2": Variant("gdn_decode_fused_head2_kernel", 1),
-}
-SOURCE = KernelSource("gdn_decode.cu", tuple(
-    f"{v.kernel}<{m}>" for v in VARIANTS.values() for m in _MAXK))
+KERNEL = "gdn_decode_fused_head2_kernel"
+SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
@@ -43,33 +41,7 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     ("eps", "f32"), ("l2_eps", "f32"), ("q_scale", "f32"), ("bf16_flags", "i32"))
 assert _PARAMS.itemsize == 224
 MAX_DIM = 128
-GROUPS = 4  # column groups of 32 per head (DEC_GROUPS)
 THREADS = 512
-# Which kernel runs (read per launch; tests and the bench set it): a name of VARIANTS forces
-# that kernel; None picks by `choose_variant`. NINFER_GDN_DECODE_KERNEL sets the default (read
-# at import).
-VARIANT: str | None = envs.gdn_decode_kernel(tuple(VARIANTS))
-
-
-def choose_variant(value_heads: int, n: int) -> str:
-    """The kernel gdn_decode_fused runs for N rows of Hv heads: VARIANT if set, else "head2"
-    (one block per head at 64 registers, one reduction round), which was fastest at every B on
-    the H200. 9B shape (Hv = 32), us per launch in a graph (`ninfer-bench kernels --op
-    gdn_decode_fused`, 2026-11-30):
-
-        B    head2  cluster4  cluster2  head
-        1     4.8     5.7       5.9      6.7
-        2     5.3    10.9       6.8      7.3
-        3     6.1    12.3       9.0      8.2
-        4     7.4    16.9      10.0      9.5
-        8    11.9    29.9      19.8     18.2
-
-    (Variants that staged the state through shared memory by cp.async were measured earlier at
-    5.6 / 8.1 / 10.6 / 11.8 / 18.9 us at their best and were removed.) `value_heads` and `n`
-    are kept for the callers: the choice may depend on them again."""
-    if VARIANT is not None:
-        return VARIANT
-    return "head2"
 
 
 def decode_counters(max_rows: int, key_heads: int):
@@ -135,8 +107,7 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, kc=kc,
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
                     bf16_flags=flags)
-    variant = VARIANTS[choose_variant(value_heads, n)]
     maxk = next(m for m in _MAXK if kc - 1 <= m)
-    fn = get_function(SOURCE, f"{variant.kernel}<{maxk}>")
-    launch(fn, (variant.blocks_per_head * value_heads, n), (THREADS,), (params,),
+    fn = get_function(SOURCE, f"{KERNEL}<{maxk}>")
+    launch(fn, (value_heads, n), (THREADS,), (params,),
            name="gdn_decode_fused", pdl=True)

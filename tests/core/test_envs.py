@@ -46,18 +46,3 @@ def test_choice(monkeypatch, reader, name, default, allowed):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             reader()
-
-
-def test_gdn_decode_kernel(monkeypatch):
-    """NINFER_GDN_DECODE_KERNEL: unset or empty -> None (chosen per launch); a kernel name of
-    `variants` -> that name; anything else -> ValueError naming the variable."""
-    variants = ("cluster4", "head")
-    monkeypatch.delenv("NINFER_GDN_DECODE_KERNEL", raising=False)
-    assert envs.gdn_decode_kernel(variants) is None
-    monkeypatch.setenv("NINFER_GDN_DECODE_KERNEL", "")
-    assert envs.gdn_decode_kernel(variants) is None
-    monkeypatch.setenv("NINFER_GDN_DECODE_KERNEL", "head")
-    assert envs.gdn_decode_kernel(variants) == "head"
-    monkeypatch.setenv("NINFER_GDN_DECODE_KERNEL", "fast")
-    with pytest.raises(ValueError, match="NINFER_GDN_DECODE_KERNEL"):
-        envs.gdn_decode_kernel(variants)

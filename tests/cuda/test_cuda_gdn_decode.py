@@ -1,21 +1,30 @@
-"""The fused GDN decode step (gdn_decode.cu) on the GPU: vs the unfused float64 references at the
-Qwen3.5 head ratios (fewer heads) for B = 1, 3, 8 over several steps, f32 and bf16 weights, and
-for every kernel variant (kdec.VARIANTS: cluster4 / cluster2 / head / head2); bitwise: a row
-alone == the row in a batch (with the variant switching by N), every variant == the
-one-block-per-head kernel (also at the full 9B head counts, B = 8), a CUDA graph replay ==
-eager, PDL on == PDL off (behind a GEMV that writes qkv), per variant."""
+"""The fused GDN decode step (gdn_decode.cu, its one kernel gdn_decode_fused_head2_kernel) on the
+GPU: vs the unfused float64 references at the Qwen3.5 head ratios (fewer heads) for B = 1, 3, 8
+over several steps, f32 and bf16 weights, odd sizes, the wide conv instance (kc 6), an
+unaligned state and the full 9B head counts at B = 8; bitwise: a row alone == the row in a
+batch, a CUDA graph replay == eager, PDL on == PDL off (behind a GEMV that writes qkv)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from cuda_testutil import (
+    DTYPES,
+    assert_close,
+    assert_same_bits,
+    cp,
+    dev,
+    host,
+    poisoned,
+    randn,
+    rows_view,
+    slot_strided,
+    weight_pair,
+)
 
 from ninfer.core.dtypes import DType
 from ninfer.kernels_cuda import _loader
 from ninfer.kernels_cuda import gdn_decode as kdec
 from ninfer.ops import reference as ref
-
-from cuda_testutil import (DTYPES, assert_close, assert_same_bits, cp, dev, host, poisoned,
-                           randn, rows_view, slot_strided, weight_pair)
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +32,6 @@ EPS = 1e-6
 # (hk, hv, dk, dv): the Qwen3.5 ratios with fewer heads, plus odd sizes (partial column groups)
 SHAPES = {"0.8b": (2, 2, 128, 128), "9b": (2, 4, 128, 128), "27b": (2, 6, 128, 128),
           "35b": (1, 2, 128, 128), "odd": (3, 6, 72, 80)}
-VARIANTS = list(kdec.VARIANTS)
 # slot_strided pads each slot's image by PAD floats on both sides: 8 keeps the state 16-byte
 # aligned (as StateImageStorage does), 7 does not
 ALIGNED, UNALIGNED = 8, 7
@@ -39,10 +47,6 @@ def _same_bits(a, b, what):
         what = (f"{what}: {len(diff)} of {ha.size} elements differ, first at {first}: "
                 f"{ha[first]!r} vs {hb[first]!r}")
     assert_same_bits(ha, hb, what)
-
-
-def _sm90() -> bool:
-    return int(cp().cuda.Device().compute_capability) >= 90
 
 
 class Problem:
@@ -113,34 +117,17 @@ def test_decode_vs_float64(rng, shape, wdtype):
     _check_vs_reference(Problem(rng, hk, hv, dk, dv, wdtype), (1, 3, 8))
 
 
-def _force(monkeypatch, variant):
-    """Force a kernel variant (skips the cluster ones below sm_90)."""
-    if variant is not None and kdec.VARIANTS[variant].blocks_per_head > 1 and not _sm90():
-        pytest.skip("cluster kernels need sm_90")
-    monkeypatch.setattr(kdec, "VARIANT", variant)
+@pytest.mark.parametrize("shape", [(2, 4, 128, 96), SHAPES["odd"]], ids=["dv96", "odd"])
+def test_wide_conv_kernel_vs_float64(rng, shape):
+    """kc = 6 runs the instance with the wider conv windows (MAXK 7); odd: dk 72, dv 80, so
+    partial column groups and rows."""
+    hk, hv, dk, dv = shape
+    _check_vs_reference(Problem(rng, hk, hv, dk, dv, DType.FLOAT32, kc=6), (1, 3), steps=2)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("shape", ["9b", "odd"])
-def test_variant_vs_float64(rng, monkeypatch, shape, variant):
-    """Each kernel variant forced (odd: dk 72, dv 80, so partial column groups and tiles)."""
-    _force(monkeypatch, variant)
-    hk, hv, dk, dv = SHAPES[shape]
-    _check_vs_reference(Problem(rng, hk, hv, dk, dv, DType.BFLOAT16), (1, 3), steps=2)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_wide_conv_kernel_vs_float64(rng, monkeypatch, variant):
-    """kc = 6 runs the instances with the wider conv windows (MAXK 7)."""
-    _force(monkeypatch, variant)
-    _check_vs_reference(Problem(rng, 2, 4, 128, 96, DType.FLOAT32, kc=6), (1, 3), steps=2)
-
-
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_unaligned_state(rng, monkeypatch, variant):
-    """A state that is not 16-byte aligned (slot images offset by 7 floats): every kernel reads
-    it element by element."""
-    _force(monkeypatch, variant)
+def test_unaligned_state(rng):
+    """A state that is not 16-byte aligned (slot images offset by 7 floats): the kernel reads it
+    element by element."""
     prob = Problem(rng, 2, 4, 128, 128, DType.BFLOAT16, pad=UNALIGNED)
     _check_vs_reference(prob, (1, 3), steps=2)
 
@@ -151,10 +138,9 @@ def _copies(prob):
 
 
 @pytest.mark.parametrize("shape", ["27b", "odd"])
-def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
+def test_row_alone_equals_batch_bitwise(rng, shape):
     """Each row's output and state do not depend on the batch size or on which rows share a
-    launch: rows alone, the full batch, and subsets give the same bits (the automatic choice)."""
-    monkeypatch.setattr(kdec, "VARIANT", None)
+    launch: rows alone, the full batch, and subsets give the same bits."""
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
     n = 8
@@ -186,66 +172,12 @@ def test_row_alone_equals_batch_bitwise(rng, monkeypatch, shape):
         assert int(host(counters).sum()) == 0
 
 
-@pytest.mark.parametrize("kc", [4, 6])
-@pytest.mark.parametrize("shape", ["9b", "27b", "odd"])
-def test_variants_equal_bitwise(rng, monkeypatch, shape, kc):
-    """Every variant (sm_90: all; below: head, head2) gives the bits of the one-block-per-head
-    kernel: output, state and conv state over 3 steps from the same start."""
-    hk, hv, dk, dv = SHAPES[shape]
-    prob = Problem(rng, hk, hv, dk, dv, DType.FLOAT32, kc=kc)
-    variants = [v for v in VARIANTS if _sm90() or kdec.VARIANTS[v].blocks_per_head == 1]
-    n = 3
-    counters = kdec.decode_counters(n, hk)
-    states = {v: _copies(prob) for v in variants}
-    for step in range(3):
-        slots = dev(prob.slots(n))
-        _, dev_in = prob.inputs(n)
-        outs = {}
-        for v in variants:
-            monkeypatch.setattr(kdec, "VARIANT", v)
-            outs[v] = poisoned((n, hv, dv))
-            conv, st = states[v]
-            prob.run(dev_in, slots, outs[v], counters, conv=conv, state=st)
-        for v in variants:
-            if v == "head":
-                continue
-            _same_bits(outs[v], outs["head"], f"step {step}: out, {v} vs head")
-            _same_bits(states[v][1], states["head"][1], f"step {step}: state, {v} vs head")
-            _same_bits(states[v][0], states["head"][0], f"step {step}: conv state, {v} vs head")
-        assert int(host(counters).sum()) == 0
-
-
-def test_full_9b_heads_b8(rng, monkeypatch):
-    """The 9B head counts (Hk 16, Hv 32, dk = dv = 128: head2's constant-stride state path) at
-    B = 8, where head2 runs 256 blocks (2 per SM on the H200): every variant vs the float64
-    reference, and bitwise == the one-block-per-head kernel (output, state, conv state), 2
-    steps from the same start."""
-    hk, hv, dk, dv, n = 16, 32, 128, 128, 8
-    prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16, num_slots=10)
-    variants = [v for v in VARIANTS if _sm90() or kdec.VARIANTS[v].blocks_per_head == 1]
-    counters = kdec.decode_counters(n, hk)
-    states = {v: _copies(prob) for v in variants}
-    for step in range(2):
-        slots = prob.slots(n)
-        host_in, dev_in = prob.inputs(n)
-        expect = prob.reference(host_in, slots)
-        outs = {}
-        for v in variants:
-            monkeypatch.setattr(kdec, "VARIANT", v)
-            outs[v] = poisoned((n, hv, dv))
-            conv, st = states[v]
-            prob.run(dev_in, dev(slots), outs[v], counters, conv=conv, state=st)
-            what = f"{v} B={n} step {step} slots {slots.tolist()}"
-            assert_close(outs[v], expect, 5e-5, f"{what}: output")
-            assert_close(st, prob.st_h, 5e-5, f"{what}: state")
-            assert_close(conv, prob.conv_h, 1e-7, f"{what}: conv state")
-            assert int(host(counters).sum()) == 0, f"{what}: counters not reset"
-        for v in variants:
-            if v != "head":
-                _same_bits(outs[v], outs["head"], f"step {step}: out, {v} vs head")
-                _same_bits(states[v][1], states["head"][1], f"step {step}: state, {v} vs head")
-                _same_bits(states[v][0], states["head"][0],
-                           f"step {step}: conv state, {v} vs head")
+def test_full_9b_heads_b8(rng):
+    """The 9B head counts (Hk 16, Hv 32, dk = dv = 128: the constant-stride state path) at
+    B = 8, 256 blocks (2 per SM on the H200): vs the float64 reference (output, state, conv
+    state, counters reset), 2 steps."""
+    prob = Problem(rng, 16, 32, 128, 128, DType.BFLOAT16, num_slots=10)
+    _check_vs_reference(prob, (8,), steps=2)
 
 
 class Chain:
@@ -291,16 +223,13 @@ def _chain_with_inputs(rng, n):
     return ch, conv0, st0, [cp().asarray(randn(rng, ch.x.shape)) for _ in range(3)]
 
 
-# (variant, n): the automatic choice at B = 1 and 8, each variant forced at B = 3, and head2 at
-# B = 8 (its 2-blocks-per-SM regime)
-CHAIN_CASES = [(None, 1), (None, 8)] + [(v, 3) for v in VARIANTS] + [("head2", 8)]
+CHAIN_ROWS = [1, 3, 8]
 
 
-@pytest.mark.parametrize("variant,n", CHAIN_CASES)
-def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, variant, n):
+@pytest.mark.parametrize("n", CHAIN_ROWS)
+def test_graph_replay_equals_eager_bitwise(rng, n):
     from ninfer.core.cuda import CudaGraph, DeviceContext
 
-    _force(monkeypatch, variant)
     ctx = DeviceContext(0)
     with ctx.activate():
         ch, conv0, st0, xs = _chain_with_inputs(rng, n)
@@ -326,13 +255,12 @@ def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, variant, n):
         assert int(host(ch.counters).sum()) == 0
 
 
-@pytest.mark.parametrize("variant,n", CHAIN_CASES)
-def test_pdl_on_equals_off_bitwise(rng, monkeypatch, variant, n):
+@pytest.mark.parametrize("n", CHAIN_ROWS)
+def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
     """The decode kernel reads S before pdl_wait and qkv after it: behind a GEMV that writes qkv
     (and before one that reads its output), PDL launches give the bits of plain launches."""
     from ninfer.core.cuda import DeviceContext
 
-    _force(monkeypatch, variant)
     ctx = DeviceContext(0)
     with ctx.activate():
         ch, conv0, st0, xs = _chain_with_inputs(rng, n)
