@@ -354,6 +354,52 @@ __device__ __forceinline__ bf16raw bf16_rn(float x) {
 // bf16 rounding of the fp32 product that Mma<true> rounds as it reads its fragment in
 // gdn_chunk_state_kernel<true> (same operands, same fp32 multiplications), and zero in
 // the padded columns (d >= dk), so the bf16-tile path forms the same products bit for bit.
+// A warp's part of K K^T and Q K^T (the local kernels): rows 16 mt.., column tiles 8 (nt0 + n)..
+// (n < NT), summed over DMAX in M::K steps from the row-major tiles Ks, Qs (pitch ld).
+template <typename M, int NT>
+__device__ __forceinline__ void kkt_qkt(float (&ak)[NT][4], float (&aq)[NT][4], const float* Ks,
+                                        const float* Qs, int ld, int mt, int nt0, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ak[n][r] = aq[n][r] = 0.0f;
+#pragma unroll 2
+  for (int ks = 0; ks < DMAX / M::K; ++ks) {
+    typename M::FragA fk, fq;
+    M::load_a(fk, Ks + 16 * mt * ld + M::K * ks, ld, g, t, 1.0f, 1.0f);
+    M::load_a(fq, Qs + 16 * mt * ld + M::K * ks, ld, g, t, 1.0f, 1.0f);
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      typename M::FragB fb;  // B[k = d][n = j] = K[j][d]
+      M::load_bt(fb, Ks + 8 * (nt0 + n) * ld + M::K * ks, ld, g, t);
+      M::mma(ak[n], fk, fb);
+      M::mma(aq[n], fq, fb);
+    }
+  }
+}
+
+// From kkt_qkt's tiles and the cumulative gates gam / betas bet of one value head: A (strictly
+// lower, beta_i e^{g_i - g_j} (K K^T)_ij) into As (pitch a_ld) and P (lower incl. the diagonal,
+// e^{g_i - g_j} (Q K^T)_ij) as bf16 pairs (j, j + 1) into pw2 ([CH][CH / 2]).
+template <int NT>
+__device__ __forceinline__ void decay_tiles_bf16(const float (&ak)[NT][4], const float (&aq)[NT][4],
+                                                 const float* gam, const float* bet, float* As,
+                                                 int a_ld, unsigned* pw2, int mt, int nt0, int g,
+                                                 int t) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 4; r += 2) {
+      const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t;
+      const float d0 = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
+      const float d1 = j + 1 <= i ? expf(gam[i] - gam[j + 1]) : 0.0f;
+      As[i * a_ld + j] = j < i ? bet[i] * d0 * ak[n][r] : 0.0f;
+      As[i * a_ld + j + 1] = j + 1 < i ? bet[i] * d1 * ak[n][r + 1] : 0.0f;
+      pw2[(i * CH + j) / 2] = Mma<true>::pack(j <= i ? d0 * aq[n][r] : 0.0f,
+                                              j + 1 <= i ? d1 * aq[n][r + 1] : 0.0f);
+    }
+}
+
 template <bool BF16, bool WS16>
 __device__ __forceinline__ void local_chunk(const ChunkParams& p, bf16raw* qg) {
   static_assert(BF16 || !WS16, "bf16 workspaces only in bf16 mode");
@@ -396,38 +442,11 @@ __device__ __forceinline__ void local_chunk(const ChunkParams& p, bf16raw* qg) {
     const int g = lane >> 2, t = lane & 3;
     const int mt = warp >> 1, nt0 = 4 * (warp & 1);
     float ak[4][4], aq[4][4];
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) ak[n][r] = aq[n][r] = 0.0f;
-#pragma unroll 2
-    for (int ks = 0; ks < DMAX / M::K; ++ks) {
-      typename M::FragA fk, fq;
-      M::load_a(fk, Ks + 16 * mt * QK_LD + M::K * ks, QK_LD, g, t, 1.0f, 1.0f);
-      M::load_a(fq, Qs + 16 * mt * QK_LD + M::K * ks, QK_LD, g, t, 1.0f, 1.0f);
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-        typename M::FragB fb;  // B[k = d][n = j] = K[j][d]
-        M::load_bt(fb, Ks + 8 * (nt0 + n) * QK_LD + M::K * ks, QK_LD, g, t);
-        M::mma(ak[n], fk, fb);
-        M::mma(aq[n], fq, fb);
-      }
-    }
+    kkt_qkt<M, 4>(ak, aq, Ks, Qs, QK_LD, mt, nt0, g, t);
     if constexpr (WS16) {  // P as bf16 pairs (j, j + 1)
       unsigned* pw2 = reinterpret_cast<unsigned*>(p.p_ws) +  // [64][32] bf16x2 of chunk b
                       ((i64)b * p.value_heads + h) * CH * CH / 2;
-#pragma unroll
-      for (int n = 0; n < 4; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; r += 2) {
-          const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t;
-          const float d0 = j <= i ? expf(gam[i] - gam[j]) : 0.0f;
-          const float d1 = j + 1 <= i ? expf(gam[i] - gam[j + 1]) : 0.0f;
-          As[i * A_LD + j] = j < i ? bet[i] * d0 * ak[n][r] : 0.0f;
-          As[i * A_LD + j + 1] = j + 1 < i ? bet[i] * d1 * ak[n][r + 1] : 0.0f;
-          pw2[(i * CH + j) / 2] = Mma<true>::pack(j <= i ? d0 * aq[n][r] : 0.0f,
-                                                  j + 1 <= i ? d1 * aq[n][r + 1] : 0.0f);
-        }
+      decay_tiles_bf16<4>(ak, aq, gam, bet, As, A_LD, pw2, mt, nt0, g, t);
     } else {
       float* pw = p.p_ws + ((i64)b * p.value_heads + h) * CH * CH;
 #pragma unroll
@@ -628,23 +647,7 @@ __global__ void __launch_bounds__(256 * VPB, 1)
   {
     const int mt = warp / WPM, nt0 = NT * (warp % WPM);
     float ak[NT][4], aq[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) ak[n][r] = aq[n][r] = 0.0f;
-#pragma unroll 2
-    for (int ks = 0; ks < DMAX / 16; ++ks) {
-      M16::FragA fk, fq;
-      M16::load_a(fk, Ks + 16 * mt * LD + 16 * ks, LD, g, t, 1.0f, 1.0f);
-      M16::load_a(fq, Qs + 16 * mt * LD + 16 * ks, LD, g, t, 1.0f, 1.0f);
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        M16::FragB fb;  // B[k = d][n = j] = K[j][d]
-        M16::load_bt(fb, Ks + 8 * (nt0 + n) * LD + 16 * ks, LD, g, t);
-        M16::mma(ak[n], fk, fb);
-        M16::mma(aq[n], fq, fb);
-      }
-    }
+    kkt_qkt<M16, NT>(ak, aq, Ks, Qs, LD, mt, nt0, g, t);
 #pragma unroll
     for (int v = 0; v < VPB; ++v) {
       const float* gv = gam + v * CH;
@@ -652,18 +655,7 @@ __global__ void __launch_bounds__(256 * VPB, 1)
       float* As = Ts + v * CH * PLD_T;
       unsigned* pw2 = reinterpret_cast<unsigned*>(p.p_ws) +  // [64][32] bf16x2
                       ((i64)b * hv + h0 + v) * CH * CH / 2;
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int r = 0; r < 4; r += 2) {
-          const int i = 16 * mt + g + 8 * (r >> 1), j = 8 * (nt0 + n) + 2 * t;
-          const float d0 = j <= i ? expf(gv[i] - gv[j]) : 0.0f;
-          const float d1 = j + 1 <= i ? expf(gv[i] - gv[j + 1]) : 0.0f;
-          As[i * PLD_T + j] = j < i ? bv[i] * d0 * ak[n][r] : 0.0f;
-          As[i * PLD_T + j + 1] = j + 1 < i ? bv[i] * d1 * ak[n][r + 1] : 0.0f;
-          pw2[(i * CH + j) / 2] = M16::pack(j <= i ? d0 * aq[n][r] : 0.0f,
-                                            j + 1 <= i ? d1 * aq[n][r + 1] : 0.0f);
-        }
+      decay_tiles_bf16<NT>(ak, aq, gv, bv, As, PLD_T, pw2, mt, nt0, g, t);
     }
   }
   {  // K e^{G_L - G} and Q e^G per value head (bf16 pairs, rows < L, all 128 columns)
