@@ -60,6 +60,7 @@
 // Both kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
 // the first statement, before any early exit.
 #include "common.cuh"
+#include "ldmatrix.cuh"
 #include "mma_gemv.cuh"
 
 #define ATTN_MAX_CHUNKS 64   // chunks per row at most (the workspace's chunk dimension)
@@ -217,20 +218,6 @@ __device__ __forceinline__ void attn_cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void attn_cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// ldmatrix: four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i. Plain:
-// register i of lane l gets matrix i's (row l/4, cols 2(l%4), +1); trans: (rows 2(l%4), +1,
-// col l/4) (low half = the lower index).
-__device__ __forceinline__ void attn_ldsm_x4(unsigned addr, unsigned (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void attn_ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // Multi-value butterfly: v[j] holds this lane's partial of key j (j < K). Returns the sum over
@@ -473,7 +460,7 @@ __device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt
 #pragma unroll
     for (int ks = 0; ks < MT; ++ks) {
       unsigned a[4];
-      attn_ldsm_x4(ka + (((2 * ks) ^ kx) << 4), a);
+      ldsm_x4(ka + (((2 * ks) ^ kx) << 4), a);
       const uint4 b = qf[ks * 32 + lane];
       mma_bf16_16816(s, a[0], a[1], a[2], a[3], b.x, b.y);
       mma_bf16_16816(s, a[0], a[1], a[2], a[3], b.z, b.w);
@@ -530,7 +517,7 @@ __device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       unsigned a[4];
-      attn_ldsm_x4_trans(va + (((2 * mt) ^ vx) << 4), a);
+      ldsm_x4_trans(va + (((2 * mt) ^ vx) << 4), a);
       mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
       mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
     }

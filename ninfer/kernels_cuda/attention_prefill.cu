@@ -48,6 +48,7 @@
 // A page id outside [0, num_pages) among keys 0 .. last key of the tile is never read (zeros
 // instead); rows whose position reaches the first such key are written as NaN.
 #include "common.cuh"
+#include "ldmatrix.cuh"
 
 struct PrefillParams {
   const float* q;
@@ -90,20 +91,6 @@ __device__ __forceinline__ void cp_async_commit() {
 }
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-// Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i of
-// lane l receives matrix i's elements (row l/4, cols 2(l%4), 2(l%4)+1) (low half = lower col).
-__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-// Transposed: register i of lane l receives matrix i's elements (rows 2(l%4), 2(l%4)+1, col l/4).
-__device__ __forceinline__ void ldsm_x4_trans(unsigned addr, unsigned (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // c[16x8] += a[16x16] b[16x8], bf16 inputs, fp32 accumulate. Fragments (g = lane/4, t = lane%4):
