@@ -12,13 +12,8 @@ OUT=/tmp/device_logs  # everything lands here; $OUT gets one archive + the summa
 mkdir -p "$OUT" "$FINAL"
 trap 'exit 143' TERM
 trap 'tar czf "$FINAL/logs.tgz" -C "$OUT" . ; cp "$OUT/summary.txt" "$FINAL/" 2>/dev/null' EXIT
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$OUT/wheels.log" 2>&1
-  export PYTHONPATH="/tmp/site:$PWD"
-else
-  export PYTHONPATH="$PWD"
-fi
+. bench/device_env.sh
+device_env "$OUT"
 export NINFER_KERNEL_CACHE=/tmp/ninfer_kernels PYTHONUNBUFFERED=1
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }

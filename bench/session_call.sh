@@ -7,13 +7,8 @@ set -u
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/session_out}; L=/tmp/session_logs; mkdir -p "$L" "$FINAL"
 trap 'tar czf "$FINAL/logs.tgz" -C "$L" . ; cp "$L/summary.txt" "$FINAL/" 2>/dev/null' EXIT
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl > "$L/wheels.log" 2>&1
-  export PYTHONPATH="/tmp/site:$PWD"
-else
-  export PYTHONPATH=$PWD
-fi
+. bench/device_env.sh
+device_env "$L"
 export NINFER_KERNEL_CACHE=/tmp/nk PYTHONUNBUFFERED=1
 T0=$(date +%s)
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/summary.txt"; }

@@ -207,7 +207,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         return
     ws = _workspace(workspace, n, top_k, hidden, inter)
     use_mma, nt = _gemv_plan(x, gu, dn, kind)
-    take = FUSED and n * top_k <= FUSED_DEFAULT_PAIRS if fused is None else fused
+    take = (FUSED and n * top_k <= FUSED_DEFAULT_PAIRS) if fused is None else fused
     if take and fused_applies(n, top_k, experts, use_mma):
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
                      gated)

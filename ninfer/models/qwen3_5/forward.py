@@ -60,6 +60,13 @@ def _mixer_input(layer: LayerParams):
     return layer.mixer.qkv_proj
 
 
+def _mixer_output(layer: LayerParams):
+    """The weight of the linear writing a layer's mixer output (its output projection)."""
+    if layer.kind is LayerType.LINEAR_ATTENTION:
+        return layer.mixer.out_proj
+    return layer.mixer.o_proj
+
+
 @dataclasses.dataclass(frozen=True)
 class NormedRows:
     """A linear's input RMSNorm1p(h) with `weight`, computed by that linear (`fold_norms`)."""
@@ -219,18 +226,14 @@ class Qwen35Forward:
         if not self.kws.fold_norms:
             return False
         if n not in self._fold_rows:
-            p = self.params
-            weights = [p.lm_head]
-            ok = True
-            for layer in p.layers:
-                if not isinstance(layer.ffn, DenseMLPParams) or not self._fused_swiglu(
-                        layer.ffn.gate_up):
-                    ok = False
-                    break
-                out_proj = (layer.mixer.out_proj if layer.kind is LayerType.LINEAR_ATTENTION
-                            else layer.mixer.o_proj)
-                weights += [_mixer_input(layer), out_proj, layer.ffn.gate_up, layer.ffn.down]
-            self._fold_rows[n] = ok and all(folds_norm(n, w) for w in weights)
+            layers = self.params.layers
+            dense = all(isinstance(layer.ffn, DenseMLPParams)
+                        and self._fused_swiglu(layer.ffn.gate_up) for layer in layers)
+            weights = [self.params.lm_head] + [
+                w for layer in layers if dense
+                for w in (_mixer_input(layer), _mixer_output(layer), layer.ffn.gate_up,
+                          layer.ffn.down)]
+            self._fold_rows[n] = dense and all(folds_norm(n, w) for w in weights)
         return self._fold_rows[n]
 
     def _fold_kw(self, x, out) -> tuple:

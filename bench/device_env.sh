@@ -1,0 +1,12 @@
+# Sourced by the device-call drivers (device_session.sh, session_call.sh): `device_env LOGDIR`
+# installs the carried .whl/*.whl (the FLA peer etc.) into /tmp/site, logging to
+# LOGDIR/wheels.log, and sets PYTHONPATH to that site (if any) and the checkout.
+device_env() {
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl > "$1/wheels.log" 2>&1
+    export PYTHONPATH="/tmp/site:$PWD"
+  else
+    export PYTHONPATH="$PWD"
+  fi
+}
