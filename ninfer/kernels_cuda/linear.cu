@@ -270,49 +270,87 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
 // tile: at N = 8 and K > 5 SK the per-tile x reads cost as much L2 traffic as the weights. Each
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
-// GEMV_FOLD_NORM: the denominator sqrt(mean(h^2) + eps) of x row min(n0 + g, N - 1), summed in
-// norm.cu's order for a block of T = p.norm_threads threads (thread t: fmaf over i = t + j T,
-// j ascending; warp_sum; the T / 32 warp partials in warp order). The CONS consumer warps share
-// the (row, virtual warp) items; `part` (>= 8 * 32 floats of shared memory) holds the partials.
+// GEMV_FOLD_NORM (XS > 0, so K <= 5120 and E = ceil(K / T) <= 16): the warp partials of the
+// rows' sums of squares in norm.cu's order for a block of T = p.norm_threads threads (thread
+// t: fmaf over i = t + j T, j < E ascending; warp_sum), item (row r, virtual warp vw) -> part[r
+// * 32 + vw]. Items r VW + vw go round the CONS consumer warps; a batch is 32 / S items of S >=
+// E load slots (padded zeros add +0 to a sum >= +0: no change), all loads issued together, so
+// a warp's items cost one L2 round trip per batch.
+template <int CONS, int S>
+__device__ __forceinline__ void tma_fold_partials(const GemvParams& p, int n0, int rows, int warp,
+                                                  int lane, float* part) {
+  constexpr int IB = 32 / S;
+  const int T = p.norm_threads, VW = T >> 5, E = (p.k + T - 1) / T;
+  const int vw_bits = __ffs(VW) - 1;  // T is a power of two
+  const int items = rows * VW;
+  for (int it0 = warp; it0 < items; it0 += IB * CONS) {
+    float v[IB][S];
+#pragma unroll
+    for (int i = 0; i < IB; ++i) {
+      const int item = it0 + i * CONS;
+      const int k0 = (item & (VW - 1)) * 32 + lane;
+      const float* h = p.x + (i64)(n0 + min(item >> vw_bits, rows - 1)) * p.x_rs + k0;
+#pragma unroll
+      for (int j = 0; j < S; ++j)
+        v[i][j] = item < items && j < E && k0 + j * T < p.k ? h[j * T] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < IB; ++i) {
+      const int item = it0 + i * CONS;
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < S; ++j) ss = fmaf(v[i][j], v[i][j], ss);
+      ss = warp_sum(ss);
+      if (lane == 0 && item < items) part[(item >> vw_bits) * 32 + (item & (VW - 1))] = ss;
+    }
+  }
+}
+
+// GEMV_FOLD_NORM: the denominator sqrt(mean(h^2) + eps) of x row min(n0 + g, N - 1) (the T / 32
+// warp partials summed in warp order, as norm.cu's block_sum). `part` (>= 8 * 32 floats of
+// shared memory); the barrier also publishes the staged norm weight.
 template <int CONS>
 __device__ __forceinline__ float tma_fold_denom(const GemvParams& p, int n0, int g, int warp,
                                                 int lane, float* part) {
-  const int T = p.norm_threads, VW = T >> 5;
+  const int T = p.norm_threads, E = (p.k + T - 1) / T;
   const int rows = min(8, p.n - n0);
-  for (int item = warp; item < rows * VW; item += CONS) {
-    const int r = item / VW, vw = item - r * VW;
-    const float* h = p.x + (i64)(n0 + r) * p.x_rs;
-    float ss = 0.0f;
-    // 16 independent loads in flight, then the fmaf chain in j order (a padded 0 adds +0 to a
-    // sum >= +0: no change)
-    for (int i0 = vw * 32 + lane; i0 < p.k; i0 += 16 * T) {
-      float v[16];
-#pragma unroll
-      for (int j = 0; j < 16; ++j) v[j] = i0 + j * T < p.k ? h[i0 + j * T] : 0.0f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) ss = fmaf(v[j], v[j], ss);
-    }
-    ss = warp_sum(ss);
-    if (lane == 0) part[r * 32 + vw] = ss;
+  if (E > 8) {
+    tma_fold_partials<CONS, 16>(p, n0, rows, warp, lane, part);
+  } else if (E > 4) {
+    tma_fold_partials<CONS, 8>(p, n0, rows, warp, lane, part);
+  } else {
+    tma_fold_partials<CONS, 4>(p, n0, rows, warp, lane, part);
   }
   asm volatile("bar.sync 2, %0;" ::"n"(32 * CONS) : "memory");
   const int r = min(g, rows - 1);
   float total = 0.0f;
-  for (int vw = 0; vw < VW; ++vw) total += part[r * 32 + vw];
+  for (int vw = 0; vw < (T >> 5); ++vw) total += part[r * 32 + vw];
   return sqrtf(total / (float)p.k + p.norm_eps);
 }
 
 // GEMV_FOLD_NORM: x[k] of a row = RMSNorm1p(h)[k] = (h[k] / denom) * (1 + w[k]), as norm.cu's
-// norm_value (mode RMS_ZC) computes it.
-__device__ __forceinline__ float tma_fold_value(const GemvParams& p, float v, float denom, int k) {
-  const float wv = (p.flags & GEMV_NORM_W_BF16) ? to_f32(static_cast<const bf16raw*>(p.norm_w)[k])
-                                                : static_cast<const float*>(p.norm_w)[k];
-  float y = v / denom;
-  y = y * (1.0f + wv);
-  return y;
+// norm_value (mode RMS_ZC) computes it; nw = the norm weight as f32, staged in shared memory.
+__device__ __forceinline__ float2 tma_fold2(const float* nw, float2 v, float denom, int k) {
+  const float2 w = *reinterpret_cast<const float2*>(nw + k);
+  float y0 = v.x / denom, y1 = v.y / denom;
+  y0 = y0 * (1.0f + w.x);
+  y1 = y1 * (1.0f + w.y);
+  return make_float2(y0, y1);
 }
-__device__ __forceinline__ float2 tma_fold2(const GemvParams& p, float2 v, float denom, int k) {
-  return make_float2(tma_fold_value(p, v.x, denom, k), tma_fold_value(p, v.y, denom, k + 1));
+
+// GEMV_FOLD_NORM: the norm weight [K] as f32 into shared memory (the consumers, before the PDL
+// wait: no kernel of the step writes weights).
+template <int CONS>
+__device__ __forceinline__ void tma_stage_norm_weight(const GemvParams& p, float* nw) {
+  if (p.flags & GEMV_NORM_W_BF16) {
+    const bf16raw* w = static_cast<const bf16raw*>(p.norm_w);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < p.k; i += 32 * CONS) nw[i] = to_f32(w[i]);
+  } else {
+    const float* w = static_cast<const float*>(p.norm_w);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < p.k; i += 32 * CONS) nw[i] = w[i];
+  }
 }
 
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int FOLD>
@@ -384,37 +422,52 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   }
   // consumers: everything they read (x) or write (out) may belong to the previous kernel in the
   // stream, which may still run under PDL; the producer only reads weights and writes the ring
+  const bool fold = FOLD && XS > 0 && (p.flags & GEMV_FOLD_NORM);
+  float* const nw = reinterpret_cast<float*>(ring + STAGES * STAGE);  // fold: the norm weight
+  if (fold) tma_stage_norm_weight<CONS>(p, nw);
   pdl_wait();
   const int g = lane >> 2, t = lane & 3;
   const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
   const int xk0 = 2 * t + warp * WK;  // k of xrow[0]
-  const bool fold = FOLD && (p.flags & GEMV_FOLD_NORM);
-  // red[1] is first written by a second tile, after every consumer passed the first tile's
-  // barrier (so after this prologue's reads)
-  const float denom = fold ? tma_fold_denom<CONS>(p, n0, g, warp, lane,
-                                                  reinterpret_cast<float*>(red + 1))
-                           : 1.0f;
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
   const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
   constexpr int XN = XS > 0 ? XS : 1;
   unsigned xf[XN][WK / 16][4];
   if (XS > 0) {
+    // the fold's denominator first (its loads and the x loads together would not fit the
+    // registers); then every x load is issued before any is used (predicated, no branches)
+    // red[1] is first written by a second tile, after every consumer passed the first tile's
+    // barrier (so after the denominator's reads of its partials)
+    const float denom = fold ? tma_fold_denom<CONS>(p, n0, g, warp, lane,
+                                                    reinterpret_cast<float*>(red + 1))
+                             : 1.0f;
+    float2 xv[XN][WK / 16][2];
 #pragma unroll
     for (int s = 0; s < XN; ++s)
 #pragma unroll
       for (int j = 0; j < WK / 16; ++j) {
-        float2 x0 = make_float2(0.0f, 0.0f), x1 = x0;
-        if (s * SK + warp * WK + 16 * j < p.k) {  // K % 16 == 0: the whole step is inside
-          x0 = __ldg(reinterpret_cast<const float2*>(xrow + s * SK + 16 * j));
-          x1 = __ldg(reinterpret_cast<const float2*>(xrow + s * SK + 16 * j + 8));
-          if (fold) {
-            x0 = tma_fold2(p, x0, denom, xk0 + s * SK + 16 * j);
-            x1 = tma_fold2(p, x1, denom, xk0 + s * SK + 16 * j + 8);
+        const bool in = s * SK + warp * WK + 16 * j < p.k;  // K % 16 == 0: the whole step
+        const float2* src = reinterpret_cast<const float2*>(xrow + s * SK + 16 * j);
+        xv[s][j][0] = in ? __ldg(src) : make_float2(0.0f, 0.0f);
+        xv[s][j][1] = in ? __ldg(src + 4) : make_float2(0.0f, 0.0f);
+      }
+    if (fold) {
+#pragma unroll
+      for (int s = 0; s < XN; ++s)
+#pragma unroll
+        for (int j = 0; j < WK / 16; ++j)
+          if (s * SK + warp * WK + 16 * j < p.k) {
+            xv[s][j][0] = tma_fold2(nw, xv[s][j][0], denom, xk0 + s * SK + 16 * j);
+            xv[s][j][1] = tma_fold2(nw, xv[s][j][1], denom, xk0 + s * SK + 16 * j + 8);
           }
-        }
-        split_bf16x2(x0.x, x0.y, xf[s][j][0], xf[s][j][2]);
-        split_bf16x2(x1.x, x1.y, xf[s][j][1], xf[s][j][3]);
+    }
+#pragma unroll
+    for (int s = 0; s < XN; ++s)
+#pragma unroll
+      for (int j = 0; j < WK / 16; ++j) {
+        split_bf16x2(xv[s][j][0].x, xv[s][j][0].y, xf[s][j][0], xf[s][j][2]);
+        split_bf16x2(xv[s][j][1].x, xv[s][j][1].y, xf[s][j][1], xf[s][j][3]);
       }
   }
   unsigned q = 0;
@@ -460,12 +513,8 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
 #pragma unroll
       for (int j = 0; j < WK / 16; ++j) {
         if (j < steps) {
-          float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
-          float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
-          if (fold) {
-            x0 = tma_fold2(p, x0, denom, xk0 + s * SK + 16 * j);
-            x1 = tma_fold2(p, x1, denom, xk0 + s * SK + 16 * j + 8);
-          }
+          const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
+          const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
           split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][2]);
           split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][3]);
         }

@@ -247,6 +247,10 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     folded = int(fold is not None)
     C.require(not folded or (sk == 1024 and consumers == 16), "fold",
               "needs 1024-k stages and 16 consumer warps (the default TMA GEMV)")
+    if fold is not None and fold.norm_weight is not None:
+        C.require(xs > 0, "fold", f"a norm fold needs x in registers (K <= "
+                                  f"{TMA_X_STAGES * 1024}, x_regs); got K = {k}")
+        smem += 4 * k  # the norm weight, staged as f32 after the ring
     fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, "
                               f"{folded}>")
     if fn.max_dynamic_shared_size_bytes < smem:
@@ -295,20 +299,26 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
            name=name + "_rows")
 
 
-def folds(n: int, weight) -> bool:
+def folds(n: int, weight, *, norm: bool = True) -> bool:
     """Whether `linear` / `linear_swiglu` with n rows and this weight run linear_tma_kernel, the
     kernel that takes a `Fold` (bf16 weight, K % 16 == 0, sm_90, the GEMV path, NINFER_GEMV_TMA
-    on). Alignment of the operands is checked at the call."""
+    on); `norm`: a Fold with a norm weight, which also needs x in registers (K <= 1024 *
+    NINFER_GEMV_TMA_X_STAGES). Alignment of the operands is checked at the call."""
     w, kind = C.weight_array(weight, "weight")
-    return (kind is C.WKind.BF16 and w.ndim == 2 and w.shape[1] > 0 and n <= GEMV_MAX_ROWS
-            and GEMV_TMA and TMA_SK == 1024 and TMA_CONSUMERS == 16 and tma_ok(w.shape[1]))
+    if not (kind is C.WKind.BF16 and w.ndim == 2 and w.shape[1] > 0 and n <= GEMV_MAX_ROWS
+            and GEMV_TMA and TMA_SK == 1024 and TMA_CONSUMERS == 16 and tma_ok(w.shape[1])):
+        return False
+    return not norm or tma_x_stages(w.shape[1], TMA_SK, TMA_CONSUMERS) > 0
 
 
 def _require_fold(fold: Fold | None, n: int, w, swiglu: bool) -> None:
     if fold is None:
         return
-    C.require(folds(n, w), "fold", f"needs the TMA GEMV (bf16 weight, K % 16 == 0, sm_90, "
-                                   f"N <= {GEMV_MAX_ROWS}); got N = {n}, weight {w.shape}")
+    norm = fold.norm_weight is not None
+    C.require(folds(n, w, norm=norm), "fold",
+              f"needs the TMA GEMV (bf16 weight, K % 16 == 0, sm_90, N <= {GEMV_MAX_ROWS}"
+              f"{', K <= %d' % (TMA_X_STAGES * 1024) if norm else ''}); got N = {n}, "
+              f"weight {w.shape}")
     C.require(not (swiglu and fold.accumulate), "fold", "linear_swiglu does not accumulate")
 
 

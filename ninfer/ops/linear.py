@@ -22,20 +22,32 @@ def reads_bf16_x(rows: int, weight, *, batch_invariant: bool = False) -> bool:
 
 def folds_norm(rows: int, weight) -> bool:
     """Whether `linear` / `linear_swiglu` with `rows` rows and this weight take `norm_weight`
-    and `accumulate` (CUDA: the sm_90 bulk-copy GEMV, bf16 weights, decode row counts)."""
+    (and `accumulate`): CUDA, the sm_90 bulk-copy GEMV with x in registers (bf16 weights, decode
+    row counts, K <= 5120)."""
+    return _folds(rows, weight, norm=True)
+
+
+def folds_add(rows: int, weight) -> bool:
+    """Whether `linear` with `rows` rows and this weight takes `accumulate` (CUDA: the sm_90
+    bulk-copy GEMV, bf16 weights, decode row counts)."""
+    return _folds(rows, weight, norm=False)
+
+
+def _folds(rows: int, weight, norm: bool) -> bool:
     if weight.dtype is not DType.BFLOAT16 or backend_of(weight) is not Backend.CUDA:
         return False
-    return check.kernels(Backend.CUDA, "linear").folds(rows, weight)
+    return check.kernels(Backend.CUDA, "linear").folds(rows, weight, norm=norm)
 
 
 def _fold(op: str, backend, rows: int, weight, norm_weight, norm_eps, accumulate: bool):
     """The CUDA kernel's Fold for these options ({} when none is set)."""
     if norm_weight is None and not accumulate:
         return {}
-    if backend is not Backend.CUDA or not folds_norm(rows, weight):
+    if backend is not Backend.CUDA or not _folds(rows, weight, norm=norm_weight is not None):
         raise TypeError(f"{op}: norm_weight / accumulate need the CUDA decode GEMV "
-                        f"(folds_norm: bf16 weight, sm_90, few rows); got {rows} rows, "
-                        f"a {weight.dtype.value} weight on {backend.value}")
+                        f"(folds_norm / folds_add: bf16 weight, sm_90, few rows; a norm K <= "
+                        f"5120); got {rows} rows, a {weight.dtype.value} {weight.shape} weight "
+                        f"on {backend.value}")
     if norm_weight is not None:
         check.weight(op, "norm_weight", norm_weight, (weight.shape[1],))
         check.scalar(op, "norm_eps", norm_eps, minimum=0.0)
@@ -53,7 +65,8 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False, nor
     x[n] and weight[m].
     Where `folds_norm` holds (CUDA decode): `norm_weight` [K] makes x the residual stream h and
     multiplies RMSNorm1p(h) (bitwise what `rms_norm(h, norm_weight, norm_eps, zero_centered=True)`
-    writes) instead; `accumulate` adds the result into out (bitwise `out + result`).
+    writes) instead; where `folds_add` holds: `accumulate` adds the result into out (bitwise
+    `out + result`).
     """
     backend = backend_of(x, weight, out)
     n, k = check.f32_or_bf16("linear", "x", x, backend, (None, None), check.Layout.ROWS)

@@ -10,7 +10,7 @@ from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.ops import reference as ref
-from ninfer.ops.linear import folds_norm
+from ninfer.ops.linear import folds_add, folds_norm
 
 from cuda_testutil import (DTYPES, TOL_BF16_X, assert_close, assert_same_bits, cp, dev, host,
                            poisoned, randn, rows_view, weight_pair)
@@ -404,11 +404,12 @@ def _norm_weight(rng, k, dtype):
 
 @pytest.mark.parametrize("norm_dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 8])
-@pytest.mark.parametrize("k", [64, 1072, 4096, 5120, 12288])
+@pytest.mark.parametrize("k", [64, 1072, 2048, 4096, 5120])
 def test_fold_norm_equals_norm_then_linear_bitwise(rng, k, n, norm_dtype):
     """linear(h, norm_weight=w) == rms_norm(h, w) then linear, bitwise: x in registers (K <=
-    5120, one to five stages), x per stage in tile groups (K = 12288), every norm block size
-    (D = 64: 64 threads, one warp per row in norm.cu; 1072, 4096: 256; 5120, 12288: 1024)."""
+    5120, one to five stages), every norm block size (D = 64: 64 threads, one warp per row in
+    norm.cu; 1072, 2048, 4096: 256; 5120: 1024), one to 16 elements per norm thread, one to
+    three batches of the denominator's loads."""
     m = 301
     _, h = rows_view(rng, (n, k), pad=8, scale=2.0)
     w_host, w = weight_pair(rng, (m, k), DType.BFLOAT16, scale=k ** -0.5)
@@ -426,7 +427,7 @@ def test_fold_norm_equals_norm_then_linear_bitwise(rng, k, n, norm_dtype):
 
 
 @pytest.mark.parametrize("n", [1, 5, 8])
-@pytest.mark.parametrize("k", [1072, 4096, 12288])
+@pytest.mark.parametrize("k", [1072, 4096, 5120])
 def test_fold_norm_swiglu_equals_norm_then_swiglu_bitwise(rng, k, n):
     inner = 150
     _, h = rows_view(rng, (n, k), pad=8, scale=2.0)
@@ -485,6 +486,11 @@ def test_fold_refuses_what_it_cannot_fold(rng):
     nw = _norm_weight(rng, k, DType.BFLOAT16)
     h = dev(randn(rng, (9, k)))
     assert not folds_norm(9, w16) and not folds_norm(2, w32)
+    w_long = weight_pair(rng, (64, 12288), DType.BFLOAT16)[1]
+    assert folds_add(2, w_long) and not folds_norm(2, w_long)
+    with pytest.raises(TypeError, match="norm_weight / accumulate"):  # x per stage: no norm
+        ops.linear(dev(randn(rng, (2, 12288))), w_long, poisoned((2, 64)),
+                   norm_weight=_norm_weight(rng, 12288, DType.BFLOAT16))
     with pytest.raises(TypeError, match="norm_weight / accumulate"):
         ops.linear(h, w16, poisoned((9, 64)), norm_weight=nw)  # 9 rows: cuBLAS
     with pytest.raises(TypeError, match="norm_weight / accumulate"):

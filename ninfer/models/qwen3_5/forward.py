@@ -19,7 +19,7 @@ import numpy as np
 from ninfer import ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
-from ninfer.ops.linear import folds_norm, reads_bf16_x
+from ninfer.ops.linear import folds_add, folds_norm, reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -99,10 +99,10 @@ class KernelWorkspaces:
     `operand_bf16` (which must exist) instead of f32: bitwise the same results, without the
     conversion launch and with half the bytes written. `gdn_chunk_precision`: the chunked
     prefill's `Precision` (kernels_cuda.gdn_chunk; None: the launcher's default).
-    `fold_norms`: where every linear of a dense model can take it (`ops.linear.folds_norm` at
-    the step's row count), the residual adds go into the epilogues of the output projections
-    (out_proj, o_proj, down) and the RMSNorms into the linears reading them (in_proj, qkv,
-    gate_up, lm_head): no norm or add launches, bitwise the same results.
+    `fold_norms`: where every linear of a dense model can take it (`ops.linear.folds_norm` /
+    `folds_add` at the step's row count), the residual adds go into the epilogues of the output
+    projections (out_proj, o_proj, down) and the RMSNorms into the linears reading them
+    (in_proj, qkv, gate_up, lm_head): no norm or add launches, bitwise the same results.
     """
 
     attention: object = None
@@ -229,11 +229,12 @@ class Qwen35Forward:
             layers = self.params.layers
             dense = all(isinstance(layer.ffn, DenseMLPParams)
                         and self._fused_swiglu(layer.ffn.gate_up) for layer in layers)
-            weights = [self.params.lm_head] + [
-                w for layer in layers if dense
-                for w in (_mixer_input(layer), _mixer_output(layer), layer.ffn.gate_up,
-                          layer.ffn.down)]
-            self._fold_rows[n] = dense and all(folds_norm(n, w) for w in weights)
+            readers = [self.params.lm_head] + [  # take the norms
+                w for layer in layers if dense for w in (_mixer_input(layer), layer.ffn.gate_up)]
+            writers = [  # take the residual adds
+                w for layer in layers if dense for w in (_mixer_output(layer), layer.ffn.down)]
+            self._fold_rows[n] = dense and all(folds_norm(n, w) for w in readers) and all(
+                folds_add(n, w) for w in writers)
         return self._fold_rows[n]
 
     def _fold_kw(self, x, out) -> tuple:
