@@ -498,3 +498,47 @@ def test_fold_refuses_what_it_cannot_fold(rng):
     with pytest.raises(ValueError, match="norm_weight"):
         ops.linear(h[:2], w16, poisoned((2, 64)), norm_weight=_norm_weight(rng, 512,
                                                                            DType.BFLOAT16))
+
+
+# -- the next GEMV's weights prefetched into L2 (ops.linear.NextLinear, GEMV_PREFETCH) -----------
+@pytest.mark.parametrize("copies", [1, 5, 8])
+@pytest.mark.parametrize("n", [1, 8])
+@pytest.mark.parametrize("nxt_shape, nxt_swiglu", [((300, 272), False), ((4098, 4096), True),
+                                                   ((2100, 12288), False), ((40, 1024), True)])
+def test_prefetch_hint_changes_nothing(rng, monkeypatch, copies, n, nxt_shape, nxt_swiglu):
+    """A launch naming the next GEMV (odd row counts, partial stages, SwiGLU, more and fewer
+    blocks than this launch, tile groups) writes the same bits as one that does not, and the
+    next GEMV's own result is unchanged."""
+    from ninfer.ops.linear import NextLinear
+    k, m = 1088, 301
+    _, x = rows_view(rng, (n, k), pad=8)
+    w = weight_pair(rng, (m, k), DType.BFLOAT16, scale=k ** -0.5)[1]
+    w_next = weight_pair(rng, nxt_shape, DType.BFLOAT16, scale=nxt_shape[1] ** -0.5)[1]
+    want = poisoned((n, m))
+    ops.linear(x, w, want)
+    monkeypatch.setattr(klinear, "GEMV_PREFETCH", copies)
+    assert klinear._prefetch_params(NextLinear(w_next, nxt_swiglu), n, klinear.TMA_SK)
+    got = poisoned((n, m))
+    ops.linear(x, w, got, next_linear=NextLinear(w_next, nxt_swiglu))
+    assert_same_bits(got, want, "prefetching launch")
+    _, x2 = rows_view(rng, (n, nxt_shape[1]), pad=8)
+    inner = nxt_shape[0] // 2 if nxt_swiglu else nxt_shape[0]
+    run = ops.linear_swiglu if nxt_swiglu else ops.linear
+    a, b = poisoned((n, inner)), poisoned((n, inner))
+    run(x2, w_next, a)
+    ops.linear(x, w, got, next_linear=NextLinear(w_next, nxt_swiglu))
+    run(x2, w_next, b, next_linear=NextLinear(w, False))
+    assert_same_bits(b, a, "prefetched GEMV")
+
+
+def test_prefetch_skips_what_the_tma_gemv_does_not_read(rng, monkeypatch):
+    from ninfer.ops.linear import NextLinear
+    monkeypatch.setattr(klinear, "GEMV_PREFETCH", 2)
+    w32 = weight_pair(rng, (64, 256), DType.FLOAT32)[1]
+    odd = weight_pair(rng, (64, 1000), DType.BFLOAT16)[1]  # K % 16 != 0
+    assert klinear._prefetch_params(NextLinear(w32), 1, klinear.TMA_SK) == {}
+    assert klinear._prefetch_params(NextLinear(odd), 1, klinear.TMA_SK) == {}
+    assert klinear._prefetch_params(None, 1, klinear.TMA_SK) == {}
+    monkeypatch.setattr(klinear, "GEMV_PREFETCH", 0)
+    w16 = weight_pair(rng, (64, 256), DType.BFLOAT16)[1]
+    assert klinear._prefetch_params(NextLinear(w16), 1, klinear.TMA_SK) == {}
