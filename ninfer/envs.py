@@ -119,17 +119,6 @@ def pdl() -> bool:
     return _flag("NINFER_PDL", True)
 
 
-GEMV_PREFETCH_COPIES = (0, 1, 2, 3, 4, 5, 8)
-
-
-def gemv_prefetch_copies() -> int:
-    """NINFER_GEMV_PREFETCH (default 0; 0, 1, 2, 3, 4, 5 or 8): per block of the next GEMV, how
-    many of its first weight copies (16-row stages) a linear_tma_kernel launch prefetches into
-    L2 once its own copies are issued, when the caller names the next GEMV (0: none). Read once,
-    at import of the launcher."""
-    return _choice("NINFER_GEMV_PREFETCH", 0, GEMV_PREFETCH_COPIES)
-
-
 def fold_norms() -> bool:
     """NINFER_FOLD_NORMS (default off; "1" turns it on): CUDA decode steps of dense models fold
     the RMSNorms into the linears that read them and the residual adds into the output

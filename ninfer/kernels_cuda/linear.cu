@@ -48,13 +48,8 @@ struct GemvParams {
   int norm_threads;
   int flags;
   int pad;
-  // linear_tma_kernel only: the next GEMV of the stream (pf_w null: none), whose first weight
-  // copies this launch prefetches into L2 when its own copies are issued (tma_prefetch_next)
-  const void* pf_w;
-  i64 pf_w_rs;
-  int pf_m, pf_k, pf_swiglu, pf_grid, pf_tg, pf_copies;
 };
-static_assert(sizeof(GemvParams) == 128, "GemvParams layout is mirrored in linear.py");
+static_assert(sizeof(GemvParams) == 88, "GemvParams layout is mirrored in linear.py");
 
 template <typename WT, int NT, int R, int ALIGNED>
 __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
@@ -358,33 +353,6 @@ __device__ __forceinline__ void tma_stage_norm_weight(const GemvParams& p, float
   }
 }
 
-// The next GEMV's first weight copies into L2 (p.pf_*: its weight, M, K, SWIGLU, grid, tile
-// group and the copies per block to prefetch), by this block's producer lanes 0..15 (lane r =
-// stage row r) once its own copies are issued: the bytes stream from HBM while this launch's
-// ring drains and the small kernels between the two GEMVs run, instead of after them. Block b
-// covers the next launch's blocks b, b + gridDim.x, ... < pf_grid, each in that block's own
-// copy order (stages of its first tile group, stage-major). Stage k SK as this kernel's.
-template <int SK>
-__device__ __forceinline__ void tma_prefetch_next(const GemvParams& p, int r) {
-  const int tile = p.pf_swiglu ? 8 : 16;
-  const int stages = (p.pf_k + SK - 1) / SK;
-  const bf16raw* w = static_cast<const bf16raw*>(p.pf_w);
-  for (int b = blockIdx.x; b < p.pf_grid; b += gridDim.x) {
-    int left = p.pf_copies;
-    for (int s = 0; s < stages && left > 0; ++s) {
-      for (int i = 0; i < p.pf_tg && left > 0; ++i, --left) {
-        const int m0 = (b + i * p.pf_grid) * tile;
-        if (m0 >= p.pf_m) break;
-        const int rr = p.pf_swiglu ? (r & 7) : r;
-        if (m0 + rr < p.pf_m) {
-          const i64 row = p.pf_swiglu ? (r < 8 ? m0 + r : p.pf_m + m0 + r - 8) : m0 + r;
-          bulk_prefetch_l2(w + row * p.pf_w_rs + s * SK, 2u * (unsigned)min(SK, p.pf_k - s * SK));
-        }
-      }
-    }
-  }
-}
-
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int FOLD>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
@@ -450,7 +418,6 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
         }
       }
     }
-    if (p.pf_w != nullptr && lane < 16) tma_prefetch_next<SK>(p, lane);
     return;
   }
   // consumers: everything they read (x) or write (out) may belong to the previous kernel in the

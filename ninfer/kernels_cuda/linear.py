@@ -51,11 +51,8 @@ SOURCE = KernelSource("linear.cu", tuple(
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                        ("n", "i32"), ("splits", "i32"), ("norm_w", "ptr"), ("norm_eps", "f32"),
-                       ("norm_threads", "i32"), ("flags", "i32"), ("pad", "i32"),
-                       ("pf_w", "ptr"), ("pf_w_rs", "i64"), ("pf_m", "i32"), ("pf_k", "i32"),
-                       ("pf_swiglu", "i32"), ("pf_grid", "i32"), ("pf_tg", "i32"),
-                       ("pf_copies", "i32"))
-assert GEMV_PARAMS.itemsize == 128
+                       ("norm_threads", "i32"), ("flags", "i32"), ("pad", "i32"))
+assert GEMV_PARAMS.itemsize == 88
 FOLD_NORM, ACCUMULATE, NORM_W_BF16 = 1, 2, 4  # GemvParams.flags (linear.cu)
 
 
@@ -117,11 +114,11 @@ def _gemv_aligned(w, kind: C.WKind, w_rs: int, x, x_rs: int, k: int) -> bool:
 
 
 def launch_gemv(x, x_rs: int, w, kind: C.WKind, w_rs: int, out, out_rs: int, m: int, k: int,
-                n: int, next_gemv: object = None) -> None:
+                n: int) -> None:
     """The GEMV kernel on already-checked operands (also used by other launchers)."""
     aligned = int(_gemv_aligned(w, kind, w_rs, x, x_rs, k))
     if _mma_ok(w, kind, w_rs, x, x_rs):
-        _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, next_gemv=next_gemv)
+        _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False)
         return
     nt = rows_tile(n)
     r = ROWS_PER_BLOCK[nt]
@@ -196,68 +193,6 @@ GEMV_PDL = envs.gemv_pdl()
 # 17.57 with groups of 4, 15.04 / 18.32 with 2, 14.93 / 18.67 with 1; 9B 4.69 / 5.88, 4.68 /
 # 5.86, 4.66 / 6.01.
 TMA_TILE_GROUP = envs.gemv_tma_tile_group()
-# NINFER_GEMV_PREFETCH (read once at import): the first weight copies per block of the next GEMV
-# (ops.linear.NextLinear) that a linear_tma_kernel launch prefetches into L2 after issuing its
-# own copies.
-GEMV_PREFETCH = envs.gemv_prefetch_copies()
-
-
-@dataclasses.dataclass(frozen=True)
-class TmaGeometry:
-    """A linear_tma_kernel launch: `tile` output rows per row tile (16; 8 for SwiGLU), `tiles`
-    row tiles, `col_tiles` tiles of 8 activation rows, `row_blocks` persistent blocks per column
-    tile, stages of `sk` k, `consumers` warps, a ring of `stages` stages in `smem` bytes of
-    dynamic shared memory, `xs` stages of x in registers (0: read per stage), tile groups of
-    `tg`."""
-
-    tile: int
-    tiles: int
-    col_tiles: int
-    row_blocks: int
-    sk: int
-    consumers: int
-    stages: int
-    smem: int
-    xs: int
-    tg: int
-
-
-def tma_geometry(m: int, k: int, n: int, *, swiglu: bool, row_blocks: int | None = None,
-                 sk: int | None = None, consumers: int | None = None,
-                 ring_kib: int | None = None, x_regs: bool = True,
-                 tile_group: int | None = None) -> TmaGeometry:
-    """The launch of linear_tma_kernel for M outputs, K, N rows (see `_launch_tma`)."""
-    tile = 8 if swiglu else 16
-    tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
-    if row_blocks is None:
-        row_blocks = max(1, current_device().sm_count // col_tiles)
-    row_blocks = max(1, min(tiles, row_blocks))
-    sk = TMA_SK if sk is None else sk
-    consumers = TMA_CONSUMERS if consumers is None else consumers
-    stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
-    xs = tma_x_stages(k, sk, consumers) if x_regs else 0
-    tg = TMA_TILE_GROUP if tile_group is None else tile_group
-    if xs or sk != 1024 or consumers != 16:
-        tg = 1
-    return TmaGeometry(tile, tiles, col_tiles, row_blocks, sk, consumers, stages, smem, xs, tg)
-
-
-def _prefetch_params(nxt: object, n: int, sk: int) -> dict:
-    """The GemvParams pf_* fields naming the first copies of `nxt` (ops.linear.NextLinear: its
-    `.weight` and `.swiglu`; {}: no prefetch): only a bf16 weight that the TMA GEMV with the same
-    stage size reads."""
-    if nxt is None or GEMV_PREFETCH == 0:
-        return {}
-    w, kind = C.weight_array(nxt.weight, "next weight")
-    if kind is not C.WKind.BF16 or w.ndim != 2 or not tma_ok(w.shape[1]) or not C.aligned(w):
-        return {}
-    m, k = (w.shape[0] // 2 if nxt.swiglu else w.shape[0]), w.shape[1]
-    g = tma_geometry(m, k, n, swiglu=nxt.swiglu)
-    if g.sk != sk or m == 0 or k == 0:
-        return {}
-    return dict(pf_w=C.ptr(w), pf_w_rs=C.row_stride(w, "next weight"), pf_m=m, pf_k=k,
-                pf_swiglu=int(nxt.swiglu), pf_grid=g.row_blocks, pf_tg=g.tg,
-                pf_copies=min(GEMV_PREFETCH, g.stages))
 
 
 def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
@@ -286,53 +221,59 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
                 x_regs: bool = True, pdl: bool | None = None,
-                tile_group: int | None = None, fold: Fold | None = None,
-                next_gemv: object = None) -> None:
+                tile_group: int | None = None, fold: Fold | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
     `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
     same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL).
     `tile_group`: row tiles walked in lockstep when x is read per stage (None: TMA_TILE_GROUP;
-    bitwise the same results). `fold`: the norm / residual add folded into this GEMV.
-    `next_gemv`: the next GEMV (ops.linear.NextLinear), whose first copies go to L2
-    (GEMV_PREFETCH; a hint)."""
-    g = tma_geometry(m, k, n, swiglu=swiglu, row_blocks=row_blocks, sk=sk, consumers=consumers,
-                     ring_kib=ring_kib, x_regs=x_regs, tile_group=tile_group)
-    smem = g.smem
+    bitwise the same results). `fold`: the norm / residual add folded into this GEMV."""
+    tile = 8 if swiglu else 16
+    tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
+    if row_blocks is None:
+        row_blocks = max(1, current_device().sm_count // col_tiles)
+    row_blocks = max(1, min(tiles, row_blocks))
+    sk = TMA_SK if sk is None else sk
+    consumers = TMA_CONSUMERS if consumers is None else consumers
+    stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out_rs, m=m, k=k, n=n, splits=g.stages,
-                    **(fold.params(k) if fold is not None else {}),
-                    **_prefetch_params(next_gemv, n, g.sk))
+                    out_rs=out_rs, m=m, k=k, n=n, splits=stages,
+                    **(fold.params(k) if fold is not None else {}))
+    xs = tma_x_stages(k, sk, consumers) if x_regs else 0
+    tg = TMA_TILE_GROUP if tile_group is None else tile_group
+    if xs or sk != 1024 or consumers != 16:
+        tg = 1
     folded = int(fold is not None)
-    C.require(not folded or (g.sk == 1024 and g.consumers == 16), "fold",
+    C.require(not folded or (sk == 1024 and consumers == 16), "fold",
               "needs 1024-k stages and 16 consumer warps (the default TMA GEMV)")
     if fold is not None and fold.norm_weight is not None:
-        C.require(g.xs > 0, "fold", f"a norm fold needs x in registers (K <= "
-                                    f"{TMA_X_STAGES * 1024}, x_regs); got K = {k}")
+        C.require(xs > 0, "fold", f"a norm fold needs x in registers (K <= "
+                                  f"{TMA_X_STAGES * 1024}, x_regs); got K = {k}")
         smem += 4 * k  # the norm weight, staged as f32 after the ring
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {g.sk}, {g.consumers}, {g.xs}, "
-                              f"{g.tg}, {folded}>")
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, "
+                              f"{folded}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     name = "linear_swiglu_tma" if swiglu else "linear_tma"
-    grid, block = (g.row_blocks, g.col_tiles), (32 * (g.consumers + 1),)
     if GEMV_PDL if pdl is None else pdl:
-        launch_dependent(fn, grid, block, (params,), shared_mem=smem, name=name)
+        launch_dependent(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
+                         shared_mem=smem, name=name)
     else:
-        launch(fn, grid, block, (params,), shared_mem=smem, name=name)
+        launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
+               shared_mem=smem, name=name)
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 rows: bool | None = None, row_blocks: int | None = None,
-                tma: bool | None = None, next_gemv: object = None) -> None:
+                tma: bool | None = None) -> None:
     """`tma`: linear_tma_kernel where `tma_ok` (None: GEMV_TMA). Otherwise `rows`:
     linear_mma_rows_kernel (True) or linear_mma_kernel (False); None: GEMV_ROWS.
     Rows kernel only: `row_blocks` blocks along the row tiles (None: all that fit at once when
     GEMV_PERSIST and the blocks have MMA_MAX_SPLITS warps, else one per tile); fewer blocks than
     tiles make the launch persistent."""
     if (GEMV_TMA if tma is None else tma) and tma_ok(k):
-        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=swiglu, next_gemv=next_gemv)
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=swiglu)
         return
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k)
@@ -381,13 +322,12 @@ def _require_fold(fold: Fold | None, n: int, w, swiglu: bool) -> None:
     C.require(not (swiglu and fold.accumulate), "fold", "linear_swiglu does not accumulate")
 
 
-def linear_swiglu(x, gate_up, out, *, fold: Fold | None = None,
-                  next_gemv: object = None) -> None:
+def linear_swiglu(x, gate_up, out, *, fold: Fold | None = None) -> None:
     """out f32[N, I] = silu(x @ gate^T) * (x @ up^T), gate_up bf16 [2I, K] = [gate; up].
 
     One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
     invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x. `fold` (norm only):
-    see `Fold`. `next_gemv`: a hint (ops.linear.NextLinear).
+    see `Fold`.
     """
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     n, k = x.shape
@@ -403,10 +343,9 @@ def linear_swiglu(x, gate_up, out, *, fold: Fold | None = None,
     if n == 0 or inner == 0:
         return
     if fold is not None:
-        _launch_tma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, fold=fold,
-                    next_gemv=next_gemv)
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, fold=fold)
         return
-    _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, next_gemv=next_gemv)
+    _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
 
 def takes_cublas(n: int, batch_invariant: bool) -> bool:
@@ -415,7 +354,7 @@ def takes_cublas(n: int, batch_invariant: bool) -> bool:
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
-           fold: Fold | None = None, next_gemv: object = None) -> None:
+           fold: Fold | None = None) -> None:
     """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
 
     x: f32 (rows strided), or bf16 bits (uint16, C-contiguous) when the call takes the cuBLAS
@@ -423,7 +362,7 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
     `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of an f32 x on the
     cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
     kernel for any N. `fold`: a norm of x and/or the residual add into out in the GEMV (`Fold`;
-    only where `folds` holds). `next_gemv`: a hint (ops.linear.NextLinear).
+    only where `folds` holds).
     """
     bf16_x = getattr(x, "dtype", None) == np.uint16
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
@@ -445,14 +384,13 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
         return
     if fold is not None:
         C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x", "a fold needs 16-byte aligned rows")
-        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, fold=fold,
-                    next_gemv=next_gemv)
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, fold=fold)
         return
     if k == 0:
         out.fill(0)
         return
     if not cublas:
-        launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, next_gemv)
+        launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)
         return
     _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
 

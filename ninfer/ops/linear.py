@@ -2,21 +2,9 @@
 and the CUDA-only `linear_swiglu` (gate/up projection fused with SwiGLU for decode)."""
 from __future__ import annotations
 
-import dataclasses
-
 from ninfer.core.dtypes import DType
 from ninfer.ops import _checks as check
 from ninfer.ops._backend import Backend, backend_of
-
-
-@dataclasses.dataclass(frozen=True)
-class NextLinear:
-    """A hint naming the linear that follows in the stream: its weight and whether
-    `linear_swiglu` reads it. The CUDA decode GEMV prefetches that weight's first bytes into L2
-    (NINFER_GEMV_PREFETCH); results never depend on it; ignored on the CPU."""
-
-    weight: object
-    swiglu: bool = False
 
 
 def supports(weight_dtype: DType) -> bool:
@@ -68,8 +56,7 @@ def _fold(op: str, backend, rows: int, weight, norm_weight, norm_eps, accumulate
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False, norm_weight=None,
-           norm_eps: float = 0.0, accumulate: bool = False,
-           next_linear: NextLinear | None = None) -> None:
+           norm_eps: float = 0.0, accumulate: bool = False) -> None:
     """out[N, M] = x[N, K] @ weight[M, K]^T.
 
     x: f32, rows strided (last axis contiguous), or bf16 bits (uint16, C-contiguous) where
@@ -79,7 +66,7 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False, nor
     Where `folds_norm` holds (CUDA decode): `norm_weight` [K] makes x the residual stream h and
     multiplies RMSNorm1p(h) (bitwise what `rms_norm(h, norm_weight, norm_eps, zero_centered=True)`
     writes) instead; where `folds_add` holds: `accumulate` adds the result into out (bitwise
-    `out + result`). `next_linear`: a prefetch hint (`NextLinear`).
+    `out + result`).
     """
     backend = backend_of(x, weight, out)
     n, k = check.f32_or_bf16("linear", "x", x, backend, (None, None), check.Layout.ROWS)
@@ -92,17 +79,14 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False, nor
     fold = _fold("linear", backend, n, weight, norm_weight, norm_eps, accumulate)
     check.kernels(backend, "linear").linear(x, weight, out, **fold,
                                             **check.scratch(backend, workspace=workspace,
-                                                            batch_invariant=batch_invariant or None,
-                                                            next_gemv=next_linear))
+                                                          batch_invariant=batch_invariant or None))
 
 
-def linear_swiglu(x, gate_up, out, *, norm_weight=None, norm_eps: float = 0.0,
-                  next_linear: NextLinear | None = None) -> None:
+def linear_swiglu(x, gate_up, out, *, norm_weight=None, norm_eps: float = 0.0) -> None:
     """CUDA-only decode fast path: out[N, I] = silu(x @ gate^T) * (x @ up^T) in one launch, with
     gate_up a bf16 Weight [2I, K] = [gate; up]. Bitwise equal to `linear` into [N, 2I] followed
     by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows.
-    `norm_weight`: x is the residual stream, normalised in the launch (see `linear`).
-    `next_linear`: a prefetch hint (`NextLinear`)."""
+    `norm_weight`: x is the residual stream, normalised in the launch (see `linear`)."""
     backend = backend_of(x, gate_up, out)
     if backend is not Backend.CUDA:
         raise TypeError("linear_swiglu is a CUDA-only op (the CPU backend uses linear + swiglu)")
@@ -113,5 +97,4 @@ def linear_swiglu(x, gate_up, out, *, norm_weight=None, norm_eps: float = 0.0,
                         f"{gate_up.dtype.value} {gate_up.shape}")
     check.array("linear_swiglu", "out", out, check.F32, (n, m2 // 2))
     fold = _fold("linear_swiglu", backend, n, gate_up, norm_weight, norm_eps, False)
-    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out, **fold,
-                                                   next_gemv=next_linear)
+    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out, **fold)

@@ -19,7 +19,7 @@ import numpy as np
 from ninfer import ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
-from ninfer.ops.linear import NextLinear, folds_add, folds_norm, reads_bf16_x
+from ninfer.ops.linear import folds_add, folds_norm, reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -176,7 +176,6 @@ class Qwen35Forward:
                                                               kv_pool.page_size))
         self._gdn_index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
         self._fold_rows: dict[int, bool] = {}
-        self._next_linear = self._linear_chain()
 
     # -- whole model ---------------------------------------------------------------------------
     def __call__(self, ctx: StepContext):
@@ -252,25 +251,7 @@ class Qwen35Forward:
     def _linear(self, x, weight, out) -> None:
         x, out, fold = self._fold_kw(x, out)
         ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant, **fold,
-                   next_linear=self._next_linear.get(id(weight)),
                    **self.kws.kw(self.kws.linear_bf16))
-
-    def _linear_chain(self) -> dict[int, NextLinear]:
-        """id(weight) -> the linear that runs next in a step (a prefetch hint), in forward order:
-        per layer the mixer's input and output projections, then the FFN's (dense: gate_up,
-        down; MoE: router, shared gate_up, shared down); lm_head last."""
-        order: list[tuple[object, bool]] = []
-        for layer in self.params.layers:
-            order += [(_mixer_input(layer), False), (_mixer_output(layer), False)]
-            w = layer.ffn
-            if isinstance(w, DenseMLPParams):
-                order += [(w.gate_up, self._fused_swiglu(w.gate_up)), (w.down, False)]
-            else:
-                order += [(w.router_gate, False),
-                          (w.shared_gate_up, self._fused_swiglu(w.shared_gate_up)),
-                          (w.shared_down, False)]
-        order.append((self.params.lm_head, False))
-        return {id(w): NextLinear(nxt, swiglu) for (w, _), (nxt, swiglu) in zip(order, order[1:])}
 
     # -- where linear inputs are written -------------------------------------------------------
     def _x_buffer(self, rows: int, width: int, weight, f32_buffer):
@@ -397,8 +378,7 @@ class Qwen35Forward:
         if self._fused_swiglu(gate_up):
             act = self.ws.ffn_act(n, inner)
             x, _, fold = self._fold_kw(x, None)
-            ops.linear_swiglu(x, gate_up, act, **fold,
-                              next_linear=self._next_linear.get(id(gate_up)))
+            ops.linear_swiglu(x, gate_up, act, **fold)
             self._linear(act, down, out)
             return
         gu = self.ws.proj(n, 2 * inner)
