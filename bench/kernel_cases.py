@@ -80,8 +80,10 @@ def paged_attention_bytes(lengths, q_heads: int, kv_heads: int, head_dim: int,
 def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
     """Decode rows of `context` keys each: one eager call (includes the Python launch) and,
     per K/V pipeline depth, the per-call time of back-to-back calls replayed from a CUDA graph
-    (`BenchContext.time_graph`; the device time as inside the decode graph)."""
+    (`BenchContext.time_graph`; the device time as inside the decode graph); then the output
+    gate as a separate sigmoid_mul launch vs fused into paged_attention (gate=), both graphed."""
     from ninfer.kernels_cuda import attention as katt
+    from ninfer.kernels_cuda import elementwise as kew
 
     s = ctx.shape
     out = []
@@ -111,6 +113,25 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         ms, reps = ctx.time_graph(call)
         out.append(Measure("paged_attention", f"{label} graph", ms, bytes=per_set,
                            note=f"graph of {reps} launches, {copies} sets"))
+        # the Qwen3.5 output gate: separate sigmoid_mul launch (the gate copied contiguous, as
+        # attn_prep does; in place) vs fused (gate= the strided half of [q_h | gate_h])
+        gate = f32_random(cp, (batch, s.heads, 2 * s.head_dim))[:, :, s.head_dim:]
+        gate_c = cp.ascontiguousarray(gate)
+        flat = o.reshape(batch, -1)
+
+        def unfused(i):
+            call(i)
+            kew.sigmoid_mul(flat, gate_c.reshape(batch, -1), flat)
+
+        def fused(i):
+            katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos, s.head_dim ** -0.5, o,
+                                 workspace=ws, gate=gate)
+
+        for what, fn, note in (("+ sigmoid_mul", unfused, "2 launches"),
+                               ("gated", fused, "1 launch")):
+            ms, reps = ctx.time_graph(fn)
+            out.append(Measure("paged_attention", f"{label} {what} graph", ms, bytes=per_set,
+                               note=f"{note} per call, graph of {reps} calls"))
     return out
 
 

@@ -52,6 +52,13 @@
 //   SPLIT=0 (many rows, e.g. prefill): grid (1, Hkv, N); the block loops over the row's chunks
 //     and folds each partial into a group state and each finished group into the row state
 //     (shared memory).
+//   Output gate (optional, p.gate non-null: the gated attention of Qwen3.5): every final
+//     output element is written as value * sigmoid(gate[n, h, d]) by one helper
+//     (attn_store_out, used by the one-chunk write, the split mode's last fold and the SPLIT=0
+//     write) with elementwise.cu SigmoidMul's expression (sigmoid_mul_f), so the result is
+//     bitwise paged_attention followed by sigmoid_mul. gate f32 [N, A, D], rows and heads
+//     strided, last axis contiguous; read after pdl_enter like the other inputs. A null gate
+//     leaves the output arithmetic unchanged.
 //   Both modes run the same per-chunk code and the same fold in the same order, so they give
 //   bitwise identical rows (batch invariance across the switch). All per-chunk arithmetic uses
 //   explicit fmaf / __fmul_rn / __fadd_rn so that no contraction choice differs between
@@ -118,7 +125,9 @@ struct AttnParams {
   float* grp_ml;   // [N, A, ATTN_GROUP, 2]
   int* counters;   // [N, A, 1 + ATTN_GROUP]: [n, g, 0] groups done, [n, g, 1 + q] chunks done
                    // in group q of row n, KV head g; 0 between launches
+  const float* gate;  // [N, A, D] output gate (rows / heads strided), or null: no gate
   i64 q_rs, q_hs, out_rs, out_hs;
+  i64 gate_rs, gate_hs;
   i64 bt_rs;
   int num_pages, page_size, kv_heads, q_heads;
   int num_seqs, bt_cols, max_chunks, head_groups;  // head_groups = HG
@@ -127,7 +136,7 @@ struct AttnParams {
   int page_shift;    // log2(page_size) when it is a power of two, else -1
   int pad;
 };
-static_assert(sizeof(AttnParams) == 184, "AttnParams layout is mirrored in attention.py");
+static_assert(sizeof(AttnParams) == 208, "AttnParams layout is mirrored in attention.py");
 
 struct AttnRow {
   bool ok;
@@ -258,6 +267,27 @@ __device__ __forceinline__ float attn_fold(float run, float a, float b, float x)
   return fmaf(x, b, __fmul_rn(run, a));
 }
 
+// Writes the final output elements (n, head, d .. d + K - 1) = v, each times sigmoid(gate) when
+// p.gate is set (sigmoid_mul_f: the bits of paged_attention then sigmoid_mul). The gate loads
+// are all issued before the stores (out may alias gate as far as the compiler knows). Every
+// site that writes a final output element goes through here.
+template <int K>
+__device__ __forceinline__ void attn_store_out(const AttnParams& p, i64 n, int head, int d,
+                                               const float (&v)[K]) {
+  float* out = p.out + n * p.out_rs + (i64)head * p.out_hs + d;
+  if (p.gate) {
+    const float* gp = p.gate + n * p.gate_rs + (i64)head * p.gate_hs + d;
+    float gv[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) gv[k] = gp[k];
+#pragma unroll
+    for (int k = 0; k < K; ++k) out[k] = sigmoid_mul_f(v[k], gv[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < K; ++k) out[k] = v[k];
+  }
+}
+
 // Element row (page * Hkv + g) * page_size + slot of `key`; -2: not a key of this tile
 // (inactive lane or past key_end), -1: invalid row or page (the row becomes NaN).
 __device__ __forceinline__ int attn_key_row(const AttnParams& p, const int* bt, bool row_ok, int g,
@@ -362,11 +392,8 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
         o3 = attn_fold(0.0f, a, b, o3);
         l = attn_fold(0.0f, a, b, l);
       }
-      float* out = p.out + n * p.out_rs + (i64)head * p.out_hs + d4 * 4;
-      out[0] = o0 / l;
-      out[1] = o1 / l;
-      out[2] = o2 / l;
-      out[3] = o3 / l;
+      const float v[4] = {o0 / l, o1 / l, o2 / l, o3 / l};
+      attn_store_out<4>(p, n, head, d4 * 4, v);
     }
   };
   if (tid < items) fold(tid, pre0);
@@ -868,7 +895,8 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
         attn_coef(-NINFER_INF, gm, ra, rb);
         const float go = attn_fold(0.0f, a, b, o), gl = attn_fold(0.0f, a, b, lsum);
         const float ov = attn_fold(0.0f, ra, rb, go), lv = attn_fold(0.0f, ra, rb, gl);
-        p.out[n * p.out_rs + (i64)head * p.out_hs + d] = sm_bad ? NINFER_NAN : ov / lv;
+        const float v[1] = {sm_bad ? NINFER_NAN : ov / lv};
+        attn_store_out<1>(p, n, head, d, v);
       } else {
         const i64 part = (n * p.q_heads + head) * (i64)p.max_chunks + c;
         p.part_o[part * D + d] = sm_bad ? NINFER_NAN : o;
@@ -884,8 +912,8 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   if (!SPLIT) {
     for (int idx = tid; idx < G * D; idx += nthreads) {
       const int hl = idx / D, d = idx % D;
-      p.out[n * p.out_rs + (i64)(g * G + hl) * p.out_hs + d] =
-          sm_bad ? NINFER_NAN : run_o[idx] / run_l[hl];
+      const float v[1] = {sm_bad ? NINFER_NAN : run_o[idx] / run_l[hl]};
+      attn_store_out<1>(p, n, g * G + hl, d, v);
     }
     return;
   }

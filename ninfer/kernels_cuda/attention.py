@@ -59,13 +59,14 @@ assert _KVW.itemsize == 120
 _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                  ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"),
                  ("part_o", "ptr"), ("part_ml", "ptr"), ("grp_o", "ptr"), ("grp_ml", "ptr"),
-                 ("counters", "ptr"), ("q_rs", "i64"),
-                 ("q_hs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("bt_rs", "i64"),
+                 ("counters", "ptr"), ("gate", "ptr"), ("q_rs", "i64"),
+                 ("q_hs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("gate_rs", "i64"),
+                 ("gate_hs", "i64"), ("bt_rs", "i64"),
                  ("num_pages", "i32"), ("page_size", "i32"), ("kv_heads", "i32"),
                  ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
                  ("hg_recip", "i32"), ("page_shift", "i32"), ("pad", "i32"))
-assert _ATTN.itemsize == 184
+assert _ATTN.itemsize == 208
 
 
 def chunk_keys(length: int) -> int:
@@ -183,7 +184,7 @@ def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, 
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
-                    workspace: AttentionWorkspace | None = None) -> None:
+                    workspace: AttentionWorkspace | None = None, gate=None) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
     q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided); pages
@@ -198,6 +199,12 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     chunks; InvalidInput when smaller); the launch then allocates nothing and never
     synchronises (capturable). workspace=None allocates one per call. With more rows a block
     loops over its row's chunks and no workspace is used.
+
+    gate: optional f32[N,A,D] (rows/heads strided, last axis contiguous; e.g. the gate half
+    q_and_gate[:, :, D:] of Qwen3.5's interleaved [q_h | gate_h] projection): out is then
+    attention * sigmoid(gate), with elementwise.cu SigmoidMul's expression in every write of a
+    final output element, so bitwise `paged_attention` followed by `sigmoid_mul`. Both kernel
+    variants (FMA and MMA) and both launch modes support it.
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
@@ -205,6 +212,10 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     n, q_heads = q.shape[0], q.shape[1]
     q_rs, q_hs = C.per_head(q, "q", n, q_heads, dim)
     o_rs, o_hs = C.per_head(out, "out", n, q_heads, dim)
+    g_ptr = g_rs = g_hs = 0
+    if gate is not None:
+        g_rs, g_hs = C.per_head(gate, "gate", n, q_heads, dim)
+        g_ptr = C.ptr(gate)
     bt_rs = C.row_targets(block_tables, row_seq, row_pos, n)
     C.require(dim % 32 == 0 and dim // 32 in _DPL, "q", f"head dim {dim} not in 32/64/128/256")
     C.require(q_heads % kv_heads == 0, "q", f"{q_heads} query heads not a multiple of {kv_heads}")
@@ -241,8 +252,9 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     params = C.pack(_ATTN, q=C.ptr(q), out=C.ptr(out), k_pages=C.ptr(kp), v_pages=C.ptr(vp),
                     block_tables=C.ptr(block_tables), row_seq=C.ptr(row_seq),
                     row_pos=C.ptr(row_pos), part_o=part_o, part_ml=part_ml, grp_o=grp_o,
-                    grp_ml=grp_ml, counters=counters,
-                    q_rs=q_rs, q_hs=q_hs, out_rs=o_rs, out_hs=o_hs, bt_rs=bt_rs,
+                    grp_ml=grp_ml, counters=counters, gate=g_ptr,
+                    q_rs=q_rs, q_hs=q_hs, out_rs=o_rs, out_hs=o_hs, gate_rs=g_rs,
+                    gate_hs=g_hs, bt_rs=bt_rs,
                     num_pages=num_pages, page_size=page_size, kv_heads=kv_heads,
                     q_heads=q_heads, num_seqs=block_tables.shape[0],
                     bt_cols=block_tables.shape[1], max_chunks=max_chunks, head_groups=hg,

@@ -144,6 +144,9 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 }
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+// a * sigmoid(b): elementwise.cu SigmoidMul (sigmoid_mul) and the gated paged_attention output
+// (attention.cu) share this expression, so fusing the gate keeps the bits.
+__device__ __forceinline__ float sigmoid_mul_f(float a, float b) { return a * sigmoid_f(b); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 // PyTorch softplus (beta 1, threshold 20).
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }

@@ -29,7 +29,7 @@ struct EwParams {
 static_assert(sizeof(EwParams) == 80, "EwParams layout is mirrored in elementwise.py");
 
 struct SigmoidMul {
-  __device__ static float apply(float a, float b, float) { return a * sigmoid_f(b); }
+  __device__ static float apply(float a, float b, float) { return sigmoid_mul_f(a, b); }
 };
 struct SiluMul {
   __device__ static float apply(float a, float b, float) { return silu_f(a) * b; }

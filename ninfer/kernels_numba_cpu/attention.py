@@ -4,7 +4,8 @@ Pages are [num_pages, Hkv, page_size, D] (float32, or uint16 bf16 bits). Attenti
 per (row, KV head): scores for keys 0..row_pos in ascending position (q.k is `_dot.dot`, times
 scale), max-subtracted fp32 softmax with a sequential sum, then p_j = e_j / sum and
 out = sum_j p_j v_j accumulated in ascending j. The GQA group of query heads sharing a KV head is
-handled together so each K/V row is loaded once per group.
+handled together so each K/V row is loaded once per group. With a gate, each output element is
+o * sigmoid(gate) in f32 (elementwise.py's sigmoid_mul expression: the same bits as the two ops).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from numba import njit, prange, uint64
 
 from ninfer.kernels_numba_cpu._dot import LANES, dot
 from ninfer.kernels_numba_cpu._layout import rows3
-from ninfer.kernels_numba_cpu._prim import F0, store, widen
+from ninfer.kernels_numba_cpu._prim import F0, sigmoid, store, widen
 from ninfer.kernels_numba_cpu._threads import launch
 
 
@@ -36,8 +37,9 @@ def _kv_write_kernel(k, ks0, ks1, v, vs0, vs1, k_pages, v_pages, block_tables,
 
 @njit
 def _attend(q, qo0, qs1, k_pages, v_pages, pages, ctx, kvh, kv_heads, page_size, scale,
-            out, t, group):
-    """One row's causal attention for the `group` query heads of KV head kvh (pages: its table)."""
+            out, t, group, gated, gate, go0, gs1):
+    """One row's causal attention for the `group` query heads of KV head kvh (pages: its table);
+    gated: out *= sigmoid(gate[go0 + g * gs1 + i]) for query head g of the group."""
     d = out.shape[2]
     scores = np.empty((group, ctx), np.float32)
     acc = np.empty(LANES, np.float32)
@@ -65,19 +67,23 @@ def _attend(q, qo0, qs1, k_pages, v_pages, pages, ctx, kvh, kv_heads, page_size,
                 o[g, i] += p * widen(v_pages[vo + uint64(i)])
     for g in range(group):
         for i in range(d):
-            out[t, kvh * group + g, i] = o[g, i]
+            if gated:
+                out[t, kvh * group + g, i] = o[g, i] * sigmoid(gate[go0 + g * gs1 + i])
+            else:
+                out[t, kvh * group + g, i] = o[g, i]
 
 
 @njit(parallel=True, cache=True, fastmath=False)
 def _attention_kernel(q, qs0, qs1, k_pages, v_pages, block_tables, row_seq, row_pos,
-                      scale, out, kv_heads, page_size):
+                      scale, out, kv_heads, page_size, gated, gate, gs0, gs1):
     n, n_heads, _ = out.shape
     group = n_heads // kv_heads
     for r in prange(n * kv_heads):
         t = r // kv_heads
         kvh = r - t * kv_heads
         _attend(q, t * qs0 + kvh * group * qs1, qs1, k_pages, v_pages, block_tables[row_seq[t]],
-                row_pos[t] + 1, kvh, kv_heads, page_size, scale, out, t, group)
+                row_pos[t] + 1, kvh, kv_heads, page_size, scale, out, t, group, gated, gate,
+                t * gs0 + kvh * group * gs1, gs1)
 
 
 def _check_rows(name, block_tables, row_seq, row_pos, page_size, num_pages, *, whole_context):
@@ -108,13 +114,17 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
            v_pages.reshape(-1), block_tables, row_seq, row_pos, heads, page_size, d)
 
 
-def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out) -> None:
+def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, *,
+                    gate=None) -> None:
     if row_seq.shape[0] == 0:
         return
     num_pages, kv_heads, page_size, _ = k_pages.shape
     _check_rows("paged_attention", block_tables, row_seq, row_pos, page_size, num_pages,
                 whole_context=True)
     qb, qs0, qs1 = rows3(q)
+    # no gate: q's buffer stands in (never read), so the kernel has one signature
+    gb, gs0, gs1 = (qb, 0, 0) if gate is None else rows3(gate)
     work = 2 * (int(row_pos.sum()) + len(row_pos)) * q.shape[1] * q.shape[2]
     launch(_attention_kernel, work, qb, qs0, qs1, k_pages.reshape(-1), v_pages.reshape(-1),
-           block_tables, row_seq, row_pos, np.float32(scale), out, kv_heads, page_size)
+           block_tables, row_seq, row_pos, np.float32(scale), out, kv_heads, page_size,
+           gate is not None, gb, gs0, gs1)

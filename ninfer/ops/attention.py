@@ -44,10 +44,15 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, *,
-                    workspace=None) -> None:
+                    workspace=None, gate=None) -> None:
     """Causal attention of q[n] (f32[N, A, D], rows/heads strided) over keys 0..row_pos[n] of
-    its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous."""
-    backend = backend_of(q, k_pages, v_pages, block_tables, row_seq, row_pos, out)
+    its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous.
+
+    gate: optional f32[N, A, D] (rows/heads strided, last axis contiguous, e.g. the gate half
+    of an interleaved per-head [q_h | gate_h] projection): out = attention * sigmoid(gate),
+    bitwise `paged_attention` then `sigmoid_mul` on either backend (one launch less)."""
+    backend = backend_of(q, k_pages, v_pages, block_tables, row_seq, row_pos, out,
+                         *(() if gate is None else (gate,)))
     _, hkv, _, d = _pages("paged_attention", k_pages, v_pages)
     n, heads, _ = check.array("paged_attention", "q", q, check.F32, (None, None, d),
                               check.Layout.ROWS)
@@ -57,6 +62,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
     _rows("paged_attention", block_tables, row_seq, row_pos, n)
     check.scalar("paged_attention", "scale", scale)
     check.array("paged_attention", "out", out, check.F32, (n, heads, d))
+    if gate is not None:
+        check.array("paged_attention", "gate", gate, check.F32, (n, heads, d), check.Layout.ROWS)
     check.kernels(backend, "attention").paged_attention(
-        q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out,
+        q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, gate=gate,
         **check.scratch(backend, workspace=workspace))

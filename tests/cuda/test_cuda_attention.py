@@ -22,7 +22,7 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import assert_close, assert_same_bits, dev, host, poisoned, randn, rel_err
+from cuda_testutil import assert_close, assert_same_bits, cp, dev, host, poisoned, randn, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -314,3 +314,174 @@ def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
             call()
             assert_same_bits(out, replays[i], f"replay {i} vs eager")
         assert not host(ws.counters).any()
+
+
+# -- the fused output gate (gate=): out = attention * sigmoid(gate) --------------------------------
+
+def _same_bits_report(got, want, what: str) -> None:
+    """Bitwise equality; on a mismatch the message gives the count and the first few differing
+    elements (index, both values)."""
+    g = np.ascontiguousarray(host(got) if not isinstance(got, np.ndarray) else got)
+    w = np.ascontiguousarray(host(want) if not isinstance(want, np.ndarray) else want)
+    assert g.shape == w.shape and g.dtype == w.dtype, (what, g.shape, w.shape, g.dtype, w.dtype)
+    diff = g.view(np.uint32) != w.view(np.uint32)
+    if diff.any():
+        idx = [tuple(int(i) for i in ix) for ix in np.argwhere(diff)[:4]]
+        shown = ", ".join(f"{ix}: {g[ix]!r} vs {w[ix]!r}" for ix in idx)
+        raise AssertionError(f"{what}: {int(diff.sum())}/{diff.size} elements differ; {shown}")
+
+
+# one chunk (<= 64 keys), several chunks in one merge group, several groups (> 512 keys), chunks
+# of 128 keys (> 4096 keys)
+GATE_LENGTHS = [1, 37, 64, 65, 300, 700, 4097, 5000]
+# batches of rows (indices into GATE_LENGTHS, one sequence each): B = 1 short / medium / long,
+# B = 3, B = 8 (all, in order: q and the gate are then views of the whole projection)
+GATE_BATCHES = [[1], [5], [7], [6, 2, 5], list(range(len(GATE_LENGTHS)))]
+
+
+def _qkv_proj(rng, n, heads, hkv, d):
+    """(host, device) of the model's qkv projection output [n, 2 A D + 2 Hkv D]; the q / gate
+    halves are views of q_and_gate = proj[:, :2 A D].reshape(n, A, 2 D) (per head [q_h | gate_h]).
+    The gate spans sigmoid's range, with a few saturating values (exp overflow / underflow)."""
+    width = 2 * heads * d + 2 * hkv * d
+    proj = randn(rng, (n, width), 2.0)
+    gate = proj[:, :2 * heads * d].reshape(n, heads, 2 * d)[:, :, d:]
+    assert np.shares_memory(gate, proj)
+    gate *= 1.5
+    picks = np.unravel_index(rng.choice(gate.size, 8, replace=False), gate.shape)
+    gate[picks] = np.array([-100.0, 100.0, -90.0, 89.0, -20.0, 20.0, -0.0, 0.0], np.float32)
+    return proj, dev(proj)
+
+
+def _q_gate(proj, heads, d):
+    qg = proj[:, :2 * heads * d].reshape(proj.shape[0], heads, 2 * d)
+    return qg[:, :, :d], qg[:, :, d:]
+
+
+def _then_sigmoid_mul(attn, gate):
+    """The unfused decode path: the gate copied out contiguously (as attn_prep does), then
+    sigmoid_mul over [N, A * D] (the CUDA sigmoid_mul is 2-D)."""
+    n = attn.shape[0]
+    gate_c = cp().ascontiguousarray(gate)
+    out = poisoned(attn.shape)
+    ops.sigmoid_mul(attn.reshape(n, -1), gate_c.reshape(n, -1), out.reshape(n, -1))
+    return out
+
+
+@pytest.mark.parametrize("heads,hkv,d,bf16,mma", [
+    (16, 4, 256, True, True), (16, 4, 256, True, False),  # 9B: G = 4, D = 256, bf16 pages
+    (6, 2, 128, True, True), (6, 2, 128, True, False),     # G = 3
+    (10, 2, 64, False, False),                             # G = 5 (one warp per head), f32
+])
+def test_gated_attention_equals_attention_then_sigmoid_mul(rng, monkeypatch, heads, hkv, d,
+                                                           bf16, mma):
+    """paged_attention(..., gate=) is bitwise paged_attention then sigmoid_mul, for B = 1, 3, 8,
+    rows of one chunk, of several chunks in one group, of several merge groups and of > 4096
+    keys, in split (decode) and loop (prefill) mode, with the gate the strided half of the
+    model's interleaved q projection; rows are batch invariant with the gate too; float64 oracle
+    of attention * sigmoid(gate)."""
+    monkeypatch.setattr(katt, "MMA", mma)
+    split_rows = katt.SPLIT_MAX_ROWS
+    kv = _Kv(rng, GATE_LENGTHS, hkv, d, bf16)
+    n_all = len(GATE_LENGTHS)
+    proj_h, proj_d = _qkv_proj(rng, n_all, heads, hkv, d)
+    q_h, gate_h = _q_gate(proj_h, heads, d)
+    q_d, gate_d = _q_gate(proj_d, heads, d)
+    assert gate_d.data.ptr == proj_d.data.ptr + 4 * d and gate_d.strides[0] == proj_d.strides[0]
+    row_seq = np.arange(n_all, dtype=np.int32)
+    row_pos = np.array(GATE_LENGTHS, np.int32) - 1
+    scale = d ** -0.5
+    expect = ref.sigmoid_mul(kv.oracle(q_h, row_seq, row_pos, scale), gate_h)
+    tol = _tol(bf16, heads, hkv, d)
+    ws = katt.AttentionWorkspace.allocate(8, heads, d, kv.bt.shape[1] * kv.page_size)
+    full = None
+    for rows in GATE_BATCHES:
+        b = len(rows)
+        q, gate = (q_d, gate_d) if b == n_all else _q_gate(proj_d[rows], heads, d)
+        seqs, pos = dev(row_seq[rows]), dev(row_pos[rows])
+        what = f"B={b} lengths {[GATE_LENGTHS[r] for r in rows]}"
+        plain = poisoned((b, heads, d))
+        ops.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, seqs, pos, scale, plain, workspace=ws)
+        two_ops = _then_sigmoid_mul(plain, gate)
+        gated = poisoned((b, heads, d))
+        ops.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, seqs, pos, scale, gated, workspace=ws,
+                            gate=gate)
+        _same_bits_report(gated, two_ops, f"{what}: gated vs attention then sigmoid_mul")
+        assert not host(ws.counters).any(), f"{what}: workspace counters must be 0"
+        monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)  # loop mode: the SPLIT=0 write
+        loop = poisoned((b, heads, d))
+        ops.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, seqs, pos, scale, loop, gate=gate)
+        monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", split_rows)
+        _same_bits_report(loop, two_ops, f"{what}: gated loop mode vs attention then sigmoid_mul")
+        g = host(gated)
+        for i, r in enumerate(rows):
+            assert_close(g[i], expect[r], tol, f"{what}: row of length {GATE_LENGTHS[r]}")
+        if b == n_all:
+            full = g
+    for rows in GATE_BATCHES[:-1]:  # the same rows alone / in a smaller batch: the same bits
+        q, gate = _q_gate(proj_d[rows], heads, d)
+        part = poisoned((len(rows), heads, d))
+        katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, dev(row_seq[rows]), dev(row_pos[rows]),
+                             scale, part, workspace=ws, gate=gate)
+        order = [GATE_BATCHES[-1].index(r) for r in rows]
+        _same_bits_report(part, full[order], f"rows {rows} vs the B=8 batch (gated)")
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_gated_attention_invalid_rows_give_nan(rng, monkeypatch, split):
+    """With a gate, an invalid row / page still gives a NaN row (NaN * sigmoid(g)) and only that
+    row; valid rows equal attention then sigmoid_mul bitwise."""
+    heads, hkv, d, page_size = 8, 2, 128, 16
+    kv = _Kv(rng, [3000, 100], hkv, d, True, page_size)
+    bad_bt = kv.bt.copy()
+    bad_bt[0, 70] = kv.kp.shape[0] + 5
+    bt_d = dev(bad_bt)
+    if not split:
+        monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
+    row_seq = np.array([0, 0, 1, 2], np.int32)
+    row_pos = np.array([2999, 70 * page_size - 1, 99, 5], np.int32)
+    n = len(row_seq)
+    proj_h, proj_d = _qkv_proj(rng, n, heads, hkv, d)
+    q, gate = _q_gate(proj_d, heads, d)
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, bad_bt.shape[1] * page_size)
+    args = (q, kv.kp_d, kv.vp_d, bt_d, dev(row_seq), dev(row_pos), d ** -0.5)
+    plain, gated = poisoned((n, heads, d)), poisoned((n, heads, d))
+    katt.paged_attention(*args, plain, workspace=ws)
+    katt.paged_attention(*args, gated, workspace=ws, gate=gate)
+    two_ops = _then_sigmoid_mul(plain, gate)
+    o = host(gated)
+    for i in range(n):
+        if i in (0, 3):
+            assert np.isnan(o[i]).all(), f"row {i} should be NaN"
+        else:
+            assert np.isfinite(o[i]).all(), f"row {i} should be finite"
+            _same_bits_report(gated[i], two_ops[i], f"row {i}")
+    assert not host(ws.counters).any()
+
+
+def test_gate_argument_checks(rng):
+    """A wrong gate is rejected before any launch, naming the gate (kernel and ops layers)."""
+    heads, hkv, d = 4, 2, 64
+    kv = _Kv(rng, [100], hkv, d, False)
+    q = dev(randn(rng, (2, heads, d)))
+    rows = dev(np.zeros(2, np.int32)), dev(np.array([99, 50], np.int32))
+    out = poisoned((2, heads, d))
+    args = (q, kv.kp_d, kv.vp_d, kv.bt_d, *rows, d ** -0.5, out)
+    bad = {
+        "dtype float64": dev(randn(rng, (2, heads, d)).astype(np.float64)),
+        "shape [2, A, D+1]": dev(randn(rng, (2, heads, d + 1))),
+        "shape [3, A, D]": dev(randn(rng, (3, heads, d))),
+        "shape [2, A/2, D]": dev(randn(rng, (2, heads // 2, d))),
+        "last axis strided": dev(randn(rng, (2, heads, 2 * d)))[:, :, ::2],
+        "host array": randn(rng, (2, heads, d)),
+    }
+    for what, gate in bad.items():
+        with pytest.raises(InvalidInput, match="gate"):
+            katt.paged_attention(*args, gate=gate)
+        if what != "host array":  # ops: TypeError (dtype) / ValueError (shape, layout)
+            with pytest.raises((TypeError, ValueError), match="gate"):
+                ops.paged_attention(*args, gate=gate)
+        else:
+            with pytest.raises(TypeError, match="different backends"):
+                ops.paged_attention(*args, gate=gate)
+    assert np.isnan(host(out)).all(), "a rejected call must not launch"

@@ -1,11 +1,12 @@
 """Programmatic dependent launch (PDL) of the decode step's small kernels.
 
-GPU: a decode-like chain (embedding -> rms_norm -> GEMV -> attn_prep -> paged_attention ->
-sigmoid_mul -> GEMV -> add_rms_norm -> fused SwiGLU GEMV -> GEMV -> ... -> final norm -> lm_head
-GEMV -> sample; a second layer takes the unfused attention path and the GDN-style norms) gives
-the same bits with PDL on as with every launch plain, eagerly and replayed from a CUDA graph;
-every launch of the small kernels goes through the PDL path. CPU: `_loader._arg_bytes`
-marshalling and `_loader.launch`'s routing.
+GPU: a decode-like chain (embedding -> rms_norm -> GEMV -> attn_prep -> gated paged_attention
+(the output gate fused, the model's decode path; also the unfused paged_attention ->
+sigmoid_mul pair, bitwise equal) -> GEMV -> add_rms_norm -> fused SwiGLU GEMV -> GEMV -> ... ->
+final norm -> lm_head GEMV -> sample; a second layer takes the unfused attention path and the
+GDN-style norms) gives the same bits with PDL on as with every launch plain, eagerly and
+replayed from a CUDA graph; every launch of the small kernels goes through the PDL path. CPU:
+`_loader._arg_bytes` marshalling and `_loader.launch`'s routing.
 """
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ class _Chain:
         f32 = np.float32
         shapes = dict(
             x0=(n, H), proj0=(n, qkv), q0=(n, A, D), g0=(n, A, D), att0=(n, A, D),
-            gated0=(n, A * D), o0=(n, H), x1=(n, H), act0=(n, INNER), down0=(n, H),
+            attg0=(n, A, D), gated0=(n, A * D), o0=(n, H), x1=(n, H), act0=(n, INNER), down0=(n, H),
             x2=(n, H), proj1=(n, qkv), q1=(n, A, D), k1=(n, HKV, D), att1=(n, A, D),
             l2=(n, A, D), gn=(n, A, D), o1=(n, H), x3=(n, H), gu1=(n, 2 * INNER),
             act1=(n, INNER), down1=(n, H), xf=(n, H), logits=(n, VOCAB), h=(n, H),
@@ -130,17 +131,20 @@ class _Chain:
         h = o["h"]
         embedding.embedding(self.ids, self.emb, h)
         norm.rms_norm(h, w["in0"], EPS, o["x0"], zero_centered=True)
-        # layer 0: fused attention prep (the decode path), sigmoid gate, fused SwiGLU FFN
+        # layer 0: fused attention prep and the gated attention (the decode path: the gate read
+        # from the projection), the unfused attention + sigmoid gate beside it, fused SwiGLU FFN
         linear.linear(o["x0"], lin["qkv0"], o["proj0"])
         qg, k, v = _split_qkv(o["proj0"], n)
         attn_prep.attn_prep(qg, k, v, hw["q0"], hw["k0"], EPS, self.positions, self.inv_freq,
                             self.freq_axis, o["q0"], o["g0"], kp0, vp0, self.bt, self.row_seq,
                             self.row_pos)
         attention.paged_attention(o["q0"], kp0, vp0, self.bt, self.row_seq, self.row_pos,
+                                  D ** -0.5, o["attg0"], workspace=self.ws, gate=qg[:, :, D:])
+        attention.paged_attention(o["q0"], kp0, vp0, self.bt, self.row_seq, self.row_pos,
                                   D ** -0.5, o["att0"], workspace=self.ws)
         elementwise.sigmoid_mul(o["att0"].reshape(n, A * D), o["g0"].reshape(n, A * D),
                                 o["gated0"])
-        linear.linear(o["gated0"], lin["o0"], o["o0"])
+        linear.linear(o["attg0"].reshape(n, A * D), lin["o0"], o["o0"])
         norm.add_rms_norm(h, o["o0"], w["post0"], EPS, o["x1"])
         linear.linear_swiglu(o["x1"], lin["gu0"], o["act0"])
         linear.linear(o["act0"], lin["down0"], o["down0"])
@@ -258,6 +262,9 @@ def _check_oracles(chain, got: dict) -> None:
     want_att = ref.paged_attention(got["q0"], got["pages[0]"], got["pages[1]"], host(chain.bt),
                                    chain.row_seq_h, chain.row_pos_h, D ** -0.5)
     assert_close(got["att0"], want_att, 1e-5, "attn_prep -> paged_attention")
+    assert np.array_equal(got["attg0"].reshape(chain.n, A * D).view(np.uint32),
+                          got["gated0"].view(np.uint32)), \
+        "gated paged_attention != paged_attention then sigmoid_mul (bitwise)"
     assert_close(got["logits"], ref.linear(got["xf"], chain.lm_head_host), TOL_BF16_X,
                  "lm_head GEMV")
     toks = got["tokens"]

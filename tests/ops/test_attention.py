@@ -7,7 +7,7 @@ import pytest
 
 from ninfer.core.dtypes import DType, round_to_bf16
 from ninfer.core.kv_pool import PagedKVPool
-from ninfer.ops import kv_write, paged_attention
+from ninfer.ops import kv_write, paged_attention, sigmoid_mul
 from ninfer.ops import reference as ref
 
 from .helpers import DTYPES, assert_close, assert_same_bits, poisoned, randn
@@ -112,3 +112,42 @@ def test_attention_index_checks(rng):
                         poisoned((1, 5, D)))
     with pytest.raises(TypeError, match="pages"):
         kv_write(k, v, pool.k[0].astype(np.float16), pool.v[0], tables, row_seq, row_pos)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_paged_attention_is_attention_then_sigmoid_mul(rng, dtype):
+    """gate=: bitwise paged_attention then sigmoid_mul, with q and the gate as the strided halves
+    of an interleaved per-head [q_h | gate_h] projection (the model's layout); float64 oracle."""
+    pool, tables, row_seq, row_pos, k, v = _setup(rng, dtype)
+    kv_write(k, v, pool.k[0], pool.v[0], tables, row_seq, row_pos)
+    n = len(row_seq)
+    qg = randn(rng, (n, HEADS, 2 * D + 3), 2.0)[:, :, 1:1 + 2 * D]
+    q, gate = qg[:, :, :D], qg[:, :, D:]
+    scale = D ** -0.5
+    gated = poisoned((n, HEADS, D))
+    paged_attention(q, pool.k[0], pool.v[0], tables, row_seq, row_pos, scale, gated, gate=gate)
+    plain = poisoned((n, HEADS, D))
+    paged_attention(q, pool.k[0], pool.v[0], tables, row_seq, row_pos, scale, plain)
+    two_ops = poisoned((n, HEADS, D))
+    sigmoid_mul(plain, gate, two_ops)
+    assert_same_bits(gated, two_ops, "gated vs paged_attention then sigmoid_mul")
+    oracle = ref.paged_attention(q, pool.k[0], pool.v[0], tables, row_seq, row_pos, scale)
+    assert_close(gated, oracle / (1.0 + np.exp(-np.asarray(gate, np.float64))))
+
+
+def test_gated_paged_attention_gate_checks(rng):
+    pool, tables, row_seq, row_pos, k, v = _setup(rng, DType.FLOAT32)
+    kv_write(k, v, pool.k[0], pool.v[0], tables, row_seq, row_pos)
+    n = len(row_seq)
+    q = randn(rng, (n, HEADS, D))
+    out = poisoned((n, HEADS, D))
+    args = (q, pool.k[0], pool.v[0], tables, row_seq, row_pos, 0.3, out)
+    with pytest.raises(TypeError, match="gate must be float32"):
+        paged_attention(*args, gate=randn(rng, (n, HEADS, D)).astype(np.float64))
+    with pytest.raises(ValueError, match="gate"):
+        paged_attention(*args, gate=randn(rng, (n, HEADS, D + 1)))
+    with pytest.raises(ValueError, match="gate"):
+        paged_attention(*args, gate=randn(rng, (n, HEADS + 2, D)))
+    with pytest.raises(ValueError, match="gate must be last axis contiguous"):
+        paged_attention(*args, gate=randn(rng, (n, HEADS, 2 * D))[:, :, ::2])
+    assert np.isnan(out).all(), "a rejected call must not write out"

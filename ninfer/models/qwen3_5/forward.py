@@ -340,6 +340,14 @@ class Qwen35Forward:
 
         q_hat, k_hat, gate = ws.attn_q[:n], ws.attn_k[:n], ws.attn_gate[:n]
         k_pages, v_pages = self.kv.k[a_idx], self.kv.v[a_idx]
+        attn = ws.attn_out[:n]
+        flat = attn.reshape(n, a * d)
+        gated = self._x_buffer(n, a * d, w.o_proj, flat)  # in place when f32
+        # paged_attention applies the output gate itself (bitwise attention then sigmoid_mul;
+        # one launch less) when o_proj reads the f32 attention output; it reads the gate half
+        # of q_and_gate directly (heads interleaved [q_h | gate_h]), the bits attn_prep copies
+        flash = self.flash_prefill and ctx.prefill_segment is not None
+        fuse_gate = not flash and gated is flat
         if self.kws.fused_attention_prep:
             ops.attn_prep(q_and_gate, k, v, w.q_norm, w.k_norm, cfg.rms_norm_eps, ctx.positions,
                           self.inv_freq, self.freq_axis, q_hat, gate, k_pages, v_pages,
@@ -351,18 +359,19 @@ class Qwen35Forward:
             ops.rope(q_hat, ctx.positions, self.inv_freq, self.freq_axis)
             ops.rope(k_hat, ctx.positions, self.inv_freq, self.freq_axis)
             ops.kv_write(k_hat, v, k_pages, v_pages, ctx.block_tables, ctx.row_slot, ctx.row_pos)
-            self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
-        attn = ws.attn_out[:n]
-        if self.flash_prefill and ctx.prefill_segment is not None:
+            if not fuse_gate:
+                self.xp.copyto(gate, q_and_gate[:, :, d:])  # heads are interleaved [q_h | gate_h]
+        if flash:
             seq, pos0 = ctx.prefill_segment
             ops.paged_prefill_attention(q_hat, k_pages, v_pages, ctx.block_tables, seq, pos0,
                                         d ** -0.5, attn, segment=ctx.prefill_segment_dev)
         else:
             ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
-                                ctx.row_pos, d ** -0.5, attn, **self.kws.kw(self.kws.attention))
-        flat = attn.reshape(n, a * d)
-        gated = self._x_buffer(n, a * d, w.o_proj, flat)  # in place when f32
-        ops.sigmoid_mul(flat, gate.reshape(n, a * d), gated)
+                                ctx.row_pos, d ** -0.5, attn,
+                                gate=q_and_gate[:, :, d:] if fuse_gate else None,
+                                **self.kws.kw(self.kws.attention))
+        if not fuse_gate:
+            ops.sigmoid_mul(flat, gate.reshape(n, a * d), gated)
         self._linear(gated, w.o_proj, out)
 
     # -- FFN -----------------------------------------------------------------------------------
