@@ -111,6 +111,13 @@ def attention_mma() -> bool:
     return _flag("NINFER_ATTN_MMA", False)
 
 
+def attn_gate_fused() -> bool:
+    """NINFER_ATTN_GATE_FUSED (default on; "0" turns it off): CUDA decode steps apply the gated
+    attention's output gate inside paged_attention (bitwise paged_attention then sigmoid_mul,
+    one launch less per full-attention layer). Read when a backend is built."""
+    return _flag("NINFER_ATTN_GATE_FUSED", True)
+
+
 def pdl() -> bool:
     """NINFER_PDL (default on; "0" turns it off): the decode step's small kernels (norms, GDN
     decode, attention, elementwise, MoE routing) are launched with programmatic dependent launch

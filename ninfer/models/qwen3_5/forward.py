@@ -116,6 +116,8 @@ class KernelWorkspaces:
     chunked_gdn_prefill: bool = False
     fused_attention_prep: bool = False
     fused_swiglu: bool = False  # bf16 gate_up projections as one linear_swiglu op (decode)
+    # paged_attention applies the output gate (no sigmoid_mul launch) where o_proj reads f32
+    fused_attention_gate: bool = True
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -347,7 +349,7 @@ class Qwen35Forward:
         # one launch less) when o_proj reads the f32 attention output; it reads the gate half
         # of q_and_gate directly (heads interleaved [q_h | gate_h]), the bits attn_prep copies
         flash = self.flash_prefill and ctx.prefill_segment is not None
-        fuse_gate = not flash and gated is flat
+        fuse_gate = self.kws.fused_attention_gate and not flash and gated is flat
         if self.kws.fused_attention_prep:
             ops.attn_prep(q_and_gate, k, v, w.q_norm, w.k_norm, cfg.rms_norm_eps, ctx.positions,
                           self.inv_freq, self.freq_axis, q_hat, gate, k_pages, v_pages,
