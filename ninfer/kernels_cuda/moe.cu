@@ -84,12 +84,12 @@ __device__ __forceinline__ void moe_route_row(const float* __restrict__ l, int e
 #pragma unroll
     for (int j = 1; j < J; ++j)
       if (p[j] > bv) { bv = p[j]; bi = 32 * j + lane; }  // ids rise with j: ties keep the lower
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
+    // the warp's largest value, ties to the lowest id, in two warp reductions: p is in [0, 1]
+    // or -1 (taken / never picked), so key = bits + 1 (0 for -1) orders like the values
+    const unsigned key = bv >= 0.0f ? __float_as_uint(bv) + 1u : 0u;
+    const unsigned best = __reduce_max_sync(0xffffffffu, key);
+    bi = (int)__reduce_min_sync(0xffffffffu, key == best ? (unsigned)bi : 0xffffffffu);
+    bv = best == 0u ? -1.0f : __uint_as_float(best - 1u);
     sum += bv;
     if (k == lane) { p0 = bv; id0 = bi; }
     if (k == lane + 32) { p1 = bv; id1 = bi; }
