@@ -126,16 +126,6 @@ def pdl() -> bool:
     return _flag("NINFER_PDL", True)
 
 
-def fold_norms() -> bool:
-    """NINFER_FOLD_NORMS (default off; "1" turns it on): CUDA decode steps of dense models fold
-    the RMSNorms into the linears that read them and the residual adds into the output
-    projections' epilogues (bitwise the same results, 2 launches fewer per layer). Off by
-    default: measured slower on the H200 (same machine, B=1 / B=8 ms: 9B 5.227 / 6.082 folded
-    against 4.742 / 5.730; 27B 16.18 / 20.64 against 14.96 / 17.16). Read when a backend is
-    built."""
-    return _flag("NINFER_FOLD_NORMS", False)
-
-
 def pdl_trigger_first() -> bool:
     """NINFER_PDL_TRIGGER_FIRST (default off; "1" turns it on): `pdl_enter` (the prologue of the
     small PDL kernels) lets the next kernel launch before it waits for the previous one, instead

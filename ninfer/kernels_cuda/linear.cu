@@ -20,7 +20,7 @@
 // linear_mma_kernel with the weight tile read row-contiguously and staged through shared memory;
 // bitwise the same results.
 //
-// linear_tma_kernel<SWIGLU, SK, CONS, XS> (the default on sm_90 for K % 16 == 0; see below):
+// linear_tma_kernel<SWIGLU, SK, CONS, XS, TG> (the default on sm_90 for K % 16 == 0; see below):
 // the weights streamed by bulk copies into a shared-memory ring; batch invariant, another k
 // pairing than the two above.
 //
@@ -30,26 +30,14 @@
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
 
-// flags (linear_tma_kernel<..., FOLD = 1> only; the other kernels take 0): GEMV_FOLD_NORM: x is the residual
-// stream h and the kernel multiplies RMSNorm1p(h) with weight norm_w (f32, or bf16 with
-// GEMV_NORM_W_BF16), bitwise what norm.cu's rms_norm (zero-centred) writes for D = K with its
-// block of norm_threads threads; GEMV_ACCUMULATE: out += x @ w^T (bitwise out + result).
-#define GEMV_FOLD_NORM 1
-#define GEMV_ACCUMULATE 2
-#define GEMV_NORM_W_BF16 4
 struct GemvParams {
   const void* w;
   const float* x;
   float* out;
   i64 w_rs, x_rs, out_rs;
   int m, k, n, splits;
-  const void* norm_w;
-  float norm_eps;
-  int norm_threads;
-  int flags;
-  int pad;
 };
-static_assert(sizeof(GemvParams) == 88, "GemvParams layout is mirrored in linear.py");
+static_assert(sizeof(GemvParams) == 64, "GemvParams layout is mirrored in linear.py");
 
 template <typename WT, int NT, int R, int ALIGNED>
 __global__ void __launch_bounds__(256) linear_gemv_kernel(const GemvParams p) {
@@ -223,28 +211,28 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
   } while (PERSIST && tile < tiles);
 }
 
-// linear_tma_kernel<SWIGLU, SK, CONS, XS> (sm_90, K % 16 == 0, bf16 weights with 16-byte aligned rows, x
-// rows 8-byte aligned; NINFER_GEMV_TMA): the tensor-core GEMV with the weights streamed by bulk
-// copies (bulk_copy.cuh) into a ring of shared-memory stages, so the bytes in flight are bounded
-// by the ring, not by registers. Block = CONS consumer warps + 1 producer warp, one
-// block per SM (persistent: block b walks the row tiles b, b + gridDim.x, ...; gridDim.y =
-// column tiles of 8 activation rows). A stage is the 16 A rows of a tile (as in
-// linear_mma_kernel: SWIGLU = 8 gate rows over the 8 matching up rows) times SK k: one copy of
-// up to 2 SK bytes per row (lanes 0..15 of the producer), rows tma_pitch(SK) bytes apart (16
-// bytes of padding: the 8 row addresses of an ldmatrix phase fall in distinct banks); the ring
-// holds p.splits stages (2..TMA_MAX_STAGES; linear.py sizes it). Rows past M are not copied
-// (their stale A rows only feed outputs that are not stored).
+// linear_tma_kernel<SWIGLU, SK, CONS, XS, TG> (sm_90, K % 16 == 0, bf16 weights with 16-byte
+// aligned rows, x rows 8-byte aligned; NINFER_GEMV_TMA): the tensor-core GEMV with the weights
+// streamed by bulk copies (bulk_copy.cuh) into a ring of shared-memory stages, so the bytes in
+// flight are bounded by the ring, not by registers. Block = CONS consumer warps + 1 producer warp,
+// one block per SM (persistent: block b walks the row tiles b, b + gridDim.x, ...; gridDim.y =
+// column tiles of 8 activation rows). A stage is the 16 A rows of a tile (as in linear_mma_kernel:
+// SWIGLU = 8 gate rows over the 8 matching up rows) times SK k: one copy of up to 2 SK bytes per
+// row (lanes 0..15 of the producer), rows tma_pitch(SK) bytes apart (16 bytes of padding: the 8 row
+// addresses of an ldmatrix phase fall in distinct banks); the ring holds p.splits stages
+// (2..TMA_MAX_STAGES; linear.py sizes it). Rows past M are not copied (their stale A rows only feed
+// outputs that are not stored).
 // Consumers: warp w multiplies k [s SK + w SK / CONS, + SK / CONS) of every stage s in k16 steps
 // (ldmatrix.x4 gives the standard m16n8k16 A fragment: lane (g, t) holds rows g, g + 8 at
 // k + 2t, k + 2t + 1 and k + 8 + 2t, k + 9 + 2t; x[row g][those k] split into bf16 hi + lo as in
-// mma_gemv.cuh), accumulating over the stages in order; the tile's output is the warps'
-// partials summed in warp order. Every output element's arithmetic is a function of K alone
-// (batch invariant; not bitwise equal to linear_mma_kernel, whose k pairing differs). x rows
-// past N read row N - 1 (outputs not stored). Launched with PDL allowed (NINFER_GEMV_PDL), the
-// producer starts streaming weights before the previous kernel has finished. XS > 0 (K <= XS SK): each lane splits its x
-// fragments of all XS stages once, into registers, and reuses them for every tile (no x reads
-// per tile: at N = 8 they cost as much L2 traffic as the weights); the same values and mma
-// order as XS = 0, so bitwise the same results.
+// mma_gemv.cuh), accumulating over the stages in order; the tile's output is the warps' partials
+// summed in warp order. Every output element's arithmetic is a function of K alone (batch
+// invariant; not bitwise equal to linear_mma_kernel, whose k pairing differs). x rows past N read
+// row N - 1 (outputs not stored). Launched with PDL allowed (NINFER_GEMV_PDL), the producer starts
+// streaming weights before the previous kernel has finished. XS > 0 (K <= XS SK): each lane splits
+// its x fragments of all XS stages once, into registers, and reuses them for every tile (no x reads
+// per tile: at N = 8 they cost as much L2 traffic as the weights); the same values and mma order as
+// XS = 0, so bitwise the same results.
 #define TMA_MAX_STAGES 16
 // dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
 // MmaPartials<CONS>, the ring (linear.py tma_smem mirrors this)
@@ -270,90 +258,7 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
 // tile: at N = 8 and K > 5 SK the per-tile x reads cost as much L2 traffic as the weights. Each
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
-// GEMV_FOLD_NORM (XS > 0, so K <= 5120 and E = ceil(K / T) <= 16): the warp partials of the
-// rows' sums of squares in norm.cu's order for a block of T = p.norm_threads threads (thread
-// t: fmaf over i = t + j T, j < E ascending; warp_sum), item (row r, virtual warp vw) -> part[r
-// * 32 + vw]. Items r VW + vw go round the CONS consumer warps; a batch is 32 / S items of S >=
-// E load slots (padded zeros add +0 to a sum >= +0: no change), all loads issued together, so
-// a warp's items cost one L2 round trip per batch.
-template <int CONS, int S>
-__device__ __forceinline__ void tma_fold_partials(const GemvParams& p, int n0, int rows, int warp,
-                                                  int lane, float* part) {
-  constexpr int IB = 32 / S;
-  const int T = p.norm_threads, VW = T >> 5, E = (p.k + T - 1) / T;
-  const int vw_bits = __ffs(VW) - 1;  // T is a power of two
-  const int items = rows * VW;
-  for (int it0 = warp; it0 < items; it0 += IB * CONS) {
-    float v[IB][S];
-#pragma unroll
-    for (int i = 0; i < IB; ++i) {
-      const int item = it0 + i * CONS;
-      const int k0 = (item & (VW - 1)) * 32 + lane;
-      const float* h = p.x + (i64)(n0 + min(item >> vw_bits, rows - 1)) * p.x_rs + k0;
-#pragma unroll
-      for (int j = 0; j < S; ++j)
-        v[i][j] = item < items && j < E && k0 + j * T < p.k ? h[j * T] : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < IB; ++i) {
-      const int item = it0 + i * CONS;
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < S; ++j) ss = fmaf(v[i][j], v[i][j], ss);
-      ss = warp_sum(ss);
-      if (lane == 0 && item < items) part[(item >> vw_bits) * 32 + (item & (VW - 1))] = ss;
-    }
-  }
-}
-
-// GEMV_FOLD_NORM: the denominator sqrt(mean(h^2) + eps) of x row min(n0 + g, N - 1) (the T / 32
-// warp partials summed in warp order, as norm.cu's block_sum). `part` (>= 8 * 32 floats of
-// shared memory); the barrier also publishes the staged norm weight.
-template <int CONS>
-__device__ __forceinline__ float tma_fold_denom(const GemvParams& p, int n0, int g, int warp,
-                                                int lane, float* part) {
-  const int T = p.norm_threads, E = (p.k + T - 1) / T;
-  const int rows = min(8, p.n - n0);
-  if (E > 8) {
-    tma_fold_partials<CONS, 16>(p, n0, rows, warp, lane, part);
-  } else if (E > 4) {
-    tma_fold_partials<CONS, 8>(p, n0, rows, warp, lane, part);
-  } else {
-    tma_fold_partials<CONS, 4>(p, n0, rows, warp, lane, part);
-  }
-  asm volatile("bar.sync 2, %0;" ::"n"(32 * CONS) : "memory");
-  const int r = min(g, rows - 1);
-  float total = 0.0f;
-  for (int vw = 0; vw < (T >> 5); ++vw) total += part[r * 32 + vw];
-  return sqrtf(total / (float)p.k + p.norm_eps);
-}
-
-// GEMV_FOLD_NORM: x[k] of a row = RMSNorm1p(h)[k] = (h[k] / denom) * (1 + w[k]), as norm.cu's
-// norm_value (mode RMS_ZC) computes it; nw = the norm weight as f32, staged in shared memory.
-__device__ __forceinline__ float2 tma_fold2(const float* nw, float2 v, float denom, int k) {
-  const float2 w = *reinterpret_cast<const float2*>(nw + k);
-  float y0 = v.x / denom, y1 = v.y / denom;
-  y0 = y0 * (1.0f + w.x);
-  y1 = y1 * (1.0f + w.y);
-  return make_float2(y0, y1);
-}
-
-// GEMV_FOLD_NORM: the norm weight [K] as f32 into shared memory (the consumers, before the PDL
-// wait: no kernel of the step writes weights).
-template <int CONS>
-__device__ __forceinline__ void tma_stage_norm_weight(const GemvParams& p, float* nw) {
-  if (p.flags & GEMV_NORM_W_BF16) {
-    const bf16raw* w = static_cast<const bf16raw*>(p.norm_w);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < p.k; i += 32 * CONS) nw[i] = to_f32(w[i]);
-  } else {
-    const float* w = static_cast<const float*>(p.norm_w);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < p.k; i += 32 * CONS) nw[i] = w[i];
-  }
-}
-
-template <int SWIGLU, int SK, int CONS, int XS, int TG, int FOLD>
+template <int SWIGLU, int SK, int CONS, int XS, int TG>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
   constexpr int TILE = SWIGLU ? 8 : 16;
@@ -422,26 +327,16 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   }
   // consumers: everything they read (x) or write (out) may belong to the previous kernel in the
   // stream, which may still run under PDL; the producer only reads weights and writes the ring
-  const bool fold = FOLD && XS > 0 && (p.flags & GEMV_FOLD_NORM);
-  float* const nw = reinterpret_cast<float*>(ring + STAGES * STAGE);  // fold: the norm weight
-  if (fold) tma_stage_norm_weight<CONS>(p, nw);
   pdl_wait();
   const int g = lane >> 2, t = lane & 3;
   const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
-  const int xk0 = 2 * t + warp * WK;  // k of xrow[0]
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
   const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
   constexpr int XN = XS > 0 ? XS : 1;
   unsigned xf[XN][WK / 16][4];
   if (XS > 0) {
-    // the fold's denominator first (its loads and the x loads together would not fit the
-    // registers); then every x load is issued before any is used (predicated, no branches)
-    // red[1] is first written by a second tile, after every consumer passed the first tile's
-    // barrier (so after the denominator's reads of its partials)
-    const float denom = fold ? tma_fold_denom<CONS>(p, n0, g, warp, lane,
-                                                    reinterpret_cast<float*>(red + 1))
-                             : 1.0f;
+    // every x load is issued before any is used (predicated, no branches), then split
     float2 xv[XN][WK / 16][2];
 #pragma unroll
     for (int s = 0; s < XN; ++s)
@@ -452,16 +347,6 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
         xv[s][j][0] = in ? __ldg(src) : make_float2(0.0f, 0.0f);
         xv[s][j][1] = in ? __ldg(src + 4) : make_float2(0.0f, 0.0f);
       }
-    if (fold) {
-#pragma unroll
-      for (int s = 0; s < XN; ++s)
-#pragma unroll
-        for (int j = 0; j < WK / 16; ++j)
-          if (s * SK + warp * WK + 16 * j < p.k) {
-            xv[s][j][0] = tma_fold2(nw, xv[s][j][0], denom, xk0 + s * SK + 16 * j);
-            xv[s][j][1] = tma_fold2(nw, xv[s][j][1], denom, xk0 + s * SK + 16 * j + 8);
-          }
-    }
 #pragma unroll
     for (int s = 0; s < XN; ++s)
 #pragma unroll
@@ -472,20 +357,7 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   }
   unsigned q = 0;
   int parity = 0;
-  const bool accumulate = FOLD && (p.flags & GEMV_ACCUMULATE);
   for (int t0 = blockIdx.x; t0 < tiles; t0 += TG * G) {
-    // GEMV_ACCUMULATE: the residual values this thread adds to (its output idx = threadIdx.x
-    // of the epilogue below, which alone writes them), loaded before the tiles' mmas
-    float prev[TG];
-#pragma unroll
-    for (int i = 0; i < TG; ++i) {
-      prev[i] = 0.0f;
-      if (accumulate) {
-        const int m = (t0 + i * G) * TILE + (threadIdx.x >> 3), n = n0 + (threadIdx.x & 7);
-        if (threadIdx.x < TILE * 8 && t0 + i * G < tiles && m < p.m && n < p.n)
-          prev[i] = p.out[(i64)n * p.out_rs + m];
-      }
-    }
     float c[TG][4];
 #pragma unroll
     for (int i = 0; i < TG; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
@@ -540,13 +412,11 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
       mma_store_partials(red[parity], warp, g, t, c[i]);
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
       const int m0 = tile * TILE;
-      static_assert(TILE * 8 <= 32 * CONS, "one output per thread (prev)");
       for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
         const int rr = idx >> 3, n = idx & 7;
-        if (m0 + rr < p.m && n0 + n < p.n) {
-          const float v = mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
-          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] = accumulate ? prev[i] + v : v;
-        }
+        if (m0 + rr < p.m && n0 + n < p.n)
+          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
+              mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
       }
       parity ^= 1;
     }

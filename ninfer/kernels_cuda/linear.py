@@ -20,8 +20,6 @@ Two paths:
 """
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from ninfer import envs
@@ -29,7 +27,6 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
 from ninfer.kernels_cuda._loader import (KernelSource, current_device, get_function, launch,
                                          launch_dependent)
-from ninfer.kernels_cuda.norm import block_threads as norm_block_threads
 
 GEMV_MAX_ROWS = 8
 TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 * 1024
@@ -42,46 +39,16 @@ SOURCE = KernelSource("linear.cu", tuple(
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1, 0>" for sk in envs.TMA_STAGE_K
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1>" for sk in envs.TMA_STAGE_K
        for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {fold}>" for tg in envs.TMA_TILE_GROUPS
-       for sw in (0, 1) for fold in (0, 1) if tg > 1 or fold]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {fold}>"
-       for xs in range(1, TMA_MAX_X_STAGES + 1) for sw in (0, 1) for fold in (0, 1)]))
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}>" for tg in envs.TMA_TILE_GROUPS if tg > 1
+       for sw in (0, 1)]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1>" for xs in range(1, TMA_MAX_X_STAGES + 1)
+       for sw in (0, 1)]))
 GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
                        ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
-                       ("n", "i32"), ("splits", "i32"), ("norm_w", "ptr"), ("norm_eps", "f32"),
-                       ("norm_threads", "i32"), ("flags", "i32"), ("pad", "i32"))
-assert GEMV_PARAMS.itemsize == 88
-FOLD_NORM, ACCUMULATE, NORM_W_BF16 = 1, 2, 4  # GemvParams.flags (linear.cu)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fold:
-    """What linear_tma_kernel folds into a GEMV (decode; `folds` says where it can).
-
-    `norm_weight` (f32 or bf16 Weight/array [K], or None): x is the residual stream h and the
-    GEMV multiplies RMSNorm1p(h) = h / sqrt(mean(h^2) + eps) * (1 + w), bitwise what
-    `norm.rms_norm(h, w, eps, out, zero_centered=True)` writes (the same reduction order), so
-    the norm launch goes away. `accumulate`: out += x @ w^T, bitwise `out + result` (the
-    residual add of add_rms_norm / add_inplace, in the GEMV's epilogue).
-    """
-
-    norm_weight: object = None
-    norm_eps: float = 0.0
-    accumulate: bool = False
-
-    def params(self, k: int) -> dict:
-        """The GemvParams fields (norm_w, norm_eps, norm_threads, flags) for K = k."""
-        flags = ACCUMULATE if self.accumulate else 0
-        if self.norm_weight is None:
-            return dict(flags=flags)
-        w, kind = C.weight_array(self.norm_weight, "norm_weight")
-        C.require(w.shape == (k,), "norm_weight", f"shape {w.shape}, expected ({k},)")
-        C.require(self.norm_eps >= 0.0, "norm_eps", f"must be >= 0, got {self.norm_eps}")
-        flags |= FOLD_NORM | (NORM_W_BF16 if kind is C.WKind.BF16 else 0)
-        return dict(norm_w=C.ptr(C.contiguous(w, "norm_weight")), norm_eps=self.norm_eps,
-                    norm_threads=norm_block_threads(k), flags=flags)
+                       ("n", "i32"), ("splits", "i32"))
+assert GEMV_PARAMS.itemsize == 64
 
 def k_splits(k: int) -> int:
     """Warps (K ranges) per output element: a function of K only (batch invariance)."""
@@ -221,14 +188,14 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
                 x_regs: bool = True, pdl: bool | None = None,
-                tile_group: int | None = None, fold: Fold | None = None) -> None:
+                tile_group: int | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
     `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
     same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL).
     `tile_group`: row tiles walked in lockstep when x is read per stage (None: TMA_TILE_GROUP;
-    bitwise the same results). `fold`: the norm / residual add folded into this GEMV."""
+    bitwise the same results)."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
@@ -238,21 +205,12 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     consumers = TMA_CONSUMERS if consumers is None else consumers
     stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out_rs, m=m, k=k, n=n, splits=stages,
-                    **(fold.params(k) if fold is not None else {}))
+                    out_rs=out_rs, m=m, k=k, n=n, splits=stages)
     xs = tma_x_stages(k, sk, consumers) if x_regs else 0
     tg = TMA_TILE_GROUP if tile_group is None else tile_group
     if xs or sk != 1024 or consumers != 16:
         tg = 1
-    folded = int(fold is not None)
-    C.require(not folded or (sk == 1024 and consumers == 16), "fold",
-              "needs 1024-k stages and 16 consumer warps (the default TMA GEMV)")
-    if fold is not None and fold.norm_weight is not None:
-        C.require(xs > 0, "fold", f"a norm fold needs x in registers (K <= "
-                                  f"{TMA_X_STAGES * 1024}, x_regs); got K = {k}")
-        smem += 4 * k  # the norm weight, staged as f32 after the ring
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, "
-                              f"{folded}>")
+    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}>")
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     name = "linear_swiglu_tma" if swiglu else "linear_tma"
@@ -299,35 +257,11 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
            name=name + "_rows")
 
 
-def folds(n: int, weight, *, norm: bool = True) -> bool:
-    """Whether `linear` / `linear_swiglu` with n rows and this weight run linear_tma_kernel, the
-    kernel that takes a `Fold` (bf16 weight, K % 16 == 0, sm_90, the GEMV path, NINFER_GEMV_TMA
-    on); `norm`: a Fold with a norm weight, which also needs x in registers (K <= 1024 *
-    NINFER_GEMV_TMA_X_STAGES). Alignment of the operands is checked at the call."""
-    w, kind = C.weight_array(weight, "weight")
-    if not (kind is C.WKind.BF16 and w.ndim == 2 and w.shape[1] > 0 and n <= GEMV_MAX_ROWS
-            and GEMV_TMA and TMA_SK == 1024 and TMA_CONSUMERS == 16 and tma_ok(w.shape[1])):
-        return False
-    return not norm or tma_x_stages(w.shape[1], TMA_SK, TMA_CONSUMERS) > 0
-
-
-def _require_fold(fold: Fold | None, n: int, w, swiglu: bool) -> None:
-    if fold is None:
-        return
-    norm = fold.norm_weight is not None
-    C.require(folds(n, w, norm=norm), "fold",
-              f"needs the TMA GEMV (bf16 weight, K % 16 == 0, sm_90, N <= {GEMV_MAX_ROWS}"
-              f"{', K <= %d' % (TMA_X_STAGES * 1024) if norm else ''}); got N = {n}, "
-              f"weight {w.shape}")
-    C.require(not (swiglu and fold.accumulate), "fold", "linear_swiglu does not accumulate")
-
-
-def linear_swiglu(x, gate_up, out, *, fold: Fold | None = None) -> None:
+def linear_swiglu(x, gate_up, out) -> None:
     """out f32[N, I] = silu(x @ gate^T) * (x @ up^T), gate_up bf16 [2I, K] = [gate; up].
 
     One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
-    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x. `fold` (norm only):
-    see `Fold`.
+    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x.
     """
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     n, k = x.shape
@@ -339,11 +273,7 @@ def linear_swiglu(x, gate_up, out, *, fold: Fold | None = None) -> None:
     x_rs, w_rs, out_rs = C.row_stride(x, "x"), C.row_stride(w, "gate_up"), C.row_stride(out, "out")
     C.require(_mma_ok(w, kind, w_rs, x, x_rs), "gate_up",
               "needs bf16 weights and 16-byte aligned rows of gate_up and x")
-    _require_fold(fold, n, gate_up, swiglu=True)
     if n == 0 or inner == 0:
-        return
-    if fold is not None:
-        _launch_tma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, fold=fold)
         return
     _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
 
@@ -353,16 +283,14 @@ def takes_cublas(n: int, batch_invariant: bool) -> bool:
     return n > GEMV_MAX_ROWS and not batch_invariant
 
 
-def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
-           fold: Fold | None = None) -> None:
+def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
 
     x: f32 (rows strided), or bf16 bits (uint16, C-contiguous) when the call takes the cuBLAS
     path with bf16 weights (`takes_cublas`), which rounds an f32 x to exactly those bits.
     `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of an f32 x on the
     cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
-    kernel for any N. `fold`: a norm of x and/or the residual add into out in the GEMV (`Fold`;
-    only where `folds` holds).
+    kernel for any N.
     """
     bf16_x = getattr(x, "dtype", None) == np.uint16
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
@@ -379,12 +307,7 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
                   f"not batch invariant); got {kind.name} weights, N = {n}, "
                   f"batch_invariant={batch_invariant}")
         C.contiguous(x, "x")
-    _require_fold(fold, n, weight, swiglu=False)
     if n == 0 or m == 0:
-        return
-    if fold is not None:
-        C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x", "a fold needs 16-byte aligned rows")
-        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, fold=fold)
         return
     if k == 0:
         out.fill(0)

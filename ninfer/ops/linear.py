@@ -20,53 +20,13 @@ def reads_bf16_x(rows: int, weight, *, batch_invariant: bool = False) -> bool:
     return check.kernels(Backend.CUDA, "linear").takes_cublas(rows, batch_invariant)
 
 
-def folds_norm(rows: int, weight) -> bool:
-    """Whether `linear` / `linear_swiglu` with `rows` rows and this weight take `norm_weight`
-    (and `accumulate`): CUDA, the sm_90 bulk-copy GEMV with x in registers (bf16 weights, decode
-    row counts, K <= 5120)."""
-    return _folds(rows, weight, norm=True)
-
-
-def folds_add(rows: int, weight) -> bool:
-    """Whether `linear` with `rows` rows and this weight takes `accumulate` (CUDA: the sm_90
-    bulk-copy GEMV, bf16 weights, decode row counts)."""
-    return _folds(rows, weight, norm=False)
-
-
-def _folds(rows: int, weight, norm: bool) -> bool:
-    if weight.dtype is not DType.BFLOAT16 or backend_of(weight) is not Backend.CUDA:
-        return False
-    return check.kernels(Backend.CUDA, "linear").folds(rows, weight, norm=norm)
-
-
-def _fold(op: str, backend, rows: int, weight, norm_weight, norm_eps, accumulate: bool):
-    """The CUDA kernel's Fold for these options ({} when none is set)."""
-    if norm_weight is None and not accumulate:
-        return {}
-    if backend is not Backend.CUDA or not _folds(rows, weight, norm=norm_weight is not None):
-        raise TypeError(f"{op}: norm_weight / accumulate need the CUDA decode GEMV "
-                        f"(folds_norm / folds_add: bf16 weight, sm_90, few rows; a norm K <= "
-                        f"5120); got {rows} rows, a {weight.dtype.value} {weight.shape} weight "
-                        f"on {backend.value}")
-    if norm_weight is not None:
-        check.weight(op, "norm_weight", norm_weight, (weight.shape[1],))
-        check.scalar(op, "norm_eps", norm_eps, minimum=0.0)
-    kernels = check.kernels(backend, "linear")
-    return {"fold": kernels.Fold(norm_weight, float(norm_eps), bool(accumulate))}
-
-
-def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False, norm_weight=None,
-           norm_eps: float = 0.0, accumulate: bool = False) -> None:
+def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out[N, M] = x[N, K] @ weight[M, K]^T.
 
     x: f32, rows strided (last axis contiguous), or bf16 bits (uint16, C-contiguous) where
     `reads_bf16_x` holds; weight: Weight (f32 or bf16), C-contiguous; out: f32[N, M]
     C-contiguous, written, must not alias x. Batch invariant: each out[n, m] depends only on
     x[n] and weight[m].
-    Where `folds_norm` holds (CUDA decode): `norm_weight` [K] makes x the residual stream h and
-    multiplies RMSNorm1p(h) (bitwise what `rms_norm(h, norm_weight, norm_eps, zero_centered=True)`
-    writes) instead; where `folds_add` holds: `accumulate` adds the result into out (bitwise
-    `out + result`).
     """
     backend = backend_of(x, weight, out)
     n, k = check.f32_or_bf16("linear", "x", x, backend, (None, None), check.Layout.ROWS)
@@ -76,17 +36,15 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False, nor
                         f"the GEMV takes, not batch invariant); got a {weight.dtype.value} "
                         f"weight, {n} rows, batch_invariant={batch_invariant}")
     check.array("linear", "out", out, check.F32, (n, m))
-    fold = _fold("linear", backend, n, weight, norm_weight, norm_eps, accumulate)
-    check.kernels(backend, "linear").linear(x, weight, out, **fold,
+    check.kernels(backend, "linear").linear(x, weight, out,
                                             **check.scratch(backend, workspace=workspace,
                                                           batch_invariant=batch_invariant or None))
 
 
-def linear_swiglu(x, gate_up, out, *, norm_weight=None, norm_eps: float = 0.0) -> None:
+def linear_swiglu(x, gate_up, out) -> None:
     """CUDA-only decode fast path: out[N, I] = silu(x @ gate^T) * (x @ up^T) in one launch, with
     gate_up a bf16 Weight [2I, K] = [gate; up]. Bitwise equal to `linear` into [N, 2I] followed
-    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows.
-    `norm_weight`: x is the residual stream, normalised in the launch (see `linear`)."""
+    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows."""
     backend = backend_of(x, gate_up, out)
     if backend is not Backend.CUDA:
         raise TypeError("linear_swiglu is a CUDA-only op (the CPU backend uses linear + swiglu)")
@@ -96,5 +54,4 @@ def linear_swiglu(x, gate_up, out, *, norm_weight=None, norm_eps: float = 0.0) -
         raise TypeError(f"linear_swiglu: gate_up must be bf16 [2I, {k}], got "
                         f"{gate_up.dtype.value} {gate_up.shape}")
     check.array("linear_swiglu", "out", out, check.F32, (n, m2 // 2))
-    fold = _fold("linear_swiglu", backend, n, gate_up, norm_weight, norm_eps, False)
-    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out, **fold)
+    check.kernels(backend, "linear").linear_swiglu(x, gate_up, out)

@@ -10,10 +10,9 @@ from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.ops import reference as ref
-from ninfer.ops.linear import folds_add, folds_norm
 
 from cuda_testutil import (DTYPES, TOL_BF16_X, assert_close, assert_same_bits, cp, dev, host,
-                           poisoned, randn, rows_view, weight_pair)
+                           poisoned, rows_view, weight_pair)
 
 pytestmark = pytest.mark.gpu
 
@@ -391,110 +390,3 @@ def test_gemv_tma_pdl_chain_equals_plain_launches(rng):
             for i, (a, b) in enumerate(zip(got, plain)):
                 assert_same_bits(a, b, f"graph PDL chain, GEMV {i}")
         graph.destroy()
-
-
-# -- norms and residual adds folded into the TMA GEMV (kernels_cuda.linear.Fold) ----------------
-EPS = 1e-6
-
-
-def _norm_weight(rng, k, dtype):
-    """A device Weight [k] of the zero-centred RMSNorm (values around 0: the model's 1 + w)."""
-    return weight_pair(rng, (k,), dtype, scale=0.3)[1]
-
-
-@pytest.mark.parametrize("norm_dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 3, 8])
-@pytest.mark.parametrize("k", [64, 1072, 2048, 4096, 5120])
-def test_fold_norm_equals_norm_then_linear_bitwise(rng, k, n, norm_dtype):
-    """linear(h, norm_weight=w) == rms_norm(h, w) then linear, bitwise: x in registers (K <=
-    5120, one to five stages), every norm block size (D = 64: 64 threads, one warp per row in
-    norm.cu; 1072, 2048, 4096: 256; 5120: 1024), one to 16 elements per norm thread, one to
-    three batches of the denominator's loads."""
-    m = 301
-    _, h = rows_view(rng, (n, k), pad=8, scale=2.0)
-    w_host, w = weight_pair(rng, (m, k), DType.BFLOAT16, scale=k ** -0.5)
-    nw_host, nw = weight_pair(rng, (k,), norm_dtype, scale=0.3)
-    assert folds_norm(n, w)
-    x = poisoned((n, k))
-    ops.rms_norm(h, nw, EPS, x, zero_centered=True)
-    want = poisoned((n, m))
-    ops.linear(x, w, want)
-    got = poisoned((n, m))
-    ops.linear(h, w, got, norm_weight=nw, norm_eps=EPS)
-    assert_same_bits(got, want, f"k={k} n={n}")
-    ref_x = ref.rms_norm(host(h), nw_host, EPS, zero_centered=True)
-    assert_close(got, ref.linear(ref_x, w_host), TOL_BF16_X)
-
-
-@pytest.mark.parametrize("n", [1, 5, 8])
-@pytest.mark.parametrize("k", [1072, 4096, 5120])
-def test_fold_norm_swiglu_equals_norm_then_swiglu_bitwise(rng, k, n):
-    inner = 150
-    _, h = rows_view(rng, (n, k), pad=8, scale=2.0)
-    gu = weight_pair(rng, (2 * inner, k), DType.BFLOAT16, scale=k ** -0.5)[1]
-    nw = _norm_weight(rng, k, DType.BFLOAT16)
-    x = poisoned((n, k))
-    ops.rms_norm(h, nw, EPS, x, zero_centered=True)
-    want = poisoned((n, inner))
-    ops.linear_swiglu(x, gu, want)
-    got = poisoned((n, inner))
-    ops.linear_swiglu(h, gu, got, norm_weight=nw, norm_eps=EPS)
-    assert_same_bits(got, want, f"k={k} n={n}")
-
-
-@pytest.mark.parametrize("n", [1, 4, 8])
-@pytest.mark.parametrize("k", [1024, 12288])
-def test_fold_residual_layer_equals_add_rms_norm_bitwise(rng, k, n):
-    """One residual step: out_proj accumulating into h, then the next linear normalising h,
-    equals out_proj into a buffer, add_rms_norm, linear (h and the output bitwise)."""
-    hidden, m = 2048, 257
-    _, y = rows_view(rng, (n, k), pad=8)
-    h_host = randn(rng, (n, hidden), 1.5)
-    w_out = weight_pair(rng, (hidden, k), DType.BFLOAT16, scale=k ** -0.5)[1]
-    w_next = weight_pair(rng, (m, hidden), DType.BFLOAT16, scale=hidden ** -0.5)[1]
-    nw = _norm_weight(rng, hidden, DType.BFLOAT16)
-    h_ref, tmp, x = dev(h_host), poisoned((n, hidden)), poisoned((n, hidden))
-    ops.linear(y, w_out, tmp)
-    ops.add_rms_norm(h_ref, tmp, nw, EPS, x)
-    want = poisoned((n, m))
-    ops.linear(x, w_next, want)
-    h = dev(h_host)
-    ops.linear(y, w_out, h, accumulate=True)
-    got = poisoned((n, m))
-    ops.linear(h, w_next, got, norm_weight=nw, norm_eps=EPS)
-    assert_same_bits(h, h_ref, "residual")
-    assert_same_bits(got, want, "next linear")
-
-
-def test_fold_is_batch_invariant(rng):
-    k, m = 4096, 129
-    _, h = rows_view(rng, (8, k), pad=8, scale=2.0)
-    w = weight_pair(rng, (m, k), DType.BFLOAT16, scale=k ** -0.5)[1]
-    nw = _norm_weight(rng, k, DType.BFLOAT16)
-    full = poisoned((8, m))
-    ops.linear(h, w, full, norm_weight=nw, norm_eps=EPS)
-    for i in (0, 5, 7):
-        alone = poisoned((1, m))
-        ops.linear(h[i:i + 1], w, alone, norm_weight=nw, norm_eps=EPS)
-        assert_same_bits(full[i:i + 1], alone, f"row {i}")
-
-
-def test_fold_refuses_what_it_cannot_fold(rng):
-    k = 1024
-    w16 = weight_pair(rng, (64, k), DType.BFLOAT16)[1]
-    w32 = weight_pair(rng, (64, k), DType.FLOAT32)[1]
-    nw = _norm_weight(rng, k, DType.BFLOAT16)
-    h = dev(randn(rng, (9, k)))
-    assert not folds_norm(9, w16) and not folds_norm(2, w32)
-    w_long = weight_pair(rng, (64, 12288), DType.BFLOAT16)[1]
-    assert folds_add(2, w_long) and not folds_norm(2, w_long)
-    with pytest.raises(TypeError, match="norm_weight / accumulate"):  # x per stage: no norm
-        ops.linear(dev(randn(rng, (2, 12288))), w_long, poisoned((2, 64)),
-                   norm_weight=_norm_weight(rng, 12288, DType.BFLOAT16))
-    with pytest.raises(TypeError, match="norm_weight / accumulate"):
-        ops.linear(h, w16, poisoned((9, 64)), norm_weight=nw)  # 9 rows: cuBLAS
-    with pytest.raises(TypeError, match="norm_weight / accumulate"):
-        ops.linear(h[:2], w32, poisoned((2, 64)), accumulate=True)
-    with pytest.raises(ValueError, match="norm_weight"):
-        ops.linear(h[:2], w16, poisoned((2, 64)), norm_weight=_norm_weight(rng, 512,
-                                                                           DType.BFLOAT16))

@@ -98,20 +98,3 @@ def test_linear_rejects_bad_operands(rng):
         linear(x, w.data, np.zeros((2, 3), np.float32))
     with pytest.raises(TypeError, match="unsupported array type"):
         linear(x.tolist(), w, np.zeros((2, 3), np.float32))
-
-
-def test_fold_options_are_cuda_only(rng):
-    """norm_weight / accumulate are folds of the CUDA decode GEMV: a clear error on the CPU."""
-    from ninfer.core.dtypes import DType
-    from ninfer.core.tensor import Weight
-    from ninfer.ops.linear import folds_add, folds_norm
-
-    x = rng.standard_normal((2, 32)).astype(np.float32)
-    w = Weight(rng.standard_normal((16, 32)).astype(np.float32), DType.FLOAT32)
-    nw = Weight(rng.standard_normal(32).astype(np.float32), DType.FLOAT32)
-    out = np.zeros((2, 16), np.float32)
-    assert not folds_norm(2, w) and not folds_add(2, w)
-    with pytest.raises(TypeError, match="norm_weight / accumulate"):
-        linear(x, w, out, norm_weight=nw)
-    with pytest.raises(TypeError, match="norm_weight / accumulate"):
-        linear(x, w, out, accumulate=True)

@@ -19,7 +19,7 @@ import numpy as np
 from ninfer import ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
-from ninfer.ops.linear import folds_add, folds_norm, reads_bf16_x
+from ninfer.ops.linear import reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -60,32 +60,6 @@ def _mixer_input(layer: LayerParams):
     return layer.mixer.qkv_proj
 
 
-def _mixer_output(layer: LayerParams):
-    """The weight of the linear writing a layer's mixer output (its output projection)."""
-    if layer.kind is LayerType.LINEAR_ATTENTION:
-        return layer.mixer.out_proj
-    return layer.mixer.o_proj
-
-
-@dataclasses.dataclass(frozen=True)
-class NormedRows:
-    """A linear's input RMSNorm1p(h) with `weight`, computed by that linear (`fold_norms`)."""
-
-    h: object
-    weight: object
-
-    @property
-    def shape(self):
-        return self.h.shape
-
-
-@dataclasses.dataclass(frozen=True)
-class AddTo:
-    """A linear's output target: added into the residual stream `h` (`fold_norms`)."""
-
-    h: object
-
-
 @dataclasses.dataclass
 class KernelWorkspaces:
     """Backend scratch the ops need beyond the activation buffers (CUDA; all None on the CPU).
@@ -99,10 +73,6 @@ class KernelWorkspaces:
     `operand_bf16` (which must exist) instead of f32: bitwise the same results, without the
     conversion launch and with half the bytes written. `gdn_chunk_precision`: the chunked
     prefill's `Precision` (kernels_cuda.gdn_chunk; None: the launcher's default).
-    `fold_norms`: where every linear of a dense model can take it (`ops.linear.folds_norm` /
-    `folds_add` at the step's row count), the residual adds go into the epilogues of the output
-    projections (out_proj, o_proj, down) and the RMSNorms into the linears reading them
-    (in_proj, qkv, gate_up, lm_head): no norm or add launches, bitwise the same results.
     """
 
     attention: object = None
@@ -121,7 +91,6 @@ class KernelWorkspaces:
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
-    fold_norms: bool = False
 
     def kw(self, value) -> dict:
         return {} if value is None else {"workspace": value}
@@ -177,82 +146,36 @@ class Qwen35Forward:
                                   prefill_attention_supported(kv_pool.k[0].dtype, cfg.head_dim,
                                                               kv_pool.page_size))
         self._gdn_index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
-        self._fold_rows: dict[int, bool] = {}
 
     # -- whole model ---------------------------------------------------------------------------
     def __call__(self, ctx: StepContext):
         """Returns logits f32[rows in ctx.logit_rows, V] (a workspace view), or None for no rows."""
         cfg, p, ws, n = self.cfg, self.params, self.ws, ctx.n
-        h = ws.hidden[:n]
-        fold = self._folds(n)
-        out = AddTo(h) if fold else ws.block_out[:n]
+        h, out = ws.hidden[:n], ws.block_out[:n]
         ops.embedding(ctx.ids, p.embed, h)
-        x = self._block_input(h, None, p.layers[0].input_norm, _mixer_input(p.layers[0]), fold)
+        x = self._normed(n, _mixer_input(p.layers[0]))
+        ops.rms_norm(h, p.layers[0].input_norm, cfg.rms_norm_eps, x, zero_centered=True)
         for i, layer in enumerate(p.layers):
             self._mixer(i, layer, x, out, ctx)
-            x = self._block_input(h, out, layer.post_norm, self._ffn_input(layer.ffn), fold)
+            x = self._normed(n, self._ffn_input(layer.ffn))
+            ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
             self._ffn(layer.ffn, x, out)
             if i + 1 < len(p.layers):
-                nxt = p.layers[i + 1]
-                x = self._block_input(h, out, nxt.input_norm, _mixer_input(nxt), fold)
-        if not fold:
-            ops.add_inplace(h, out)
+                x = self._normed(n, _mixer_input(p.layers[i + 1]))
+                ops.add_rms_norm(h, out, p.layers[i + 1].input_norm, cfg.rms_norm_eps, x)
+        ops.add_inplace(h, out)
         rows = ctx.logit_rows
         b = rows.stop - rows.start
         if b == 0:
             return None
+        normed = self._x_buffer(b, cfg.hidden_size, p.lm_head, ws.final_normed[:b])
         logits = ws.logits[:b]
-        if fold:
-            normed = NormedRows(h[rows], p.final_norm)
-        else:
-            normed = self._x_buffer(b, cfg.hidden_size, p.lm_head, ws.final_normed[:b])
-            ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
+        ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
         self._linear(normed, p.lm_head, logits)
         return logits
 
-    def _block_input(self, h, out, norm_weight, reader, fold: bool):
-        """The input of a mixer or FFN: RMSNorm1p(h (+= out)) written by a norm launch, or, with
-        `fold`, left to the reading linear (the add happened in the writer's epilogue)."""
-        if fold:
-            return NormedRows(h, norm_weight)
-        x = self._normed(h.shape[0], reader)
-        if out is None:
-            ops.rms_norm(h, norm_weight, self.cfg.rms_norm_eps, x, zero_centered=True)
-        else:
-            ops.add_rms_norm(h, out, norm_weight, self.cfg.rms_norm_eps, x)
-        return x
-
-    def _folds(self, n: int) -> bool:
-        """Whether this step (n rows) runs with `fold_norms`: a dense model whose gate_up runs
-        fused and every linear of the step can fold at n rows."""
-        if not self.kws.fold_norms:
-            return False
-        if n not in self._fold_rows:
-            layers = self.params.layers
-            dense = all(isinstance(layer.ffn, DenseMLPParams)
-                        and self._fused_swiglu(layer.ffn.gate_up) for layer in layers)
-            readers = [self.params.lm_head] + [  # take the norms
-                w for layer in layers if dense for w in (_mixer_input(layer), layer.ffn.gate_up)]
-            writers = [  # take the residual adds
-                w for layer in layers if dense for w in (_mixer_output(layer), layer.ffn.down)]
-            self._fold_rows[n] = dense and all(folds_norm(n, w) for w in readers) and all(
-                folds_add(n, w) for w in writers)
-        return self._fold_rows[n]
-
-    def _fold_kw(self, x, out) -> tuple:
-        """(x, out, fold keywords) of a linear whose x may be NormedRows and out AddTo."""
-        kw = {}
-        if isinstance(x, NormedRows):
-            kw.update(norm_weight=x.weight, norm_eps=self.cfg.rms_norm_eps)
-            x = x.h
-        if isinstance(out, AddTo):
-            kw.update(accumulate=True)
-            out = out.h
-        return x, out, kw
-
     def _linear(self, x, weight, out) -> None:
-        x, out, fold = self._fold_kw(x, out)
-        ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant, **fold,
+        ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant,
                    **self.kws.kw(self.kws.linear_bf16))
 
     # -- where linear inputs are written -------------------------------------------------------
@@ -388,8 +311,7 @@ class Qwen35Forward:
         inner = gate_up.shape[0] // 2
         if self._fused_swiglu(gate_up):
             act = self.ws.ffn_act(n, inner)
-            x, _, fold = self._fold_kw(x, None)
-            ops.linear_swiglu(x, gate_up, act, **fold)
+            ops.linear_swiglu(x, gate_up, act)
             self._linear(act, down, out)
             return
         gu = self.ws.proj(n, 2 * inner)
