@@ -68,6 +68,14 @@ def moe_fused() -> bool:
     return _flag("NINFER_MOE_FUSED", True)
 
 
+def moe_tma() -> bool:
+    """NINFER_MOE_TMA (default off; "1" turns it on): the MoE decode path's expert gate_up +
+    SwiGLU stage (bf16 experts, hidden % 16 == 0, sm_90) runs moe_tma_gate_up_kernel (weights
+    streamed by bulk copies into a shared-memory ring) instead of the register-staged rows
+    kernels; act is bitwise the same. Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA", False)
+
+
 def gemv_tma() -> bool:
     """NINFER_GEMV_TMA (default on; "0" turns it off): bf16 decode GEMVs with K % 16 == 0 on an
     sm_90 device use linear_tma_kernel (weights streamed by bulk copies into a shared-memory ring)

@@ -24,6 +24,11 @@
 //     memory (linear.cu linear_mma_rows_kernel); bitwise the same results.
 //   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)],
 //     optionally + sigmoid(gate[n]) * shared[n] (the gated shared expert).
+//   moe_tma_gate_up_kernel (moe.py MOE_TMA, NINFER_MOE_TMA; sm_90, K % 16 == 0): the gate_up
+//     stage of moe_mma_rows_kernel<1> with the weights streamed by bulk copies into a
+//     shared-memory ring by a producer warp (persistent blocks walk the (group, 8-row tile)
+//     items); the same K split, A fragments, x values, mma order and reduction order, so act is
+//     bitwise the rows kernel's (see the kernel).
 //   Fused decode path (moe.py FUSED, NINFER_MOE_FUSED; N <= 8, N*K <= 64, bf16 tensor-core
 //   experts): moe_fused_gate_up_kernel<J> = moe_route_group_kernel<J> (recomputed by every
 //   block into shared memory; block (0, 0) writes weights, ids and the group tables) +
@@ -35,6 +40,7 @@
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
 //   moe_gather_kernel<OT>: x rows -> per-expert padded blocks (cast to the weights' type);
 //   moe_swiglu_kernel<OT>: act = silu(g) * u over the padded blocks (cast to OT).
+#include "bulk_copy.cuh"
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
 
@@ -634,6 +640,188 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
     if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
     out[n * out_rs + j] = acc;
   }
+}
+
+// ---- moe_tma_gate_up_kernel: the gate_up + SwiGLU stage on a bulk-copy ring (sm_90) ----
+// Same contract and bits as moe_mma_rows_kernel<1> (x_by_pair = 0 or 1 as in p), with the
+// weight tiles streamed into shared memory by the TMA engine instead of register-staged loads.
+// Block = p.splits consumer warps + 1 producer warp, persistent: block b walks the work items
+// i = b, b + gridDim.x, ... < num_groups * tiles (tiles = ceil(M / 8); group i / tiles, output
+// rows m0 = 8 (i % tiles)). An item's 16 A rows are those of moe_mma_rows_kernel<1> (tile row
+// r < 8: gate row m0 + r; r >= 8: up row up_offset + m0 + r - 8) and its K is cut into
+// NS = splits / sw ring stages of sk = sw * (the warps' K range length) k: stage s holds the K
+// ranges (mma_warp_k_range) of consumer warps s sw .. s sw + sw - 1, one bulk copy per live row
+// (lanes 0..15 of the producer; rows past M and every row of a bad expert are not copied),
+// rows moe_tma_pitch(sk) bytes apart (= 64 mod 128: the 16-byte reads of a quarter warp, rows
+// g and g + 1 at the same k, cover the 32 banks once).
+// Consumer warp w (= split w) waits on its stage, then for each 32-k step k0 of its range in
+// ascending order: lane (g, t) reads w0 = A[g][k0 + 8t .. +7], w1 = A[g + 8][same] (zeros where
+// k0 + 8t >= k_end, as mma_load_w / mma_rows_load) and x[pair row of slot g][k0 + 8t .. +7]
+// (zeros there too; an empty slot reads slot 0's row, as moe_rows_tile_c), splits x into bf16
+// hi + lo (split_bf16x2) and runs the 4 mmas of mma_gemv_accumulate's step (words x/y with
+// x[0..3]: hi then lo; words z/w with x[4..7]: hi then lo): exactly the fragments and order
+// that moe_mma_rows_kernel<1> hands to the tensor cores (its stmatrix / ldmatrix transpose
+// yields these registers). Partials go to red[split] and the outputs are
+// mma_reduce_partials<1> over the splits in order (moe_mma_store: silu(gate) * up, NaN for a
+// bad expert, rows past M and empty slots not stored). Arbitrary (stale) shared memory in rows
+// that are not copied only feeds A rows whose outputs are not stored (an mma's outputs depend
+// only on their own A row and B column).
+// Ring protocol: a slot's n-th use is filled by the producer (after the slot's empty barrier
+// completed use n - 1) and read by the sw warps of its stage, who wait on its full barrier with
+// parity n & 1; `stages` is a multiple of NS, so slot i always holds stage i % NS and every warp
+// sees each use of its slots in order (a parity wait is only exact for the phase that follows
+// the last one the waiter saw). After each item the consumer warps meet at named barrier 1;
+// the partials alternate between two buffers (as linear_tma_kernel).
+// Dynamic shared memory (moe.py tma_gate_up_plan): full[stages], empty[stages] barriers
+// (MOE_TMA_BAR_BYTES), two MmaPartials<8>, the ring of `stages` stages of 16 pitch bytes.
+#define MOE_TMA_PAD 64
+#define MOE_TMA_MAX_STAGES 16
+#define MOE_TMA_BAR_BYTES 256
+#define MOE_TMA_U 4  // 32-k steps whose shared / x loads are issued together
+
+// Bytes between the ring's rows for stages of sk k (sk % 32 == 0): 2 sk rounded up to 64 mod
+// 128 (adds 0 or MOE_TMA_PAD bytes).
+__device__ __forceinline__ int moe_tma_pitch(int sk) {
+  return 2 * sk + MOE_TMA_PAD - ((2 * sk) & MOE_TMA_PAD);
+}
+
+__device__ __forceinline__ uint4 moe_lds16(unsigned a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+  return v;
+}
+
+__global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
+                                                                          int sk, int sw,
+                                                                          int stages) {
+#if BULK_COPY_OK
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
+  const int pitch = moe_tma_pitch(sk), stage_bytes = 16 * pitch;
+  char* const smem = reinterpret_cast<char*>(moe_rows_smem);
+  mbar_t* full = reinterpret_cast<mbar_t*>(smem);
+  mbar_t* empty = full + MOE_TMA_MAX_STAGES;
+  MmaPartials<8>* red = reinterpret_cast<MmaPartials<8>*>(smem + MOE_TMA_BAR_BYTES);
+  char* const ring = smem + MOE_TMA_BAR_BYTES + 2 * sizeof(MmaPartials<8>);
+  if (threadIdx.x == 0) {
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (stages < ns || stages > MOE_TMA_MAX_STAGES || stages % ns != 0 || cons > 8 ||
+        ns * sw != cons ||
+        (unsigned)(ring - smem) + (unsigned)(stages * stage_bytes) > dyn ||
+        (int)blockDim.x != 32 * (cons + 1))
+      __trap();
+    for (int i = 0; i < stages; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, sw);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // the group tables, x and act belong to the previous kernels of the step (PDL); its
+  // successor waits for this whole grid, so it may launch now
+  pdl_wait();
+  pdl_launch_dependents();
+  const int tiles = (p.m + 7) >> 3;
+  const int items = *p.num_groups * tiles;
+  const int G = gridDim.x;
+  if (warp == cons) {  // producer
+    const unsigned long long policy = l2_evict_first_policy();
+    const int r = lane & 15;  // this lane's tile row
+    unsigned q = 0;           // the block's stage sequence number
+    for (int item = blockIdx.x; item < items; item += G) {
+      const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
+      const int e = p.group_expert[grp];
+      const bool bad = e < 0 || e >= p.experts;
+      const int live = bad ? 0 : min(8, p.m - m0);  // copied gate (= up) rows
+      const bool row_ok = lane < 16 && (r & 7) < live;
+      const i64 row = r < 8 ? m0 + r : p.up_offset + m0 + r - 8;
+      const bf16raw* src =
+          static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es + row * p.w_rs;
+      for (int s = 0; s < ns; ++s) {
+        const unsigned bytes = 2u * (unsigned)min(sk, p.k - s * sk);
+        const unsigned slot = q % (unsigned)stages, use = q / (unsigned)stages;
+        if (lane == 0) {
+          mbar_wait(empty + slot, (use & 1u) ^ 1u);
+          mbar_arrive_expect_tx(full + slot, bytes * 2u * (unsigned)live);
+        }
+        __syncwarp();
+        if (row_ok)
+          bulk_copy_g2s(ring + slot * stage_bytes + r * pitch, src + (i64)s * sk, bytes,
+                        full + slot, policy);
+        ++q;
+      }
+    }
+    return;
+  }
+  const int g = lane >> 2, t = lane & 3;
+  const int s = warp / sw;  // this warp's stage of every item
+  int k_begin, k_end;
+  mma_warp_k_range(p.k, cons, warp, k_begin, k_end);
+  // this lane's 16 bytes of A row g at its first step (row g + 8: + 8 pitch)
+  const unsigned a0 =
+      smem_addr(ring) + (unsigned)(g * pitch + 2 * (k_begin - s * sk) + 16 * t);
+  unsigned q = (unsigned)s;  // the block's stage sequence number of this warp's stage
+  int parity = 0;
+  for (int item = blockIdx.x; item < items; item += G) {
+    const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
+    const int e = p.group_expert[grp];
+    const int* gp = p.group_pairs + grp * MOE_GROUP;
+    const int pr = gp[g];
+    const int p0 = __shfl_sync(0xffffffffu, pr, 0);
+    const int pa = pr >= 0 ? pr : p0;
+    const float* xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs;
+    const unsigned slot = q % (unsigned)stages;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mbar_wait(full + slot, (q / (unsigned)stages) & 1u);
+    unsigned a = a0 + slot * stage_bytes;
+    for (int k0 = k_begin; k0 < k_end; k0 += 32 * MOE_TMA_U) {
+      uint4 w0[MOE_TMA_U], w1[MOE_TMA_U];
+      float4 xa[MOE_TMA_U], xb[MOE_TMA_U];
+#pragma unroll
+      for (int i = 0; i < MOE_TMA_U; ++i) {
+        const int k = k0 + 32 * i + 8 * t;
+        const bool in = k < k_end;  // K % 8 == 0: the whole unit
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        w0[i] = in ? moe_lds16(a + 64 * i) : z;
+        w1[i] = in ? moe_lds16(a + 64 * i + 8 * pitch) : z;
+        xa[i] = in ? __ldg(reinterpret_cast<const float4*>(xp + k)) : make_float4(0, 0, 0, 0);
+        xb[i] = in ? __ldg(reinterpret_cast<const float4*>(xp + k + 4)) : make_float4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < MOE_TMA_U; ++i) {
+        if (k0 + 32 * i >= k_end) break;
+        unsigned hi[4], lo[4];
+        split_bf16x2(xa[i].x, xa[i].y, hi[0], lo[0]);
+        split_bf16x2(xa[i].z, xa[i].w, hi[1], lo[1]);
+        split_bf16x2(xb[i].x, xb[i].y, hi[2], lo[2]);
+        split_bf16x2(xb[i].z, xb[i].w, hi[3], lo[3]);
+        mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, hi[0], hi[1]);
+        mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, lo[0], lo[1]);
+        mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, hi[2], hi[3]);
+        mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, lo[2], lo[3]);
+      }
+      a += 64 * MOE_TMA_U;
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + slot);
+    q += (unsigned)ns;
+    mma_store_partials(red[parity], warp, g, t, c);
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");
+    for (int idx = threadIdx.x; idx < 64; idx += 32 * cons) {
+      const int rr = idx >> 3, n = idx & 7;
+      const int pn = gp[n];
+      if (m0 + rr >= p.m || pn < 0) continue;
+      float v = mma_reduce_partials<1>(red[parity], cons, rr, n);
+      if (e < 0 || e >= p.experts) v = NINFER_NAN;
+      p.out[(i64)pn * p.out_rs + m0 + rr] = v;
+    }
+    parity ^= 1;
+  }
+#else
+  __trap();
+#endif
 }
 
 template <typename OT>

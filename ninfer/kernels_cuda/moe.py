@@ -9,6 +9,9 @@ paths:
   NINFER_GEMV_ROWS=0: `moe_mma_kernel`, bitwise the same), others the f32-FMA
   `moe_gemv_kernel`; `moe_block` at decode (`fused_applies`) runs routing + gate_up and
   down + combine as two launches (FUSED, NINFER_MOE_FUSED), bitwise the four-launch results;
+  with MOE_TMA (NINFER_MOE_TMA, sm_90, K % 16 == 0) the gate_up stage is
+  `moe_tma_gate_up_kernel` (bulk-copy ring; bitwise the rows kernel), and the fused path
+  route_group -> TMA gate_up -> fused down;
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
@@ -22,7 +25,7 @@ import numpy as np
 from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _cublas
-from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+from ninfer.kernels_cuda._loader import KernelSource, current_device, get_function, launch
 from ninfer.kernels_cuda.linear import (
     MMA_ROWS_ALIGN,
     MMA_ROWS_WARP_SMEM,
@@ -30,6 +33,7 @@ from ninfer.kernels_cuda.linear import (
     k_splits,
     mma_splits,
     rows_tile,
+    tma_ok,
 )
 
 GEMV_MAX_ROWS = 32
@@ -60,6 +64,69 @@ FUSED_MAX_PAIRS = 64  # moe.cu MOE_FUSED_PAIRS
 FUSED_J = (1, 2, 4, 8, 16)  # moe_fused_gate_up_kernel<J>: experts per lane (E <= 32 J)
 FUSED_DOWN_WARPS = 16  # moe_fused_down_kernel: warps per block
 FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
+# NINFER_MOE_TMA (read once at import; default off until measured): the gate_up + SwiGLU stage
+# of the grouped decode path (bf16 tensor-core experts, K = hidden % 16 == 0, sm_90) runs
+# moe_tma_gate_up_kernel (weights streamed by bulk copies into a shared-memory ring, one
+# persistent block per SM) instead of moe_mma_rows_kernel<1> / moe_fused_gate_up_kernel; act is
+# bitwise the same. moe_block's fused path then runs moe_route_group_kernel ->
+# moe_tma_gate_up_kernel -> moe_fused_down_kernel (three launches, the same outputs).
+MOE_TMA = envs.moe_tma()
+TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
+TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
+TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
+TMA_BAR_BYTES = 256  # moe.cu MOE_TMA_BAR_BYTES
+TMA_SMEM_LIMIT = 227 * 1024  # sm_90 dynamic shared memory per block (opt-in)
+
+
+@dataclasses.dataclass(frozen=True)
+class TmaPlan:
+    """Geometry of moe_tma_gate_up_kernel for a reduction length K: `splits` consumer warps (the
+    rows kernel's K split), ring stages of `sk` k holding the K ranges of `stage_warps` warps
+    each (`per_item` = splits / stage_warps stages per work item), `stages` ring slots (a
+    multiple of per_item) and `smem` bytes of dynamic shared memory."""
+
+    splits: int
+    sk: int
+    stage_warps: int
+    stages: int
+    smem: int
+
+    @property
+    def per_item(self) -> int:
+        return self.splits // self.stage_warps
+
+
+def tma_pitch(sk: int) -> int:
+    """moe.cu moe_tma_pitch: bytes between the ring's rows, 2 sk rounded up to 64 mod 128."""
+    return 2 * sk + TMA_PAD - ((2 * sk) & TMA_PAD)
+
+
+def tma_gate_up_plan(k: int, smem_limit: int = TMA_SMEM_LIMIT,
+                     target_sk: int = TMA_TARGET_SK) -> TmaPlan | None:
+    """The ring of moe_tma_gate_up_kernel for K (pure; None when no ring fits `smem_limit`).
+    splits = mma_splits(K, MMA_SPLITS) and the warps' K ranges of mma_warp_k_range (ceil(steps
+    / splits) 32-k steps each, none empty); a stage holds stage_warps consecutive ranges, the
+    divisor of splits that leaves room for two items in flight and whose stage k is nearest
+    `target_sk` (2 KiB copies; ties: the shorter), else one item in flight. Every plan gives
+    the same bits (tests take other limits and targets to exercise the ring)."""
+    if k <= 0 or k % 16:
+        return None
+    splits = mma_splits(k, MMA_SPLITS)
+    per_k = -(-(-(-k // 32)) // splits) * 32
+    if (splits - 1) * per_k >= k:  # an empty K range (not with splits <= 8 >= 8 steps each)
+        return None
+    fixed = TMA_BAR_BYTES + 2 * MMA_SPLITS * 16 * 8 * 4  # barriers, two MmaPartials<8>
+    best = None
+    for sw in (d for d in range(1, splits + 1) if splits % d == 0):
+        ns, sk = splits // sw, sw * per_k
+        stage = 16 * tma_pitch(sk)
+        stages = min(TMA_MAX_STAGES, max(0, smem_limit - fixed) // stage) // ns * ns
+        if stages < ns:
+            continue
+        key = (stages >= 2 * ns, -abs(sk - target_sk), -sk)
+        if best is None or key > best[0]:
+            best = (key, TmaPlan(splits, sk, sw, stages, fixed + stages * stage))
+    return None if best is None else best[1]
 
 
 def _swiglu_rows(nt: int) -> int:
@@ -75,6 +142,7 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
        "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
+    + ["moe_tma_gate_up_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -176,7 +244,8 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
         ws = _workspace(workspace, n, top_k, hidden, inter)
         use_mma, nt = _gemv_plan(x, gu, dn, kind)
         _group(ids, nt, ws)
-        _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws, None)
+        _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws, None,
+                      _tma_plan(use_mma, hidden))
     else:
         _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out, None)
 
@@ -208,7 +277,9 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     ws = _workspace(workspace, n, top_k, hidden, inter)
     use_mma, nt = _gemv_plan(x, gu, dn, kind)
     take = (FUSED and n * top_k <= FUSED_DEFAULT_PAIRS) if fused is None else fused
-    if take and fused_applies(n, top_k, experts, use_mma):
+    tma = _tma_plan(use_mma, hidden)
+    fuse = take and fused_applies(n, top_k, experts, use_mma)
+    if fuse and tma is None:
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
                      gated)
         return
@@ -223,8 +294,12 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
                _route_args(logits, top_k, weights_out, ids_out)
                + (np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
                name="moe_route_group", pdl=True)
+    if fuse:  # route_group -> moe_tma_gate_up_kernel -> moe_fused_down_kernel
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
+        _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated)
+        return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
-                  gated)
+                  gated, tma)
 
 
 def fused_applies(n: int, top_k: int, experts: int, use_mma: bool) -> bool:
@@ -263,6 +338,14 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
             np.int64(C.row_stride(ids_out, "ids_out"))),
            # moe.cu: one MmaPartials<8>, then the warps' staging buffers (checked in-kernel)
            shared_mem=mma_rows_smem(warps), name="moe_fused_gate_up", pdl=True)
+    _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated)
+
+
+def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
+                gated) -> None:
+    """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
+    in `ws` (written by moe_fused_gate_up_kernel, or by moe_route_group_kernel and the gate_up
+    stage)."""
     dn_splits = mma_splits(inter, MMA_SPLITS)
     params = C.pack(_GEMV, w=C.ptr(dn), x=C.ptr(ws.act), out=0,
                     group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
@@ -331,8 +414,9 @@ def _group(ids, nt: int, ws: MoeWorkspace) -> None:
 
 
 def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws,
-                  gated) -> None:
-    """The two expert stages and the combine over the groups already in `ws`."""
+                  gated, tma: TmaPlan | None = None) -> None:
+    """The two expert stages and the combine over the groups already in `ws` (`tma`: the
+    gate_up stage runs moe_tma_gate_up_kernel with that plan)."""
     hidden = x.shape[1]
     top_k = ids.shape[1]
     pairs = ids.size
@@ -342,6 +426,9 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
         (dn, ws.act, inter, 1, ws.y, hidden, inter, 0))
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
+        if use_mma and swiglu and tma is not None:
+            _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
+            continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
                        top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs)
@@ -358,6 +445,48 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
         launch(fn, ((m + r - 1) // r, pairs), (32 * splits,), (params,), name="moe_gemv",
                pdl=True)
     _combine(ws.y, hidden, None, ids, weights, out, gated)
+
+
+def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
+    """The plan of moe_tma_gate_up_kernel when MOE_TMA is on and the gate_up stage can take it
+    (tensor-core experts, K = hidden % 16 == 0, sm_90, a ring that fits), else None."""
+    if not (MOE_TMA and use_mma and tma_ok(hidden)):
+        return None
+    return tma_gate_up_plan(hidden)
+
+
+def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,
+                         ws: MoeWorkspace, plan: TmaPlan) -> None:
+    """ws.act[pair, :inter] = silu(gate) * up of every group in `ws` (x rows: the pairs' token
+    rows) by moe_tma_gate_up_kernel."""
+    hidden = x.shape[1]
+    launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
+                       inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
+                       plan=plan)
+
+
+def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
+                       k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
+                       plan: TmaPlan) -> None:
+    """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
+    w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
+    aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
+    with swiglu=True, up_offset=m): the same K split, fragments and orders. One persistent block
+    per SM, at most one per work item of the worst case (pairs groups x ceil(m / 8) row
+    tiles)."""
+    C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
+    params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
+                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
+                    num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out.shape[1], m=m, k=k, splits=plan.splits, top_k=top_k,
+                    up_offset=m, x_by_pair=x_by_pair, experts=experts)
+    fn = get_function(SOURCE, "moe_tma_gate_up_kernel")
+    if fn.max_dynamic_shared_size_bytes < plan.smem:
+        fn.max_dynamic_shared_size_bytes = plan.smem
+    items = pairs * ((m + 7) // 8)
+    launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
+           (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages)),
+           shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 
 def mma_rows_smem(splits: int) -> int:

@@ -1,0 +1,233 @@
+"""moe_tma_gate_up_kernel (NINFER_MOE_TMA, kmoe.MOE_TMA): the gate_up + SwiGLU stage on a
+bulk-copy ring must equal moe_mma_rows_kernel<1> bit for bit (same K split, fragments, mma and
+reduction orders) on the same group tables, and moe_block with the switch on must equal it off
+(weights, ids, act, output), eagerly and replayed from a CUDA graph. Needs sm_90."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_testutil import assert_close, cp, dev, host, poisoned, randn, weight_pair
+
+from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
+from ninfer.core.tensor import Weight
+from ninfer.kernels_cuda import _checks as C
+from ninfer.kernels_cuda import moe as kmoe
+from ninfer.kernels_cuda.linear import tma_ok
+from ninfer.ops import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _sm90():
+    if not tma_ok(16):
+        pytest.skip("moe_tma_gate_up_kernel needs sm_90")
+
+
+def _same_bits(a, b, what: str) -> None:
+    """Bitwise equality that reports how many elements differ and the first few."""
+    a = np.ascontiguousarray(host(a) if not isinstance(a, np.ndarray) else a)
+    b = np.ascontiguousarray(host(b) if not isinstance(b, np.ndarray) else b)
+    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+    ua = a.view(f"u{a.dtype.itemsize}").reshape(-1)
+    ub = b.view(f"u{b.dtype.itemsize}").reshape(-1)
+    diff = np.flatnonzero(ua != ub)
+    if diff.size:
+        idx = [np.unravel_index(i, a.shape) for i in diff[:5]]
+        pairs = ", ".join(f"{tuple(int(v) for v in i)}: {a[i]!r} vs {b[i]!r}" for i in idx)
+        raise AssertionError(f"{what}: {diff.size} of {a.size} elements differ bitwise ({pairs})")
+
+
+def _tiled_experts(rng, experts, sub, rows, k):
+    """(float64 values of `sub` distinct experts, device bf16 [experts, rows, K] view): expert e
+    has expert e % sub's weights; rows padded with NaN up to a 16-byte aligned stride (a kernel
+    that reads past K and does not zero turns its output into NaN)."""
+    stride = -(-k // 8) * 8 + 8
+    bits = f32_to_bf16_bits((rng.standard_normal((sub, rows, k)) * k ** -0.5).astype(np.float32))
+    full = np.full((sub, rows, stride), 0x7FC0, dtype=np.uint16)
+    full[..., :k] = bits
+    d = cp().tile(dev(full), (-(-experts // sub), 1, 1))[:experts]
+    return bf16_bits_to_f32(bits).astype(np.float64), d[..., :k]
+
+
+def _x(rng, n, k):
+    """(host, device) f32 [n, K] rows with NaN around them (16-byte aligned, stride % 4 == 0)."""
+    stride = -(-k // 4) * 4 + 8
+    full = np.full((n, stride), np.nan, dtype=np.float32)
+    full[:, 4:4 + k] = randn(rng, (n, k), 3.0)
+    return full[:, 4:4 + k], dev(full)[:, 4:4 + k]
+
+
+def _routing(rng, n, experts, top_k):
+    return np.stack([rng.choice(experts, top_k, replace=False)
+                     for _ in range(n)]).astype(np.int32)
+
+
+def _plans(k):
+    """The default plan and two others (short stages, more per item; a single-buffered ring):
+    all must give the same bits."""
+    plans = [kmoe.tma_gate_up_plan(k), kmoe.tma_gate_up_plan(k, target_sk=256)]
+    p = plans[0]
+    fixed = p.smem - p.stages * 16 * kmoe.tma_pitch(p.sk)  # barriers and partials
+    one = kmoe.tma_gate_up_plan(k, smem_limit=fixed + p.per_item * 16 * kmoe.tma_pitch(p.sk))
+    assert one is not None and one.stages == one.per_item, one  # one item in flight
+    return plans + [one]
+
+
+def _stage(w_d, x_d, ids, m, experts, by_pair, plan):
+    """act [pairs, m] of moe_tma_gate_up_kernel (plan) or moe_mma_rows_kernel<1> (None) on the
+    group tables of ids (device), into a NaN-poisoned buffer."""
+    n, top_k = ids.shape
+    ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
+    kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
+    out = poisoned((ids.size, m))
+    k = x_d.shape[1]
+    w_rs = C.row_stride(w_d[0], "w")
+    args = (w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), by_pair, out, m, k)
+    kw = dict(top_k=top_k, experts=experts, ws=ws, pairs=ids.size)
+    if plan is None:
+        kmoe.launch_mma(*args, swiglu=True, up_offset=m, rows=True, **kw)
+    else:
+        kmoe.launch_tma_gate_up(*args, plan=plan, **kw)
+    return out
+
+
+@pytest.mark.parametrize("m,k", [(512, 2048), (200, 1040), (512, 1040), (200, 2048)])
+@pytest.mark.parametrize("experts,top_k", [(256, 8), (61, 5)])
+def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
+    w, w_d = _tiled_experts(rng, experts, 12, 2 * m, k)
+    plans = _plans(k)
+    for n in (1, 2, 5, 8):
+        by_pair = int(n == 5)  # x rows by pair once (the kernel takes both)
+        ids_h = _routing(rng, n, experts, top_k)
+        if n >= 5:
+            ids_h[2] = ids_h[0][::-1]  # shared experts across rows (groups of > 1 pair)
+        ids = dev(ids_h)
+        x_h, x_d = _x(rng, n * top_k if by_pair else n, k)
+        want = _stage(w_d, x_d, ids, m, experts, by_pair, None)
+        assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
+        for plan in plans:
+            got = _stage(w_d, x_d, ids, m, experts, by_pair, plan)
+            _same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} {plan}")
+        if n == 2:  # and the values (float64 oracle)
+            expect = np.empty((ids_h.size, m))
+            for pr, e in enumerate(ids_h.reshape(-1)):
+                y = w[e % 12] @ x_h[pr if by_pair else pr // top_k].astype(np.float64)
+                expect[pr] = ref.swiglu(y[None])[0]
+            assert_close(want, expect)
+
+
+def test_tma_gate_up_bad_expert_rows_are_nan(rng):
+    """Expert ids outside [0, E): NaN rows (weights never copied), bitwise the rows kernel."""
+    experts, top_k, n, m, k = 16, 4, 3, 40, 1040
+    _, w_d = _tiled_experts(rng, experts, 4, 2 * m, k)
+    ids_h = _routing(rng, n, experts, top_k)
+    ids_h[1, 0], ids_h[2, 3] = experts, -1
+    ids = dev(ids_h)
+    _, x_d = _x(rng, n, k)
+    want = host(_stage(w_d, x_d, ids, m, experts, 0, None))
+    got = host(_stage(w_d, x_d, ids, m, experts, 0, kmoe.tma_gate_up_plan(k)))
+    _same_bits(got, want, "bad experts")
+    bad = [1 * top_k + 0, 2 * top_k + 3]
+    assert np.isnan(got[bad]).all()
+    assert np.isfinite(np.delete(got, bad, axis=0)).all()
+
+
+def _experts(rng, experts, sub, hidden, inter):
+    _, gu = weight_pair(rng, (sub, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
+    _, dn = weight_pair(rng, (sub, hidden, inter), DType.BFLOAT16, inter ** -0.5)
+    reps = -(-experts // sub)
+    return (Weight(cp().tile(gu.data, (reps, 1, 1))[:experts], DType.BFLOAT16),
+            Weight(cp().tile(dn.data, (reps, 1, 1))[:experts], DType.BFLOAT16))
+
+
+def _block(monkeypatch, tma, x, logits, top_k, gu, dn, shared, fused):
+    """kmoe.moe_block with MOE_TMA = tma into poisoned outputs and workspace; counts the TMA
+    gate_up launches."""
+    monkeypatch.setattr(kmoe, "MOE_TMA", tma)
+    calls = []
+    real = kmoe.launch_tma_gate_up
+    monkeypatch.setattr(kmoe, "launch_tma_gate_up",
+                        lambda *a, **kw: (calls.append(1), real(*a, **kw)))
+    n, experts = logits.shape[0], logits.shape[1] - 1
+    hidden, inter = x.shape[1], dn.shape[2]
+    ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+    ws.act.fill(np.nan)
+    ws.y.fill(np.nan)
+    for a in (ws.group_expert, ws.group_pairs, ws.num_groups):
+        a.fill(-7)
+    w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
+    gate = logits[:, experts:] if shared is not None else None
+    kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                   shared_gate=gate, workspace=ws, fused=fused)
+    monkeypatch.setattr(kmoe, "launch_tma_gate_up", real)
+    return (w, ids, ws.act[:n * top_k], out), len(calls)
+
+
+@pytest.mark.parametrize("n,hidden,inter,experts,top_k,sub", [
+    (1, 2048, 512, 256, 8, 8),  # 35B-A3B, B = 1: the fused path (route_group, TMA, down)
+    (8, 2048, 512, 256, 8, 8),  # B = 8: 64 pairs, the four-launch path by default
+    (2, 1040, 200, 61, 5, 7),    # odd E, odd top_k, Im % 16 != 0
+    (5, 1040, 200, 61, 5, 7),
+])
+@pytest.mark.parametrize("fused", [None, True, False])
+def test_moe_block_tma_on_equals_off(rng, monkeypatch, n, hidden, inter, experts, top_k, sub,
+                                     fused):
+    gu, dn = _experts(rng, experts, sub, hidden, inter)
+    x = dev(randn(rng, (n, hidden)))
+    logits = dev(randn(rng, (n, experts + 1), 2.0))
+    shared = dev(randn(rng, (n, hidden))) if n != 2 else None
+    on, calls = _block(monkeypatch, True, x, logits, top_k, gu, dn, shared, fused)
+    assert calls == 1, "the TMA gate_up did not run"
+    off, calls = _block(monkeypatch, False, x, logits, top_k, gu, dn, shared, fused)
+    assert calls == 0
+    assert np.isfinite(host(on[3])).all(), "non-finite output"
+    for a, b, what in zip(on, off, ("weights", "ids", "act", "out")):
+        _same_bits(a, b, f"{what}: MOE_TMA on vs off (n={n}, fused={fused})")
+
+
+def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
+    """moe_block with MOE_TMA on captured in a CUDA graph (workspace preallocated), replayed on
+    new inputs: bitwise the eager launches with it off (B = 1 fused path and B = 8)."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    hidden, inter, experts, top_k = 2048, 512, 256, 8
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        gu, dn = _experts(rng, experts, 8, hidden, inter)
+        for n in (1, 8):
+            x = dev(randn(rng, (n, hidden)))
+            logits = dev(randn(rng, (n, experts + 1), 2.0))
+            shared = dev(randn(rng, (n, hidden)))
+            ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+            w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+            out = poisoned((n, hidden))
+
+            def step():
+                kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out,
+                               shared=shared, shared_gate=logits[:, experts:], workspace=ws)
+
+            monkeypatch.setattr(kmoe, "MOE_TMA", True)
+            step()
+            ctx.synchronize()
+            graph = CudaGraph("moe_block_tma")
+            with graph.capture(ctx.stream):
+                step()
+            for _ in range(2):
+                x[...] = dev(randn(rng, (n, hidden)))
+                logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
+                shared[...] = dev(randn(rng, (n, hidden)))
+                for a in (w, ids, out, ws.act):
+                    a.fill(-7 if a.dtype == np.int32 else np.nan)
+                graph.launch(ctx.stream)
+                ctx.synchronize()
+                replay = [a.copy() for a in (w, ids, ws.act[:n * top_k], out)]
+                monkeypatch.setattr(kmoe, "MOE_TMA", False)
+                step()
+                ctx.synchronize()
+                monkeypatch.setattr(kmoe, "MOE_TMA", True)
+                assert np.isfinite(host(out)).all(), "non-finite output"
+                for g, e, what in zip(replay, (w, ids, ws.act[:n * top_k], out),
+                                      ("weights", "ids", "act", "out")):
+                    _same_bits(g, e, f"{what}: graph replay (TMA) vs eager (off), n={n}")
+            graph.destroy()
