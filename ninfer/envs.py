@@ -143,18 +143,6 @@ def pdl_trigger_first() -> bool:
     return _flag("NINFER_PDL_TRIGGER_FIRST", False)
 
 
-GEMV_TILES_PER_BLOCK = (1, 2, 3, 4, 6, 8)
-
-
-def gemv_tiles_per_block() -> int:
-    """NINFER_GEMV_TILES_PER_BLOCK (default 1; 1, 2, 3, 4, 6 or 8): for calls with more than one
-    activation row, linear_tma_kernel launches at most ceil(tiles / this) blocks per column tile
-    instead of one per SM, so each block reuses the x it loads over more row tiles (every block
-    reads all of its rows of x from L2). Bitwise the same results. Read once, at import of the
-    launcher."""
-    return _choice("NINFER_GEMV_TILES_PER_BLOCK", 1, GEMV_TILES_PER_BLOCK)
-
-
 def gemv_tma_tile_group() -> int:
     """NINFER_GEMV_TMA_TILE_GROUP (1, 2 or 4; default 4): row tiles linear_tma_kernel walks in
     lockstep over the stages when it reads x per stage, reading each stage's x once per group

@@ -160,9 +160,6 @@ GEMV_PDL = envs.gemv_pdl()
 # 17.57 with groups of 4, 15.04 / 18.32 with 2, 14.93 / 18.67 with 1; 9B 4.69 / 5.88, 4.68 /
 # 5.86, 4.66 / 6.01.
 TMA_TILE_GROUP = envs.gemv_tma_tile_group()
-# NINFER_GEMV_TILES_PER_BLOCK (read once at import): with N > 1 rows, at least this many row tiles
-# per block (fewer blocks than SMs for short GEMVs), so fewer blocks read all of x from L2.
-TILES_PER_BLOCK = envs.gemv_tiles_per_block()
 
 
 def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
@@ -203,8 +200,6 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
         row_blocks = max(1, current_device().sm_count // col_tiles)
-        if n > 1:
-            row_blocks = min(row_blocks, -(-tiles // TILES_PER_BLOCK))
     row_blocks = max(1, min(tiles, row_blocks))
     sk = TMA_SK if sk is None else sk
     consumers = TMA_CONSUMERS if consumers is None else consumers
