@@ -11,7 +11,8 @@ paths:
   down + combine as two launches (FUSED, NINFER_MOE_FUSED), bitwise the four-launch results;
   with MOE_TMA (NINFER_MOE_TMA, sm_90, K % 16 == 0) the gate_up stage is
   `moe_tma_gate_up_kernel` (bulk-copy ring; bitwise the rows kernel), and the fused path
-  route_group -> TMA gate_up -> fused down;
+  route_group -> TMA gate_up -> fused down; `moe_route(..., workspace=)` writes the group tables
+  too and `moe_block(..., routed=True)` then runs only the expert stages (routing done earlier);
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
@@ -64,12 +65,13 @@ FUSED_MAX_PAIRS = 64  # moe.cu MOE_FUSED_PAIRS
 FUSED_J = (1, 2, 4, 8, 16)  # moe_fused_gate_up_kernel<J>: experts per lane (E <= 32 J)
 FUSED_DOWN_WARPS = 16  # moe_fused_down_kernel: warps per block
 FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
-# NINFER_MOE_TMA (read once at import; default off until measured): the gate_up + SwiGLU stage
+# NINFER_MOE_TMA (read once at import; default on): the gate_up + SwiGLU stage
 # of the grouped decode path (bf16 tensor-core experts, K = hidden % 16 == 0, sm_90) runs
 # moe_tma_gate_up_kernel (weights streamed by bulk copies into a shared-memory ring, one
 # persistent block per SM) instead of moe_mma_rows_kernel<1> / moe_fused_gate_up_kernel; act is
 # bitwise the same. moe_block's fused path then runs moe_route_group_kernel ->
-# moe_tma_gate_up_kernel -> moe_fused_down_kernel (three launches, the same outputs).
+# moe_tma_gate_up_kernel -> moe_fused_down_kernel (three launches, the same outputs). H200
+# 35B-A3B decode B = 1 / 8: 3.149 / 7.768 ms on, 3.135 / 7.822 ms off.
 MOE_TMA = envs.moe_tma()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
@@ -153,17 +155,50 @@ _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "p
 assert _GEMV.itemsize == 112
 
 
-def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
+def moe_route(logits, top_k: int, weights_out, ids_out, *,
+              workspace: MoeWorkspace | None = None) -> None:
     """Softmax over E experts (fp32), the top_k largest (ties to the lower id), renormalised.
-    logits: f32[N, E] with a contiguous last axis (rows may be strided)."""
+    logits: f32[N, E] with a contiguous last axis (rows may be strided). With a `workspace`
+    whose group tables hold N * top_k <= MAX_PAIRS pairs (ids_out contiguous), the launch also
+    writes the grouping of ids_out (GROUP_STRIDE pairs per group; moe_route_group_kernel, or
+    moe_route_kernel + moe_group_kernel when E > 32 ROUTE_GROUP_J[-1]): what
+    `moe_block(..., routed=True, workspace=workspace)` reads; the same weights and ids."""
     n, experts = _check_route(logits, top_k, weights_out, ids_out)
     if n == 0:
+        return
+    if workspace is not None and route_groups(workspace, n * top_k):
+        C.contiguous(ids_out, "ids_out")
+        _route_group(logits, top_k, weights_out, ids_out, GROUP_STRIDE, workspace)
         return
     warps = min(n, ROUTE_ROWS_PER_BLOCK)
     launch(get_function(SOURCE, f"moe_route_kernel<{_route_j(experts, ROUTE_J)}>"),
            ((n + warps - 1) // warps,), (32 * warps,), _route_args(logits, top_k, weights_out,
                                                               ids_out), name="moe_route",
            pdl=True)
+
+
+def route_groups(ws: MoeWorkspace, pairs: int) -> bool:
+    """Whether `moe_route(..., workspace=ws)` writes the group tables for `pairs` pairs: the
+    grouped-GEMV path's pair limit and room in ws (else moe_block's grouped path cannot run
+    with ws anyway)."""
+    return pairs <= MAX_PAIRS and ws.group_expert.shape[0] >= pairs
+
+
+def _route_group(logits, top_k, weights_out, ids_out, nt: int, ws: MoeWorkspace) -> None:
+    """Routing of all rows and the grouping of ids_out (groups of <= nt pairs) into ws: one
+    moe_route_group_kernel launch, or moe_route_kernel + moe_group_kernel for E > 32 J."""
+    n, experts = logits.shape
+    j = _route_j(experts, ROUTE_GROUP_J)
+    if j is None:
+        moe_route(logits, top_k, weights_out, ids_out)
+        _group(ids_out, nt, ws)
+        return
+    # a warp per row (up to 32 warps) and at least a thread per pair
+    warps = max(min(n, 32), -(-n * top_k // 32))
+    launch(get_function(SOURCE, f"moe_route_group_kernel<{j}>"), (1,), (32 * warps,),
+           _route_args(logits, top_k, weights_out, ids_out)
+           + (np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
+           name="moe_route_group", pdl=True)
 
 
 def _check_route(logits, top_k, weights_out, ids_out) -> tuple[int, int]:
@@ -252,13 +287,21 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
               shared_gate=None, workspace: MoeWorkspace | None = None,
-              batch_invariant: bool = False, fused: bool | None = None) -> None:
+              batch_invariant: bool = False, fused: bool | None = None,
+              routed: bool = False) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, `moe_experts(x, gate_up, down, ids_out,
     weights_out, out)` and, with `shared` f32[N, H] and `shared_gate` f32[N, 1] (rows strided),
     out += sigmoid(shared_gate) * shared, bitwise equal to those ops (and `sigmoid_scale_add`).
     Grouped-GEMV path: the routing and the grouping are one launch and the shared add runs in
     the combine (4 launches instead of 6); where `fused_applies`, 2 launches (`fused`: None
-    follows FUSED, False forces the 4-launch path)."""
+    follows FUSED, False forces the 4-launch path; with MOE_TMA route_group -> TMA gate_up ->
+    fused down).
+
+    `routed=True`: weights_out / ids_out already hold `moe_route`'s results for these logits
+    and, when `workspace` is given, its group tables hold their grouping (written by
+    `moe_route(..., workspace=workspace)`); only the expert stages, the combine and the shared
+    add run (the fused path: the gate_up stage then fused down), bitwise the routed=False
+    results. Without a workspace the grouping is recomputed into a new one (not capturable)."""
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
@@ -271,31 +314,27 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     if n == 0:
         return
     if not _gemv_path(n, top_k, batch_invariant):
-        moe_route(logits, top_k, weights_out, ids_out)
+        if not routed:
+            moe_route(logits, top_k, weights_out, ids_out)
         _experts_prefill(x, gu, dn, kind, experts, inter, ids_out, weights_out, out, gated)
         return
+    grouped = routed and workspace is not None  # moe_route left the GROUP_STRIDE tables in ws
     ws = _workspace(workspace, n, top_k, hidden, inter)
     use_mma, nt = _gemv_plan(x, gu, dn, kind)
     take = (FUSED and n * top_k <= FUSED_DEFAULT_PAIRS) if fused is None else fused
     tma = _tma_plan(use_mma, hidden)
     fuse = take and fused_applies(n, top_k, experts, use_mma)
-    if fuse and tma is None:
+    if routed:
+        if not grouped or nt != GROUP_STRIDE:
+            _group(ids_out, nt, ws)
+    elif fuse and tma is None:
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
                      gated)
         return
-    j = _route_j(experts, ROUTE_GROUP_J)
-    if j is None:
-        moe_route(logits, top_k, weights_out, ids_out)
-        _group(ids_out, nt, ws)
     else:
-        # a warp per row (up to 32 warps) and at least a thread per pair
-        warps = max(min(n, 32), -(-n * top_k // 32))
-        launch(get_function(SOURCE, f"moe_route_group_kernel<{j}>"), (1,), (32 * warps,),
-               _route_args(logits, top_k, weights_out, ids_out)
-               + (np.int32(nt), ws.group_expert, ws.group_pairs, ws.num_groups),
-               name="moe_route_group", pdl=True)
-    if fuse:  # route_group -> moe_tma_gate_up_kernel -> moe_fused_down_kernel
-        _experts_gate_up_tma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
+        _route_group(logits, top_k, weights_out, ids_out, nt, ws)
+    if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
+        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
@@ -426,8 +465,8 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
         (dn, ws.act, inter, 1, ws.y, hidden, inter, 0))
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
-        if use_mma and swiglu and tma is not None:
-            _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
+        if use_mma and swiglu:
+            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma)
             continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
@@ -453,6 +492,20 @@ def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
     if not (MOE_TMA and use_mma and tma_ok(hidden)):
         return None
     return tma_gate_up_plan(hidden)
+
+
+def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: MoeWorkspace,
+                 tma: TmaPlan | None) -> None:
+    """The tensor-core gate_up + SwiGLU stage over the groups in `ws` into ws.act:
+    moe_tma_gate_up_kernel with plan `tma`, else launch_mma (moe_mma_rows_kernel<1>; bitwise
+    the same)."""
+    if tma is not None:
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
+        return
+    hidden = x.shape[1]
+    launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act, inter,
+               hidden, swiglu=True, top_k=top_k, up_offset=inter, experts=experts, ws=ws,
+               pairs=pairs)
 
 
 def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,

@@ -125,9 +125,11 @@ def moe_route(logits, top_k, weights_out, ids_out) -> None:
 
 
 def moe_block(x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=None,
-              shared_gate=None) -> None:
-    """moe_route, moe_experts, then sigmoid_scale_add of the shared expert (the ops in turn)."""
-    moe_route(logits, top_k, weights_out, ids_out)
+              shared_gate=None, routed=False) -> None:
+    """moe_route, moe_experts, then sigmoid_scale_add of the shared expert (the ops in turn);
+    routed=True: weights_out / ids_out already hold the routing (moe_route is skipped)."""
+    if not routed:
+        moe_route(logits, top_k, weights_out, ids_out)
     moe_experts(x, gate_up, down, ids_out, weights_out, out)
     if shared is not None:
         sigmoid_scale_add(out, shared, shared_gate)

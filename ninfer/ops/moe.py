@@ -13,13 +13,16 @@ def supports(weight_dtype: DType) -> bool:
     return weight_dtype in check.WEIGHT_DTYPES
 
 
-def moe_route(logits, top_k: int, weights_out, ids_out) -> None:
+def moe_route(logits, top_k: int, weights_out, ids_out, *, workspace=None) -> None:
     """Softmax over all E experts in fp32, the top_k largest (largest first, ties to the lower
     id), renormalised to sum 1. logits: f32[N, E] rows strided; weights_out: f32[N, K];
-    ids_out: i32[N, K]."""
+    ids_out: i32[N, K]. `workspace` (CUDA MoeWorkspace; ignored on the CPU): the same launch
+    also writes the grouping of ids_out into its group tables, for a following
+    `moe_block(..., routed=True, workspace=workspace)` (same weights and ids)."""
     backend = backend_of(logits, weights_out, ids_out)
     _check_route("moe_route", logits, top_k, weights_out, ids_out)
-    check.kernels(backend, "moe").moe_route(logits, top_k, weights_out, ids_out)
+    check.kernels(backend, "moe").moe_route(logits, top_k, weights_out, ids_out,
+                                            **check.scratch(backend, workspace=workspace))
 
 
 def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
@@ -35,11 +38,17 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
-              shared_gate=None, workspace=None, batch_invariant: bool = False) -> None:
+              shared_gate=None, workspace=None, batch_invariant: bool = False,
+              routed: bool = False) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, then `moe_experts(x, gate_up, down,
     ids_out, weights_out, out)`, then (when `shared` is given) `sigmoid_scale_add(out, shared,
     shared_gate)`: bitwise those ops' results, in fewer launches on CUDA. logits: f32[N, E] rows
-    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither)."""
+    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither).
+
+    `routed=True`: the routing already ran, `moe_route(logits, top_k, weights_out, ids_out,
+    workspace=workspace)` with this same workspace (CUDA: its group tables hold the grouping of
+    ids_out); weights_out / ids_out are read, not written, and logits are not read. Bitwise the
+    routed=False results. Lets a caller run the routing early (before the shared expert)."""
     backend = backend_of(x, logits, gate_up, down, weights_out, ids_out, out)
     _check_route("moe_block", logits, top_k, weights_out, ids_out)
     n, h = _check_experts("moe_block", x, gate_up, down, ids_out, weights_out, out)
@@ -54,8 +63,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         check.array("moe_block", "shared_gate", shared_gate, check.F32, (n, 1), _ROWS)
     check.kernels(backend, "moe").moe_block(
         x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
-        shared_gate=shared_gate, **check.scratch(backend, workspace=workspace,
-                                                 batch_invariant=batch_invariant or None))
+        shared_gate=shared_gate, routed=bool(routed),
+        **check.scratch(backend, workspace=workspace, batch_invariant=batch_invariant or None))
 
 
 def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:

@@ -695,3 +695,158 @@ def test_moe_fused_pdl_on_equals_off(rng, monkeypatch):
         got[pdl] = _kmoe_block(x, logits, 8, gu, dn, shared, fused=True)
     for a, b, what in zip(got[True], got[False], ("weights", "ids", "out")):
         _same_bits(a, b, f"{what}, PDL on vs off")
+
+
+# Routing first (NINFER_MOE_ROUTE_FIRST): moe_route(..., workspace=ws) writes weights, ids and the
+# group tables; moe_block(..., routed=True, workspace=ws) then runs only the expert stages.
+# Bitwise moe_block(routed=False): weights, ids, act and output, with MOE_TMA on and off.
+
+_ROUTING_LAUNCHES = ("moe_route", "moe_route_group", "moe_fused_gate_up")
+
+
+def _poisoned_ws(n, top_k, hidden, inter):
+    ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+    ws.act.fill(np.nan)
+    ws.y.fill(np.nan)
+    for a in (ws.group_expert, ws.group_pairs, ws.num_groups):
+        a.fill(-7)
+    return ws
+
+
+def _routed_run(monkeypatch, x, logits, top_k, gu, dn, shared, *, routed, fused):
+    """((weights, ids, act, out), launch names of moe_route, of moe_block) into poisoned
+    outputs and workspace; routed=True hands moe_block NaN logits (it must not read them)."""
+    n, experts = logits.shape[0], logits.shape[1] - 1
+    hidden, inter = x.shape[1], dn.shape[2]
+    ws = _poisoned_ws(n, top_k, hidden, inter)
+    w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
+    gate = logits[:, experts:] if shared is not None else None
+    names = []
+    real = kmoe.launch
+
+    def spy(*a, **kw):
+        names.append(kw.get("name"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kmoe, "launch", spy)
+    route_names = []
+    if routed:
+        kmoe.moe_route(logits[:, :experts], top_k, w, ids, workspace=ws)
+        route_names, names = names, []  # spy appends to the new list
+        kmoe.moe_block(x, poisoned((n, experts)), top_k, gu, dn, w, ids, out, shared=shared,
+                       shared_gate=gate, workspace=ws, fused=fused, routed=True)
+    else:
+        kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                       shared_gate=gate, workspace=ws, fused=fused)
+    monkeypatch.setattr(kmoe, "launch", real)
+    return (w, ids, ws.act[:n * top_k], out), route_names, names
+
+
+def _check_routed(monkeypatch, rng, gu, dn, dtype, hidden, experts, top_k, ns):
+    """For each n, MOE_TMA on / off and fused None / True: routed == unrouted bitwise, and the
+    routed moe_block launches no routing kernel (and no grouping where the tables fit)."""
+    use_mma = dtype is DType.BFLOAT16
+    for n in ns:
+        x = dev(randn(rng, (n, hidden)))
+        logits = dev(randn(rng, (n, experts + 1), 2.0))
+        shared = dev(randn(rng, (n, hidden))) if n != 2 else None
+        for tma in (False, True):
+            monkeypatch.setattr(kmoe, "MOE_TMA", tma)
+            tma_used = kmoe._tma_plan(use_mma, hidden) is not None
+            for fused in (None, True):
+                what = f"n={n} E={experts} K={top_k} {dtype.name} tma={tma} fused={fused}"
+                take = (kmoe.FUSED and n * top_k <= kmoe.FUSED_DEFAULT_PAIRS
+                        if fused is None else fused)
+                fuse = take and kmoe.fused_applies(n, top_k, experts, use_mma)
+                want, _, base_names = _routed_run(monkeypatch, x, logits, top_k, gu, dn, shared,
+                                                  routed=False, fused=fused)
+                got, route_names, names = _routed_run(monkeypatch, x, logits, top_k, gu, dn,
+                                                      shared, routed=True, fused=fused)
+                expect_route = (["moe_route_group"] if kmoe._route_j(experts, kmoe.ROUTE_GROUP_J)
+                                else ["moe_route", "moe_group"])
+                assert route_names == expect_route, (what, route_names)
+                assert not set(names) & set(_ROUTING_LAUNCHES), (what, names)
+                # the FMA kernels' groups hold NT pairs, the tables moe_route wrote GROUP_STRIDE
+                regroup = not use_mma and kmoe.rows_tile(min(n, 8)) != kmoe.GROUP_STRIDE
+                assert regroup is ("moe_group" in names), (what, names)
+                assert ("moe_fused_down" in names) is fuse, (what, names, base_names)
+                assert ("moe_tma_gate_up" in names) is tma_used, (what, names)
+                assert ("moe_tma_gate_up" in base_names) is tma_used, (what, base_names)
+                assert np.isfinite(host(got[3])).all(), f"{what}: non-finite output"
+                for a, b, name in zip(got, want, ("weights", "ids", "act", "out")):
+                    _same_bits(a, b, f"{name}: routed vs unrouted ({what})")
+
+
+def test_moe_block_routed_equals_unrouted_35b_shape(rng, monkeypatch):
+    """35B-A3B experts (H = 2048, Im = 512, E = 256 tiled from 8, top 8): B = 1 takes the fused
+    path (TMA or rows gate_up, then fused down), B = 2 and 8 the four-launch path (or fused when
+    forced)."""
+    experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
+    _, gu_d, _, dn_d = _experts_35b(rng, sub)
+    reps = -(-experts // sub)
+    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    assert dn.shape[2] == inter
+    _check_routed(monkeypatch, rng, gu, dn, DType.BFLOAT16, hidden, experts, top_k, (1, 2, 8))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden,inter,experts,top_k", [
+    (1040, 200, 61, 5),   # odd E and top_k, Im % 16 != 0
+    (136, 40, 600, 8),    # E > 512: moe_route_kernel + moe_group_kernel, never fused
+])
+def test_moe_block_routed_equals_unrouted_odd_shapes(rng, monkeypatch, dtype, hidden, inter,
+                                                     experts, top_k):
+    """f32 experts (the FMA kernels regroup with their own NT) and bf16, odd shapes."""
+    _, gu = weight_pair(rng, (experts, 2 * inter, hidden), dtype, hidden ** -0.5)
+    _, dn = weight_pair(rng, (experts, hidden, inter), dtype, inter ** -0.5)
+    _check_routed(monkeypatch, rng, gu, dn, dtype, hidden, experts, top_k, (1, 2, 8))
+
+
+def test_moe_block_routed_graph_replay_equals_eager_unrouted(rng):
+    """ops.moe_route(workspace=) then ops.moe_block(routed=True) captured in one CUDA graph
+    (the model's decode order), replayed on new inputs: bitwise eager moe_block (B = 1, 8)."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        _, gu_d, _, dn_d = _experts_35b(rng, sub)
+        reps = -(-experts // sub)
+        gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        for n in (1, 8):
+            x = dev(randn(rng, (n, hidden)))
+            logits = dev(randn(rng, (n, experts + 1), 2.0))
+            shared = dev(randn(rng, (n, hidden)))
+            ws = _poisoned_ws(n, top_k, hidden, inter)
+            w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+            out = poisoned((n, hidden))
+
+            def step():
+                ops.moe_route(logits[:, :experts], top_k, w, ids, workspace=ws)
+                ops.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out,
+                              shared=shared, shared_gate=logits[:, experts:], workspace=ws,
+                              routed=True)
+
+            step()  # compiles outside the capture
+            ctx.synchronize()
+            graph = CudaGraph("moe_block_routed")
+            with graph.capture(ctx.stream):
+                step()
+            for _ in range(2):
+                x[...] = dev(randn(rng, (n, hidden)))
+                logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
+                shared[...] = dev(randn(rng, (n, hidden)))
+                for a in (w, ids, out, ws.act, ws.group_expert, ws.group_pairs, ws.num_groups):
+                    a.fill(-7 if a.dtype == np.int32 else np.nan)
+                graph.launch(ctx.stream)
+                ctx.synchronize()
+                replay = [a.copy() for a in (w, ids, out)]
+                want = _moe_block(x, logits, top_k, gu, dn, shared,
+                                  workspace=_poisoned_ws(n, top_k, hidden, inter))
+                ctx.synchronize()
+                assert np.isfinite(host(replay[2])).all(), "non-finite output"
+                for g, e, what in zip(replay, want, ("weights", "ids", "out")):
+                    _same_bits(g, e, f"{what}: routed graph replay vs eager unrouted, n={n}")
+            graph.destroy()

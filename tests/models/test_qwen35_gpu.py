@@ -207,3 +207,24 @@ def test_bf16_operands_equal_f32_operands(tmp_path, monkeypatch, preset):
     assert off_conversions > on_conversions
     if preset == "tiny-dense":  # every dense prefill GEMM input is written as bf16
         assert on_conversions == 0
+
+
+def test_moe_route_first_equals_route_in_block(tmp_path):
+    """NINFER_MOE_ROUTE_FIRST (KernelWorkspaces.moe_route_first): the MoE layers' routing run
+    before the shared expert (moe_route with the workspace, then moe_block(routed=True)) gives
+    bitwise the logits and tokens of the routing inside moe_block, eager prefill and decode
+    graphs at several batch sizes."""
+    case = build_case(tmp_path, "tiny-moe", dtype="bfloat16")
+    plist = prompts(case.vocab_size, [37, 9, 20], seed=11)
+    runs = {}
+    for first in (True, False):
+        program = gpu_program(case)
+        backend = program.backend
+        backend.decode_kws.moe_route_first = first
+        backend.prefill_kws.moe_route_first = first
+        backend.destroy_graphs()  # recapture: the graphs hold the order of their capture
+        backend.capture_graphs()
+        runs[first] = generate(program, plist, 16, keep_logits=True)
+    for a, b in zip(runs[True], runs[False]):
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))

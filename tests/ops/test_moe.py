@@ -1,6 +1,6 @@
 """moe_route (softmax, top-k, ties, renormalisation, strided rows, rows without a softmax),
 moe_experts (oracle, batch invariance, bitwise agreement with the dense linear path) and
-moe_block (bitwise the separate ops)."""
+moe_block (bitwise the separate ops; routed=True after moe_route bitwise routed=False)."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,6 +78,30 @@ def test_moe_block_equals_the_separate_ops_bitwise(rng, dtype, with_shared):
     assert_same_bits(ids, ids2, "ids")
     assert_same_bits(w, w2, "weights")
     assert_same_bits(out, out2, "out")
+
+
+@pytest.mark.parametrize("with_shared", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 5])
+def test_moe_block_routed_equals_unrouted_bitwise(rng, dtype, with_shared, n):
+    """moe_route (a workspace argument is ignored on the CPU), then moe_block(routed=True):
+    bitwise moe_block(routed=False); routed=True reads the given ids / weights, not logits."""
+    x = randn(rng, (n, H))
+    gate_up = weight(rng, (E, 2 * IM, H), dtype, scale=0.3)
+    down = weight(rng, (E, H, IM), dtype, scale=0.3)
+    logits = randn(rng, (n, E + 1), scale=2.0)
+    shared = randn(rng, (n, H)) if with_shared else None
+    gate = logits[:, E:] if with_shared else None
+    w, ids, out = poisoned((n, K)), poisoned((n, K), np.int32), poisoned((n, H))
+    moe_block(x, logits[:, :E], K, gate_up, down, w, ids, out, shared=shared, shared_gate=gate)
+    w2, ids2, out2 = poisoned((n, K)), poisoned((n, K), np.int32), poisoned((n, H))
+    moe_route(logits[:, :E], K, w2, ids2, workspace=None)
+    stale = np.full((n, E), np.nan, np.float32)  # routed=True must not read the logits
+    moe_block(x, stale, K, gate_up, down, w2, ids2, out2, shared=shared, shared_gate=gate,
+              routed=True)
+    assert_same_bits(ids2, ids, "ids")
+    assert_same_bits(w2, w, "weights")
+    assert_same_bits(out2, out, "out")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

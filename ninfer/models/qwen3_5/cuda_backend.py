@@ -142,6 +142,7 @@ class CudaBackend(BackendStores):
                 moe_ws = MoeWorkspace.allocate(max(max_batch, prefill_chunk),
                                                cfg.num_experts_per_tok, cfg.hidden_size,
                                                cfg.moe_intermediate_size)
+            route_first = envs.moe_route_first()
             self.decode_kws = KernelWorkspaces(
                 attention=AttentionWorkspace.allocate(max_batch, cfg.num_attention_heads,
                                                       cfg.head_dim, max_context_len),
@@ -149,14 +150,15 @@ class CudaBackend(BackendStores):
                 gdn_decode_counters=decode_counters(max_batch, cfg.linear_num_key_heads),
                 sample_scratch=cp.empty((max_batch, cfg.vocab_size), np.float32),
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True,
-                fused_attention_gate=envs.attn_gate_fused())
+                fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
                 gdn_chunk_precision=model_precision(_gdn_weights_bf16(params)),
                 linear_bf16=cp.empty(prefill_chunk * widest_k, np.uint16),
                 chunked_gdn_prefill=True, fused_attention_prep=True,
-                flash_prefill=True, batch_invariant=batch_invariant_prefill, bf16_operands=True)
+                flash_prefill=True, batch_invariant=batch_invariant_prefill, bf16_operands=True,
+                moe_route_first=route_first)
             self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp, bf16_operands=True)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,

@@ -88,6 +88,9 @@ class KernelWorkspaces:
     fused_swiglu: bool = False  # bf16 gate_up projections as one linear_swiglu op (decode)
     # paged_attention applies the output gate (no sigmoid_mul launch) where o_proj reads f32
     fused_attention_gate: bool = True
+    # MoE layers route (moe_route with the `moe` workspace) before the shared expert, then
+    # moe_block(routed=True): the routing's latency hides behind the shared expert's GEMVs
+    moe_route_first: bool = True
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -321,12 +324,16 @@ class Qwen35Forward:
         self._linear(act, down, out)
 
     def _moe(self, w: MoEParams, x, out) -> None:
-        ws, n, e = self.ws, x.shape[0], self.cfg.num_experts
+        ws, n, e, top_k = self.ws, x.shape[0], self.cfg.num_experts, self.cfg.num_experts_per_tok
         logits = ws.router_logits[:n]  # [router logits | shared-expert gate logit]
+        weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
         self._linear(x, w.router_gate, logits)
+        routed = self.kws.moe_route_first
+        if routed:  # runs while the shared expert's weights start streaming (PDL)
+            ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
         shared = ws.shared_out[:n]
         self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
-        ops.moe_block(x, logits[:, :e], self.cfg.num_experts_per_tok, w.experts_gate_up,
-                      w.experts_down, ws.moe_weights[:n], ws.moe_ids[:n], out, shared=shared,
-                      shared_gate=logits[:, e:], batch_invariant=self.kws.batch_invariant,
+        ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
+                      out, shared=shared, shared_gate=logits[:, e:],
+                      batch_invariant=self.kws.batch_invariant, routed=routed,
                       **self.kws.kw(self.kws.moe))
