@@ -70,8 +70,9 @@ FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
 # moe_tma_gate_up_kernel (weights streamed by bulk copies into a shared-memory ring, one
 # persistent block per SM) instead of moe_mma_rows_kernel<1> / moe_fused_gate_up_kernel; act is
 # bitwise the same. moe_block's fused path then runs moe_route_group_kernel ->
-# moe_tma_gate_up_kernel -> moe_fused_down_kernel (three launches, the same outputs). H200
-# 35B-A3B decode B = 1 / 8: 3.149 / 7.768 ms on, 3.135 / 7.822 ms off.
+# moe_tma_gate_up_kernel -> moe_fused_down_kernel (three launches, the same outputs; with
+# NINFER_MOE_ROUTE_FIRST the routing launch runs before the shared expert). H200 35B-A3B decode
+# B = 1 / 8, same machine: 3.066 / 7.720 ms with both on, 3.115 / 7.863 ms with both off.
 MOE_TMA = envs.moe_tma()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
