@@ -76,10 +76,58 @@ def assert_close(out, ref, tol: float = TOL_F32, what: str = "") -> None:
 
 
 def assert_same_bits(a, b, what: str = "") -> None:
+    """Bitwise equality (same shape and dtype); a mismatch reports how many elements differ and
+    the first few (index, both values)."""
     a = np.ascontiguousarray(host(a) if not isinstance(a, np.ndarray) else a)
     b = np.ascontiguousarray(host(b) if not isinstance(b, np.ndarray) else b)
-    assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
-    assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{what}: results differ bitwise"
+    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
+    width = (a.size, a.dtype.itemsize)
+    diff = np.flatnonzero((a.view(np.uint8).reshape(width) != b.view(np.uint8).reshape(width))
+                          .any(axis=1))
+    if diff.size:
+        idx = [np.unravel_index(i, a.shape) for i in diff[:5]]
+        pairs = ", ".join(f"{tuple(int(v) for v in i)}: {a[i]!r} vs {b[i]!r}" for i in idx)
+        raise AssertionError(f"{what}: {diff.size} of {a.size} elements differ bitwise ({pairs})")
+
+
+def randn_refill(rng, *buffers):
+    """A callable writing new random values into device buffers, given as (array, scale) pairs
+    (a graph replay's refill of its captured inputs)."""
+    def refill():
+        for a, scale in buffers:
+            a[...] = dev(randn(rng, a.shape, scale))
+    return refill
+
+
+def assert_graph_replay_equals_eager(ctx, name: str, step, refill, poison, captured, eager,
+                                     labels, what: str) -> None:
+    """`step()` (run once eagerly first: compiling happens outside the capture) captured in a
+    CUDA graph on `ctx`'s stream, then twice: `refill()` writes new inputs into the captured
+    buffers, the `poison` buffers are filled with NaN (-7 for int32), the graph replays, the
+    `captured` arrays are copied, `eager()` returns the arrays to compare them with (same order,
+    named by `labels`); bitwise equal, the replayed last array finite."""
+    from ninfer.core.cuda import CudaGraph
+
+    step()
+    ctx.synchronize()
+    graph = CudaGraph(name)
+    try:
+        with graph.capture(ctx.stream):
+            step()
+        for _ in range(2):
+            refill()
+            for a in poison:
+                a.fill(-7 if a.dtype == np.int32 else np.nan)
+            graph.launch(ctx.stream)
+            ctx.synchronize()
+            replay = [a.copy() for a in captured]
+            want = eager()
+            ctx.synchronize()
+            assert np.isfinite(host(replay[-1])).all(), f"{what}: non-finite output"
+            for got, exp, label in zip(replay, want, labels, strict=True):
+                assert_same_bits(got, exp, f"{label}: {what}")
+    finally:
+        graph.destroy()
 
 
 def slot_strided(rng, num_slots: int, inner: tuple, pad: int = 7, scale: float = 0.5):

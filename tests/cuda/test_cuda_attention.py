@@ -318,19 +318,6 @@ def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
 
 # -- the fused output gate (gate=): out = attention * sigmoid(gate) --------------------------------
 
-def _same_bits_report(got, want, what: str) -> None:
-    """Bitwise equality; on a mismatch the message gives the count and the first few differing
-    elements (index, both values)."""
-    g = np.ascontiguousarray(host(got) if not isinstance(got, np.ndarray) else got)
-    w = np.ascontiguousarray(host(want) if not isinstance(want, np.ndarray) else want)
-    assert g.shape == w.shape and g.dtype == w.dtype, (what, g.shape, w.shape, g.dtype, w.dtype)
-    diff = g.view(np.uint32) != w.view(np.uint32)
-    if diff.any():
-        idx = [tuple(int(i) for i in ix) for ix in np.argwhere(diff)[:4]]
-        shown = ", ".join(f"{ix}: {g[ix]!r} vs {w[ix]!r}" for ix in idx)
-        raise AssertionError(f"{what}: {int(diff.sum())}/{diff.size} elements differ; {shown}")
-
-
 # one chunk (<= 64 keys), several chunks in one merge group, several groups (> 512 keys), chunks
 # of 128 keys (> 4096 keys)
 GATE_LENGTHS = [1, 37, 64, 65, 300, 700, 4097, 5000]
@@ -406,13 +393,13 @@ def test_gated_attention_equals_attention_then_sigmoid_mul(rng, monkeypatch, hea
         gated = poisoned((b, heads, d))
         ops.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, seqs, pos, scale, gated, workspace=ws,
                             gate=gate)
-        _same_bits_report(gated, two_ops, f"{what}: gated vs attention then sigmoid_mul")
+        assert_same_bits(gated, two_ops, f"{what}: gated vs attention then sigmoid_mul")
         assert not host(ws.counters).any(), f"{what}: workspace counters must be 0"
         monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)  # loop mode: the SPLIT=0 write
         loop = poisoned((b, heads, d))
         ops.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, seqs, pos, scale, loop, gate=gate)
         monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", split_rows)
-        _same_bits_report(loop, two_ops, f"{what}: gated loop mode vs attention then sigmoid_mul")
+        assert_same_bits(loop, two_ops, f"{what}: gated loop mode vs attention then sigmoid_mul")
         g = host(gated)
         for i, r in enumerate(rows):
             assert_close(g[i], expect[r], tol, f"{what}: row of length {GATE_LENGTHS[r]}")
@@ -424,7 +411,7 @@ def test_gated_attention_equals_attention_then_sigmoid_mul(rng, monkeypatch, hea
         katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, dev(row_seq[rows]), dev(row_pos[rows]),
                              scale, part, workspace=ws, gate=gate)
         order = [GATE_BATCHES[-1].index(r) for r in rows]
-        _same_bits_report(part, full[order], f"rows {rows} vs the B=8 batch (gated)")
+        assert_same_bits(part, full[order], f"rows {rows} vs the B=8 batch (gated)")
 
 
 @pytest.mark.parametrize("split", [True, False])
@@ -455,7 +442,7 @@ def test_gated_attention_invalid_rows_give_nan(rng, monkeypatch, split):
             assert np.isnan(o[i]).all(), f"row {i} should be NaN"
         else:
             assert np.isfinite(o[i]).all(), f"row {i} should be finite"
-            _same_bits_report(gated[i], two_ops[i], f"row {i}")
+            assert_same_bits(gated[i], two_ops[i], f"row {i}")
     assert not host(ws.counters).any()
 
 

@@ -37,18 +37,6 @@ SHAPES = {"0.8b": (2, 2, 128, 128), "9b": (2, 4, 128, 128), "27b": (2, 6, 128, 1
 ALIGNED, UNALIGNED = 8, 7
 
 
-def _same_bits(a, b, what):
-    """assert_same_bits, saying how many elements differ and where the first one is."""
-    ha, hb = np.ascontiguousarray(host(a)), np.ascontiguousarray(host(b))
-    if ha.shape == hb.shape and not np.array_equal(ha.view(np.uint8), hb.view(np.uint8)):
-        diff = np.argwhere(ha.view(np.uint32 if ha.dtype == np.float32 else np.uint8)
-                           != hb.view(np.uint32 if hb.dtype == np.float32 else np.uint8))
-        first = tuple(int(i) for i in diff[0])
-        what = (f"{what}: {len(diff)} of {ha.size} elements differ, first at {first}: "
-                f"{ha[first]!r} vs {hb[first]!r}")
-    assert_same_bits(ha, hb, what)
-
-
 class Problem:
     """Random weights and per-slot states (host float64 oracle copy and device copy)."""
 
@@ -158,16 +146,16 @@ def test_row_alone_equals_batch_bitwise(rng, shape):
             sl = slice(i, i + 1)
             prob.run((qkv[sl], a[sl], b[sl], z[sl]), dev(slots[sl]), out_r[sl], counters,
                      conv=conv_r, state=st_r)
-        _same_bits(out_r, out_b, f"step {step}: out, rows alone vs batch of {n}")
-        _same_bits(st_r, st_b, f"step {step}: state, rows alone vs batch")
-        _same_bits(conv_r, conv_b, f"step {step}: conv state, rows alone vs batch")
+        assert_same_bits(out_r, out_b, f"step {step}: out, rows alone vs batch of {n}")
+        assert_same_bits(st_r, st_b, f"step {step}: state, rows alone vs batch")
+        assert_same_bits(conv_r, conv_b, f"step {step}: conv state, rows alone vs batch")
         for sub in (np.array([5, 1, 6]), np.array([7, 2])):
             conv_s, st_s = conv0.copy(), st0.copy()
             out_s = poisoned((len(sub), hv, dv))
             subd = dev(sub)
             prob.run((qkv[subd], a[subd], b[subd], z[subd]), dev(slots[sub]), out_s, counters,
                      conv=conv_s, state=st_s)
-            _same_bits(out_s, out_b[subd], f"step {step}: out, rows {sub.tolist()} vs batch")
+            assert_same_bits(out_s, out_b[subd], f"step {step}: out, rows {sub.tolist()} vs batch")
         conv0, st0 = conv_b, st_b
         assert int(host(counters).sum()) == 0
 
@@ -251,7 +239,7 @@ def test_graph_replay_equals_eager_bitwise(rng, n):
             ch.x[...] = x
             ch.step()
             for name, got, want in zip(NAMES, ch.snapshot(), replays[i]):
-                _same_bits(got, want, f"step {i}: {name}, eager vs graph replay")
+                assert_same_bits(got, want, f"step {i}: {name}, eager vs graph replay")
         assert int(host(ch.counters).sum()) == 0
 
 
@@ -277,5 +265,5 @@ def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
         ctx.synchronize()
     for i in range(len(xs)):
         for name, on, off in zip(NAMES, runs[True][i], runs[False][i]):
-            _same_bits(on, off, f"step {i}: {name}, PDL on vs off")
+            assert_same_bits(on, off, f"step {i}: {name}, PDL on vs off")
     assert int(host(ch.counters).sum()) == 0

@@ -14,12 +14,14 @@ from cuda_testutil import (
     TOL_BF16_X,
     TOL_F32,
     assert_close,
+    assert_graph_replay_equals_eager,
     assert_same_bits,
     cp,
     dev,
     host,
     poisoned,
     randn,
+    randn_refill,
     weight_pair,
 )
 
@@ -342,7 +344,7 @@ def test_fused_route_grouping_equals_the_group_kernel(rng, experts):
 def test_moe_block_graph_replay_equals_eager(rng, n, hidden, inter):
     """Captured in a CUDA graph (workspace preallocated) and replayed on new inputs in the same
     buffers: bitwise the eager result (several hidden / inner sizes, K % 16 == 0 or not)."""
-    from ninfer.core.cuda import CudaGraph, DeviceContext
+    from ninfer.core.cuda import DeviceContext
 
     experts, top_k = (256, 8) if hidden == 136 else (64, 8)
     ctx = DeviceContext(0)
@@ -356,26 +358,14 @@ def test_moe_block_graph_replay_equals_eager(rng, n, hidden, inter):
             ops.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
                           shared_gate=logits[:, experts:], workspace=ws)
 
-        step()  # compiles outside the capture
-        ctx.synchronize()
-        graph = CudaGraph("moe_block")
-        with graph.capture(ctx.stream):
+        def eager():
             step()
-        for _ in range(2):
-            x[...] = dev(randn(rng, (n, hidden)))
-            logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
-            shared[...] = dev(randn(rng, (n, hidden)))
-            for a in (w, ids, out):
-                a.fill(-7 if a.dtype == np.int32 else np.nan)
-            graph.launch(ctx.stream)
-            ctx.synchronize()
-            replay = [a.copy() for a in (w, ids, out)]
-            step()
-            ctx.synchronize()
-            assert np.isfinite(host(out)).all(), "non-finite output"
-            for g, e, what in zip(replay, (w, ids, out), ("weights", "ids", "out")):
-                _same_bits(g, e, what)
-        graph.destroy()
+            return w, ids, out
+
+        refill = randn_refill(rng, (x, 1.0), (logits, 2.0), (shared, 1.0))
+        assert_graph_replay_equals_eager(
+            ctx, "moe_block", step, refill, (w, ids, out),
+            (w, ids, out), eager, ("weights", "ids", "out"), "graph replay vs eager")
 
 
 # moe_mma_rows_kernel (the default; NINFER_GEMV_ROWS=0 selects moe_mma_kernel): row-contiguous
@@ -496,21 +486,6 @@ def test_gemv_rows_flag_routes_moe_experts(rng, monkeypatch):
 
 # A bitwise check that reports the differing elements, and 35B-A3B-shaped expert weights.
 
-def _same_bits(a, b, what: str) -> None:
-    """assert_same_bits that reports how many elements differ and the first few."""
-    a = np.ascontiguousarray(host(a) if not isinstance(a, np.ndarray) else a)
-    b = np.ascontiguousarray(host(b) if not isinstance(b, np.ndarray) else b)
-    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
-    bits = a.dtype.itemsize
-    ua = a.view(f"u{bits}").reshape(-1)
-    ub = b.view(f"u{bits}").reshape(-1)
-    diff = np.flatnonzero(ua != ub)
-    if diff.size:
-        idx = [np.unravel_index(i, a.shape) for i in diff[:5]]
-        pairs = ", ".join(f"{tuple(int(v) for v in i)}: {a[i]!r} vs {b[i]!r}" for i in idx)
-        raise AssertionError(f"{what}: {diff.size} of {a.size} elements differ bitwise ({pairs})")
-
-
 def _experts_35b(rng, experts=24):
     """bf16 expert weights at the 35B-A3B shape (H = 2048, Im = 512) with `experts` experts."""
     hidden, inter = 2048, 512
@@ -540,7 +515,7 @@ def test_moe_block_pdl_on_equals_off(rng, monkeypatch):
             got[pdl] = _moe_block(x, logits, top_k, gu, dn, shared)
         assert np.isfinite(host(got[True][2])).all()
         for a, b, what in zip(got[True], got[False], ("weights", "ids", "out")):
-            _same_bits(a, b, f"{what}, n={n}, PDL on vs off")
+            assert_same_bits(a, b, f"{what}, n={n}, PDL on vs off")
 
 
 # The fused decode path (NINFER_MOE_FUSED, kmoe.FUSED): moe_fused_gate_up_kernel (routing,
@@ -577,11 +552,13 @@ def _fused_vs_unfused(x, logits, top_k, gu, dn, shared, what: str):
     (w1, i1, o1, ws1), (w0, i0, o0, ws0) = got[True], got[False]
     assert np.isfinite(host(o1)).all(), f"{what}: non-finite output"
     for a, b, name in ((w1, w0, "weights"), (i1, i0, "ids"), (o1, o0, "out")):
-        _same_bits(a, b, f"{what}: {name}, fused vs four launches")
+        assert_same_bits(a, b, f"{what}: {name}, fused vs four launches")
     groups = int(host(ws0.num_groups)[0])
-    _same_bits(ws1.num_groups, ws0.num_groups, f"{what}: num_groups")
-    _same_bits(ws1.group_expert[:groups], ws0.group_expert[:groups], f"{what}: group experts")
-    _same_bits(ws1.group_pairs[:groups * 8], ws0.group_pairs[:groups * 8], f"{what}: group pairs")
+    assert_same_bits(ws1.num_groups, ws0.num_groups, f"{what}: num_groups")
+    assert_same_bits(ws1.group_expert[:groups], ws0.group_expert[:groups],
+                     f"{what}: group experts")
+    assert_same_bits(ws1.group_pairs[:groups * 8], ws0.group_pairs[:groups * 8],
+                     f"{what}: group pairs")
     return w1, i1, o1
 
 
@@ -634,7 +611,7 @@ def test_moe_fused_batch_invariance(rng):
     for rows in ([0], [5, 6], [1, 2, 3, 7]):
         part = _kmoe_block(x[rows], logits[rows], top_k, gu, dn, shared[rows], fused=True)
         for a, b, what in zip(part, full, ("weights", "ids", "out")):
-            _same_bits(a, host(b)[rows], f"{what}, rows {rows}")
+            assert_same_bits(a, host(b)[rows], f"{what}, rows {rows}")
 
 
 def test_moe_fused_falls_back_outside_its_shapes(rng):
@@ -649,7 +626,7 @@ def test_moe_fused_falls_back_outside_its_shapes(rng):
 
 def test_moe_fused_graph_replay_equals_eager(rng):
     """The fused launches captured in a CUDA graph, replayed on new inputs: bitwise eager."""
-    from ninfer.core.cuda import CudaGraph, DeviceContext
+    from ninfer.core.cuda import DeviceContext
 
     n, hidden, inter, experts, top_k = 3, 1040, 264, 256, 8
     ctx = DeviceContext(0)
@@ -663,26 +640,15 @@ def test_moe_fused_graph_replay_equals_eager(rng):
             kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
                            shared_gate=logits[:, experts:], workspace=ws, fused=fused)
 
-        step()
-        ctx.synchronize()
-        graph = CudaGraph("moe_block_fused")
-        with graph.capture(ctx.stream):
-            step()
-        for _ in range(2):
-            x[...] = dev(randn(rng, (n, hidden)))
-            logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
-            shared[...] = dev(randn(rng, (n, hidden)))
-            for a in (w, ids, out):
-                a.fill(-7 if a.dtype == np.int32 else np.nan)
-            graph.launch(ctx.stream)
-            ctx.synchronize()
-            replay = [a.copy() for a in (w, ids, out)]
+        def eager():
             step(fused=False)
-            ctx.synchronize()
-            assert np.isfinite(host(out)).all(), "non-finite output"
-            for g, e, what in zip(replay, (w, ids, out), ("weights", "ids", "out")):
-                _same_bits(g, e, f"{what}: graph replay (fused) vs eager four launches")
-        graph.destroy()
+            return w, ids, out
+
+        refill = randn_refill(rng, (x, 1.0), (logits, 2.0), (shared, 1.0))
+        assert_graph_replay_equals_eager(
+            ctx, "moe_block_fused", step, refill, (w, ids, out),
+            (w, ids, out), eager, ("weights", "ids", "out"),
+            "graph replay (fused) vs eager four launches")
 
 
 def test_moe_fused_pdl_on_equals_off(rng, monkeypatch):
@@ -694,7 +660,7 @@ def test_moe_fused_pdl_on_equals_off(rng, monkeypatch):
         monkeypatch.setattr(_loader, "_PDL", pdl)
         got[pdl] = _kmoe_block(x, logits, 8, gu, dn, shared, fused=True)
     for a, b, what in zip(got[True], got[False], ("weights", "ids", "out")):
-        _same_bits(a, b, f"{what}, PDL on vs off")
+        assert_same_bits(a, b, f"{what}, PDL on vs off")
 
 
 # Routing first (NINFER_MOE_ROUTE_FIRST): moe_route(..., workspace=ws) writes weights, ids and the
@@ -774,7 +740,7 @@ def _check_routed(monkeypatch, rng, gu, dn, dtype, hidden, experts, top_k, ns):
                 assert ("moe_tma_gate_up" in base_names) is tma_used, (what, base_names)
                 assert np.isfinite(host(got[3])).all(), f"{what}: non-finite output"
                 for a, b, name in zip(got, want, ("weights", "ids", "act", "out")):
-                    _same_bits(a, b, f"{name}: routed vs unrouted ({what})")
+                    assert_same_bits(a, b, f"{name}: routed vs unrouted ({what})")
 
 
 def test_moe_block_routed_equals_unrouted_35b_shape(rng, monkeypatch):
@@ -806,7 +772,7 @@ def test_moe_block_routed_equals_unrouted_odd_shapes(rng, monkeypatch, dtype, hi
 def test_moe_block_routed_graph_replay_equals_eager_unrouted(rng):
     """ops.moe_route(workspace=) then ops.moe_block(routed=True) captured in one CUDA graph
     (the model's decode order), replayed on new inputs: bitwise eager moe_block (B = 1, 8)."""
-    from ninfer.core.cuda import CudaGraph, DeviceContext
+    from ninfer.core.cuda import DeviceContext
 
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
     ctx = DeviceContext(0)
@@ -829,24 +795,13 @@ def test_moe_block_routed_graph_replay_equals_eager_unrouted(rng):
                               shared=shared, shared_gate=logits[:, experts:], workspace=ws,
                               routed=True)
 
-            step()  # compiles outside the capture
-            ctx.synchronize()
-            graph = CudaGraph("moe_block_routed")
-            with graph.capture(ctx.stream):
-                step()
-            for _ in range(2):
-                x[...] = dev(randn(rng, (n, hidden)))
-                logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
-                shared[...] = dev(randn(rng, (n, hidden)))
-                for a in (w, ids, out, ws.act, ws.group_expert, ws.group_pairs, ws.num_groups):
-                    a.fill(-7 if a.dtype == np.int32 else np.nan)
-                graph.launch(ctx.stream)
-                ctx.synchronize()
-                replay = [a.copy() for a in (w, ids, out)]
-                want = _moe_block(x, logits, top_k, gu, dn, shared,
+            def eager():
+                return _moe_block(x, logits, top_k, gu, dn, shared,
                                   workspace=_poisoned_ws(n, top_k, hidden, inter))
-                ctx.synchronize()
-                assert np.isfinite(host(replay[2])).all(), "non-finite output"
-                for g, e, what in zip(replay, want, ("weights", "ids", "out")):
-                    _same_bits(g, e, f"{what}: routed graph replay vs eager unrouted, n={n}")
-            graph.destroy()
+
+            refill = randn_refill(rng, (x, 1.0), (logits, 2.0), (shared, 1.0))
+            assert_graph_replay_equals_eager(
+                ctx, "moe_block_routed", step, refill,
+                (w, ids, out, ws.act, ws.group_expert, ws.group_pairs, ws.num_groups),
+                (w, ids, out), eager, ("weights", "ids", "out"),
+                f"routed graph replay vs eager unrouted, n={n}")

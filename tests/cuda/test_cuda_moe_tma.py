@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import assert_close, cp, dev, host, poisoned, randn, weight_pair
+from cuda_testutil import (assert_close, assert_graph_replay_equals_eager, assert_same_bits, cp,
+                           dev, host, poisoned, randn, randn_refill, weight_pair)
 
 from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.core.tensor import Weight
@@ -22,20 +23,6 @@ pytestmark = pytest.mark.gpu
 def _sm90():
     if not tma_ok(16):
         pytest.skip("moe_tma_gate_up_kernel needs sm_90")
-
-
-def _same_bits(a, b, what: str) -> None:
-    """Bitwise equality that reports how many elements differ and the first few."""
-    a = np.ascontiguousarray(host(a) if not isinstance(a, np.ndarray) else a)
-    b = np.ascontiguousarray(host(b) if not isinstance(b, np.ndarray) else b)
-    assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
-    ua = a.view(f"u{a.dtype.itemsize}").reshape(-1)
-    ub = b.view(f"u{b.dtype.itemsize}").reshape(-1)
-    diff = np.flatnonzero(ua != ub)
-    if diff.size:
-        idx = [np.unravel_index(i, a.shape) for i in diff[:5]]
-        pairs = ", ".join(f"{tuple(int(v) for v in i)}: {a[i]!r} vs {b[i]!r}" for i in idx)
-        raise AssertionError(f"{what}: {diff.size} of {a.size} elements differ bitwise ({pairs})")
 
 
 def _tiled_experts(rng, experts, sub, rows, k):
@@ -108,7 +95,7 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
         assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
         for plan in plans:
             got = _stage(w_d, x_d, ids, m, experts, by_pair, plan)
-            _same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} {plan}")
+            assert_same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} {plan}")
         if n == 2:  # and the values (float64 oracle)
             expect = np.empty((ids_h.size, m))
             for pr, e in enumerate(ids_h.reshape(-1)):
@@ -127,7 +114,7 @@ def test_tma_gate_up_bad_expert_rows_are_nan(rng):
     _, x_d = _x(rng, n, k)
     want = host(_stage(w_d, x_d, ids, m, experts, 0, None))
     got = host(_stage(w_d, x_d, ids, m, experts, 0, kmoe.tma_gate_up_plan(k)))
-    _same_bits(got, want, "bad experts")
+    assert_same_bits(got, want, "bad experts")
     bad = [1 * top_k + 0, 2 * top_k + 3]
     assert np.isnan(got[bad]).all()
     assert np.isfinite(np.delete(got, bad, axis=0)).all()
@@ -183,13 +170,13 @@ def test_moe_block_tma_on_equals_off(rng, monkeypatch, n, hidden, inter, experts
     assert calls == 0
     assert np.isfinite(host(on[3])).all(), "non-finite output"
     for a, b, what in zip(on, off, ("weights", "ids", "act", "out")):
-        _same_bits(a, b, f"{what}: MOE_TMA on vs off (n={n}, fused={fused})")
+        assert_same_bits(a, b, f"{what}: MOE_TMA on vs off (n={n}, fused={fused})")
 
 
 def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
     """moe_block with MOE_TMA on captured in a CUDA graph (workspace preallocated), replayed on
     new inputs: bitwise the eager launches with it off (B = 1 fused path and B = 8)."""
-    from ninfer.core.cuda import CudaGraph, DeviceContext
+    from ninfer.core.cuda import DeviceContext
 
     hidden, inter, experts, top_k = 2048, 512, 256, 8
     ctx = DeviceContext(0)
@@ -207,27 +194,15 @@ def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
                 kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out,
                                shared=shared, shared_gate=logits[:, experts:], workspace=ws)
 
-            monkeypatch.setattr(kmoe, "MOE_TMA", True)
-            step()
-            ctx.synchronize()
-            graph = CudaGraph("moe_block_tma")
-            with graph.capture(ctx.stream):
-                step()
-            for _ in range(2):
-                x[...] = dev(randn(rng, (n, hidden)))
-                logits[...] = dev(randn(rng, (n, experts + 1), 2.0))
-                shared[...] = dev(randn(rng, (n, hidden)))
-                for a in (w, ids, out, ws.act):
-                    a.fill(-7 if a.dtype == np.int32 else np.nan)
-                graph.launch(ctx.stream)
-                ctx.synchronize()
-                replay = [a.copy() for a in (w, ids, ws.act[:n * top_k], out)]
+            def eager():
                 monkeypatch.setattr(kmoe, "MOE_TMA", False)
                 step()
-                ctx.synchronize()
                 monkeypatch.setattr(kmoe, "MOE_TMA", True)
-                assert np.isfinite(host(out)).all(), "non-finite output"
-                for g, e, what in zip(replay, (w, ids, ws.act[:n * top_k], out),
-                                      ("weights", "ids", "act", "out")):
-                    _same_bits(g, e, f"{what}: graph replay (TMA) vs eager (off), n={n}")
-            graph.destroy()
+                return w, ids, ws.act[:n * top_k], out
+
+            monkeypatch.setattr(kmoe, "MOE_TMA", True)
+            refill = randn_refill(rng, (x, 1.0), (logits, 2.0), (shared, 1.0))
+            assert_graph_replay_equals_eager(
+                ctx, "moe_block_tma", step, refill,
+                (w, ids, out, ws.act), (w, ids, ws.act[:n * top_k], out), eager,
+                ("weights", "ids", "act", "out"), f"graph replay (TMA) vs eager (off), n={n}")
