@@ -48,6 +48,20 @@ __device__ __forceinline__ uint4 mma_load_w(const bf16raw* row, int k, int k_end
                     h[6] | (h[7] << 16));
 }
 
+// One 32-k step of lane (g, t): its 8 x values (x[k0 + 8t .. + 7]) split into bf16 hi + lo
+// terms, times the A words w0 (row g) and w1 (row g + 8): words x / y, then z / w, the hi
+// product first (the order every kernel of the tensor-core GEMV contract uses).
+__device__ __forceinline__ void mma_step_x8(float (&c)[4], const uint4& w0, const uint4& w1,
+                                            const float (&xv)[8]) {
+  unsigned hi[4], lo[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) split_bf16x2(xv[2 * q], xv[2 * q + 1], hi[q], lo[q]);
+  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, hi[0], hi[1]);
+  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, lo[0], lo[1]);
+  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, hi[2], hi[3]);
+  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, lo[2], lo[3]);
+}
+
 // Accumulates the warp's K range [k_begin, k_end) (k_begin a multiple of 32) into c.
 // wrow0 / wrow1: weight rows m0 + g and m0 + g + 8 (nullptr past M: zeros); xrow: activation
 // row n0 + g (nullptr past N: zeros). Steps of 32 k, U of them in flight per iteration.
@@ -77,13 +91,7 @@ __device__ __forceinline__ void mma_gemv_accumulate(const bf16raw* wrow0, const 
       } else {
         load8_guard(xrow + k, k_end - k, xv);
       }
-      unsigned hi[4], lo[4];
-#pragma unroll
-      for (int q = 0; q < 4; ++q) split_bf16x2(xv[2 * q], xv[2 * q + 1], hi[q], lo[q]);
-      mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, hi[0], hi[1]);
-      mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, lo[0], lo[1]);
-      mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, hi[2], hi[3]);
-      mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, lo[2], lo[3]);
+      mma_step_x8(c, w0[i], w1[i], xv);
     }
   }
 }

@@ -792,15 +792,9 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
 #pragma unroll
       for (int i = 0; i < MOE_TMA_U; ++i) {
         if (k0 + 32 * i >= k_end) break;
-        unsigned hi[4], lo[4];
-        split_bf16x2(xa[i].x, xa[i].y, hi[0], lo[0]);
-        split_bf16x2(xa[i].z, xa[i].w, hi[1], lo[1]);
-        split_bf16x2(xb[i].x, xb[i].y, hi[2], lo[2]);
-        split_bf16x2(xb[i].z, xb[i].w, hi[3], lo[3]);
-        mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, hi[0], hi[1]);
-        mma_bf16_16816(c, w0[i].x, w1[i].x, w0[i].y, w1[i].y, lo[0], lo[1]);
-        mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, hi[2], hi[3]);
-        mma_bf16_16816(c, w0[i].z, w1[i].z, w0[i].w, w1[i].w, lo[2], lo[3]);
+        const float xv[8] = {xa[i].x, xa[i].y, xa[i].z, xa[i].w,
+                             xb[i].x, xb[i].y, xb[i].z, xb[i].w};
+        mma_step_x8(c, w0[i], w1[i], xv);
       }
       a += 64 * MOE_TMA_U;
     }
