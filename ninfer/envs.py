@@ -187,17 +187,6 @@ def gemv_tma_ring_kib() -> int:
     return _choice("NINFER_GEMV_TMA_RING_KIB", 192, TMA_RING_KIB)
 
 
-GEMV_RESERVE_SMS = (0, 4, 8, 12, 16, 24)
-
-
-def gemv_reserve_sms() -> int:
-    """NINFER_GEMV_RESERVE_SMS (default 0; 4, 8, 12, 16 or 24): SMs that linear_tma_kernel's
-    persistent grid leaves free, so the kernels after a GEMV (launched early under PDL) can be
-    resident and load what does not depend on it while the GEMV streams. Read once, at import
-    of the launcher."""
-    return _choice("NINFER_GEMV_RESERVE_SMS", 0, GEMV_RESERVE_SMS)
-
-
 def prefill_overlap() -> bool:
     """NINFER_PREFILL_OVERLAP (default on; "0" turns it off): a step's prompt chunk, when it
     replays a prefill graph, runs on a second CUDA stream beside the decode graph. Read when a

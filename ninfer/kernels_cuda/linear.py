@@ -160,9 +160,6 @@ GEMV_PDL = envs.gemv_pdl()
 # 17.57 with groups of 4, 15.04 / 18.32 with 2, 14.93 / 18.67 with 1; 9B 4.69 / 5.88, 4.68 /
 # 5.86, 4.66 / 6.01.
 TMA_TILE_GROUP = envs.gemv_tma_tile_group()
-# NINFER_GEMV_RESERVE_SMS (read once at import; default 0): SMs the persistent TMA GEMV grid
-# leaves free for the kernels launched after it under PDL.
-GEMV_RESERVE_SMS = envs.gemv_reserve_sms()
 
 
 def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
@@ -202,7 +199,7 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
-        row_blocks = max(1, (current_device().sm_count - GEMV_RESERVE_SMS) // col_tiles)
+        row_blocks = max(1, current_device().sm_count // col_tiles)
     row_blocks = max(1, min(tiles, row_blocks))
     sk = TMA_SK if sk is None else sk
     consumers = TMA_CONSUMERS if consumers is None else consumers

@@ -34,7 +34,6 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gemv_tma_tile_group, "NINFER_GEMV_TMA_TILE_GROUP", 4, envs.TMA_TILE_GROUPS),
     (envs.gdn_chunk_bf16_cols, "NINFER_GDN_CHUNK_BF16_COLS", 32, envs.GDN_CHUNK_BF16_COLS),
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
-    (envs.gemv_reserve_sms, "NINFER_GEMV_RESERVE_SMS", 0, envs.GEMV_RESERVE_SMS),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
     """Unset or empty: the default; one of `allowed`: that value; anything else: ValueError."""
