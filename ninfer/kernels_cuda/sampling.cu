@@ -27,6 +27,8 @@
 // the first statement.
 #include "select.cuh"
 
+#define SAMPLE_MAX_SLICES 64  // sampling.py MAX_SLICES
+
 struct SampleParams {
   const float* logits;
   float* scratch;  // [B, V] penalised logits
@@ -126,27 +128,44 @@ __global__ void __launch_bounds__(S_THREADS) sample_kernel(const SampleParams p)
   const float* row = p.logits + (i64)b * p.logits_rs;
   float* lg = p.scratch + (i64)b * p.scratch_rs;
 
-  // 1. raw log-softmax statistics from the slice partials (slice order)
+  // 1. raw log-softmax statistics from the slice partials (slice order). The partials are
+  // staged in shared memory by all threads and the slices' exp terms computed one per thread;
+  // thread 0 then folds them in slice order with the same fma as a serial loop would (so the
+  // same bits), instead of a chain of 2 x ns global round trips and fp64 exps.
   __shared__ double sh_lse;
   __shared__ int sh_argmax;
-  if (threadIdx.x == 0) {
+  __shared__ float sh_m;
+  __shared__ unsigned sh_part[4 * SAMPLE_MAX_SLICES];
+  __shared__ double sh_exp[SAMPLE_MAX_SLICES];
+  const int ns = p.n_slices;  // <= SAMPLE_MAX_SLICES (sampling.py n_slices)
+  {
     const unsigned* part = reinterpret_cast<const unsigned*>(lg);
-    const int ns = p.n_slices;
+    for (int i = threadIdx.x; i < 4 * ns; i += S_THREADS) sh_part[i] = part[i];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
     float m = -NINFER_INF;
     int arg = 0x7fffffff;
     for (int i = 0; i < ns; ++i) {
-      const float mi = __uint_as_float(part[i]);
-      if (mi > m || arg == 0x7fffffff) { m = mi; arg = (int)part[ns + i]; }
+      const float mi = __uint_as_float(sh_part[i]);
+      if (mi > m || arg == 0x7fffffff) { m = mi; arg = (int)sh_part[ns + i]; }
     }
+    sh_m = m;
+    sh_argmax = arg;
+  }
+  __syncthreads();
+  if (threadIdx.x < ns)
+    sh_exp[threadIdx.x] = exp((double)__uint_as_float(sh_part[threadIdx.x]) - (double)sh_m);
+  __syncthreads();
+  if (threadIdx.x == 0) {
     double z = 0.0;
     for (int i = 0; i < ns; ++i) {
-      const unsigned long long zb = (unsigned long long)part[2 * ns + 2 * i] |
-                                    ((unsigned long long)part[2 * ns + 2 * i + 1] << 32);
-      const float mi = __uint_as_float(part[i]);
-      if (mi > -NINFER_INF) z += __longlong_as_double((long long)zb) * exp((double)mi - (double)m);
+      const unsigned long long zb = (unsigned long long)sh_part[2 * ns + 2 * i] |
+                                    ((unsigned long long)sh_part[2 * ns + 2 * i + 1] << 32);
+      if (__uint_as_float(sh_part[i]) > -NINFER_INF)
+        z = __fma_rn(sh_exp[i], __longlong_as_double((long long)zb), z);
     }
-    sh_lse = (double)m + log(z);
-    sh_argmax = arg;
+    sh_lse = (double)sh_m + log(z);
   }
   __syncthreads();
   const double lse = sh_lse;

@@ -25,7 +25,7 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     ("logits_rs", "i64"), ("scratch_rs", "i64"), ("top_rs", "i64"), ("vocab", "i32"),
     ("n_top", "i32"), ("n_slices", "i32"), ("pad", "i32"), ("top_count", "ptr"))
 assert _PARAMS.itemsize == 192
-MAX_SLICES = 64
+MAX_SLICES = 64  # SAMPLE_MAX_SLICES in sampling.cu (sample_kernel stages 4 words per slice)
 SLICE_MIN = 1024  # logits per slice at least (below that one block does the row)
 
 

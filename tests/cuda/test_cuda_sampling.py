@@ -10,7 +10,7 @@ from ninfer.kernels_cuda import sampling as ksamp
 from ninfer.kernels_numba_cpu import sampling as csamp
 from ninfer.ops import reference as ref
 
-from cuda_testutil import dev, host, poisoned
+from cuda_testutil import assert_same_bits, cp, dev, host, poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -130,3 +130,66 @@ def test_greedy_fast_path_ties_and_logprobs(rng, vocab):
     ref_lp = np.array([ref.log_softmax(logits[i].astype(np.float64))[expect[i]]
                        for i in range(b)])
     np.testing.assert_allclose(host(lp), ref_lp, rtol=1e-5, atol=1e-5)
+
+
+# The greedy fast path's statistics fold as it was before sample_kernel staged the slice partials
+# in shared memory (one thread, slice order, partials and exps read serially): the same token and
+# logprob bits are required.
+_FORMER_FOLD = r"""
+extern "C" __global__ void former_fold(const float* logits, long long logits_rs,
+                                       const float* scratch, long long scratch_rs, int ns,
+                                       int* tok_out, float* lp_out) {
+  const int b = blockIdx.x;
+  const float* row = logits + b * logits_rs;
+  const unsigned* part = reinterpret_cast<const unsigned*>(scratch + b * scratch_rs);
+  float m = __int_as_float(0xff800000);
+  int arg = 0x7fffffff;
+  for (int i = 0; i < ns; ++i) {
+    const float mi = __uint_as_float(part[i]);
+    if (mi > m || arg == 0x7fffffff) { m = mi; arg = (int)part[ns + i]; }
+  }
+  double z = 0.0;
+  for (int i = 0; i < ns; ++i) {
+    const unsigned long long zb = (unsigned long long)part[2 * ns + 2 * i] |
+                                  ((unsigned long long)part[2 * ns + 2 * i + 1] << 32);
+    const float mi = __uint_as_float(part[i]);
+    if (mi > __int_as_float(0xff800000))
+      z += __longlong_as_double((long long)zb) * exp((double)mi - (double)m);
+  }
+  const double lse = (double)m + log(z);
+  tok_out[b] = arg;
+  lp_out[b] = (float)((double)row[arg] - lse);
+}
+"""
+
+
+@pytest.mark.parametrize("vocab", [997, 4096, 65_537, 248_320])
+def test_greedy_fast_path_equals_the_serial_fold_bitwise(rng, vocab):
+    """sample_kernel's parallel staging of the slice statistics gives bitwise the token and
+    logprob of the former one-thread fold over the same partials (left in the scratch rows by
+    the greedy fast path), on rows with slices of -inf and ties across slices."""
+    b = 6
+    logits = (rng.standard_normal((b, vocab)) * 3.0).astype(np.float32)
+    logits[1, : vocab // 2] = -np.inf               # whole slices of -inf
+    logits[2, [5, vocab - 2]] = logits[2].max() + 1.0  # a tie across slices
+    logits[3] *= 40.0                                # a peaked row (exp terms underflow)
+    zeros = np.zeros(b, np.float32)
+    params = dict(temperature=zeros, top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
+                  min_p=zeros, repetition_penalty=np.ones(b, np.float32),
+                  presence_penalty=zeros, frequency_penalty=zeros,
+                  seeds=rng.integers(0, 2**63, b).astype(np.uint64),
+                  counters=np.zeros(b, np.int64), pen_offsets=np.zeros(b + 1, np.int32),
+                  pen_tokens=np.zeros(0, np.int32), pen_counts=np.zeros(0, np.int32))
+    logits_d, scratch = dev(logits), poisoned((b, vocab))
+    tok, lp = poisoned(b, np.int32), poisoned(b)
+    ids, tlp = poisoned((b, 0), np.int32), poisoned((b, 0))
+    ksamp.sample(logits_d, *[dev(params[k]) for k in ORDER], tok, lp, ids, tlp, scratch=scratch)
+    fold = cp().RawModule(code=_FORMER_FOLD, options=("--std=c++17",)).get_function(
+        "former_fold")
+    f_tok, f_lp = poisoned(b, np.int32), poisoned(b)
+    fold((b,), (1,), (logits_d, np.int64(vocab), scratch, np.int64(vocab),
+                      np.int32(ksamp.n_slices(vocab)), f_tok, f_lp))
+    assert np.isfinite(host(lp)).all(), host(lp)
+    np.testing.assert_array_equal(host(tok), np.argmax(logits, axis=1))
+    assert_same_bits(tok, f_tok, f"tokens, V={vocab}")
+    assert_same_bits(lp, f_lp, f"logprobs, V={vocab}")
