@@ -141,14 +141,15 @@ def attention_tma() -> bool:
     return _flag("NINFER_ATTN_TMA", False)
 
 
-ATTN_TMA_STAGES = (2, 4, 6, 8, 12)
+ATTN_TMA_STAGES = (4, 8, 12)
 
 
 def attention_tma_stages() -> int:
-    """NINFER_ATTN_TMA_STAGES (2, 4, 6, 8 or 12; default 6): ring stages (16-key K + V tiles)
-    of paged_attention_tma_kernel per block (16.25 KiB each for head_dim 256: 6 stages fit 2
-    blocks per SM, 12 one). Read once, at import of the launcher."""
-    return _choice("NINFER_ATTN_TMA_STAGES", 6, ATTN_TMA_STAGES)
+    """NINFER_ATTN_TMA_STAGES (4, 8 or 12; default 4): ring stages (16-key K + V tiles) of
+    paged_attention_tma_kernel per block (16.25 KiB each for head_dim 256: 4 stages fit 2
+    blocks per SM, 8 and 12 one). A multiple of the kernel's 4 consumer warps, so that each
+    slot has one consumer (attention.cu). Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_TMA_STAGES", 4, ATTN_TMA_STAGES)
 
 
 def attn_gate_fused() -> bool:

@@ -977,12 +977,18 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
 // loop mode (SPLIT=0, used for N > SPLIT_MAX_ROWS rows).
 //
 // Design. Block = ATTN_TMA_CONS (4) consumer warps + 1 producer warp (160 threads, 2 blocks per
-// SM). Ring of p.stages stages (attention.py TMA_STAGES; 2..16); a stage is one tile of 16
+// SM). Ring of p.stages stages (attention.py TMA_STAGES; a multiple of ATTN_TMA_CONS up to 16:
+// tile i uses slot i % stages and is consumed by warp i % ATTN_TMA_CONS, so each slot has ONE
+// consumer warp and its waits on `full` follow the slot's phases in order. With a slot shared by
+// two warps, a warp running ahead could wait for the parity of a phase two ahead of the
+// barrier's, which mbarrier.try_wait.parity reports complete at once: the first GPU run, with 6
+// stages, read unlanded tiles and faulted); a stage is one tile of 16
 // consecutive keys of KV head g (inside one page, since page_size % 16 == 0 and chunks start at
 // multiples of 64): its K rows, then its V rows, each as 8 copies of 2 rows (1 KiB for
 // D = 256) at c * (4 D + 16) bytes (attn_tma_pair_bytes): the 16-byte shift puts the 8 rows of
 // every ldmatrix phase (rows 2 r8 + h, r8 = 0..7) in distinct bank groups. Stage = 16.25 KiB
-// for D = 256: 6 stages x 2 blocks keep up to ~195 KiB per SM in flight.
+// for D = 256: 4 stages x 2 blocks per SM (156 registers x 160 threads) keep up to ~130 KiB
+// per SM in flight.
 //  - Producer warp: looks up the pages of 32 tiles at a time (a lane per tile), then per tile
 //    in order: lane 0 waits until the slot is free (`empty`) and announces the tile's bytes on
 //    `full`; lanes 0..7 copy the K row pairs, lanes 8..15 the V row pairs, only keys < len (a

@@ -276,7 +276,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     split = n <= SPLIT_MAX_ROWS
     tma = split and use_tma(kind, group, dim, page_size)
     if tma:
-        C.require(2 <= TMA_STAGES <= TMA_MAX_STAGES, "stages", f"{TMA_STAGES} not in 2..16")
+        C.require(2 <= TMA_STAGES <= TMA_MAX_STAGES and TMA_STAGES % TMA_CONSUMERS == 0,
+                  "stages", f"{TMA_STAGES} not a multiple of {TMA_CONSUMERS} in 4..16")
         name, smem = f"paged_attention_tma_kernel<{dim}>", tma_smem_bytes(group, dim, TMA_STAGES)
         hg, kw = 1, TMA_CONSUMERS
     else:

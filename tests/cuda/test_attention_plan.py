@@ -80,14 +80,15 @@ def test_tma_switch_off_keeps_other_kernels(monkeypatch):
 @pytest.mark.parametrize("dim", katt.TMA_DIMS)
 @pytest.mark.parametrize("group", range(1, 9))
 def test_tma_smem_fits(group, dim):
-    """Every allowed ring depth fits a block; the default depth fits the 2 blocks per SM of the
-    kernel's launch bounds; the consumer states fit the ring (2 stages at least)."""
+    """Every allowed ring depth fits a block and is a multiple of the consumer warps (one
+    consumer per slot); the default depth fits the 2 blocks per SM of the kernel's launch
+    bounds; the consumer states fit the ring."""
     from ninfer import envs
 
     for stages in envs.ATTN_TMA_STAGES:
         smem = katt.tma_smem_bytes(group, dim, stages) + TMA_STATIC_SMEM
         assert smem + RESERVED <= BLOCK_SMEM_MAX, (stages, smem)
-        assert 2 <= stages <= katt.TMA_MAX_STAGES
+        assert 2 <= stages <= katt.TMA_MAX_STAGES and stages % katt.TMA_CONSUMERS == 0
         assert stages * 16 * (4 * dim + 16) >= katt.TMA_CONSUMERS * group * dim * 4
-    smem = katt.tma_smem_bytes(group, dim, 6) + TMA_STATIC_SMEM + RESERVED
+    smem = katt.tma_smem_bytes(group, dim, envs.attention_tma_stages()) + TMA_STATIC_SMEM + RESERVED
     assert 2 * smem <= SM_SMEM, smem
