@@ -152,6 +152,16 @@ def attention_tma_stages() -> int:
     return _choice("NINFER_ATTN_TMA_STAGES", 4, ATTN_TMA_STAGES)
 
 
+ATTN_TMA_BLOCKS = (2, 3)
+
+
+def attention_tma_blocks() -> int:
+    """NINFER_ATTN_TMA_BLOCKS (2 or 3; default 2): blocks per SM paged_attention_tma_kernel's
+    registers are capped for (3: 128 registers with a small spill, so a third block fits).
+    Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_TMA_BLOCKS", 2, ATTN_TMA_BLOCKS)
+
+
 def attn_gate_fused() -> bool:
     """NINFER_ATTN_GATE_FUSED (default on; "0" turns it off): CUDA decode steps apply the gated
     attention's output gate inside paged_attention (bitwise paged_attention then sigmoid_mul,

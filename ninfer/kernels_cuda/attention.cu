@@ -1019,8 +1019,10 @@ __host__ __device__ constexpr int attn_tma_stage_bytes(int d) {
 }
 extern __shared__ __align__(128) unsigned char attn_tma_smem[];
 
-template <int D>
-__global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), 2)
+// MINB: blocks per SM the registers are capped for (launch bounds): 2 (156 registers, no
+// spill) or 3 (128 registers, a 16-byte spill), attention.py TMA_BLOCKS.
+template <int D, int MINB>
+__global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     paged_attention_tma_kernel(const AttnParams p) {
   pdl_enter();  // before the early exits: every block waits and triggers
 #if BULK_COPY_OK

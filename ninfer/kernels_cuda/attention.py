@@ -53,6 +53,7 @@ _MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_head
 MMA = envs.attention_mma()
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
+TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for
 TMA_DIMS = (64, 128, 256)  # head dims of paged_attention_tma_kernel
 TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attention.cu)
 TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
@@ -63,7 +64,7 @@ SOURCE = KernelSource("attention.cu", tuple(
        for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
        f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
-    + [f"paged_attention_tma_kernel<{d}>" for d in TMA_DIMS]))
+    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in envs.ATTN_TMA_BLOCKS]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -199,6 +200,11 @@ def decode_path(kind: C.WKind, group: int, dim: int, page_size: int) -> str:
     return "mma" if use_mma(kind, group, dim) else "fma"
 
 
+def tma_kernel_name(dim: int) -> str:
+    """The paged_attention_tma_kernel instance for head dim `dim` (and TMA_BLOCKS)."""
+    return f"paged_attention_tma_kernel<{dim}, {TMA_BLOCKS}>"
+
+
 def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
     """Dynamic shared memory of paged_attention_tma_kernel<dim> (layout comment in
     attention.cu): barriers (256 B), `stages` stages of 16 keys' K and V rows (8 copies of 2
@@ -278,7 +284,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     if tma:
         C.require(2 <= TMA_STAGES <= TMA_MAX_STAGES and TMA_STAGES % TMA_CONSUMERS == 0,
                   "stages", f"{TMA_STAGES} not a multiple of {TMA_CONSUMERS} in 4..16")
-        name, smem = f"paged_attention_tma_kernel<{dim}>", tma_smem_bytes(group, dim, TMA_STAGES)
+        name, smem = tma_kernel_name(dim), tma_smem_bytes(group, dim, TMA_STAGES)
         hg, kw = 1, TMA_CONSUMERS
     else:
         name, smem, hg, kw = kernel_plan(kind, group, dim, split)

@@ -69,7 +69,7 @@ def test_tma_eligibility():
                  (bf16, 4, 32, 16), (bf16, 0, 256, 16)):
         assert not katt.tma_eligible(*args), args
     names = set(katt.SOURCE.name_expressions)
-    assert {f"paged_attention_tma_kernel<{d}>" for d in katt.TMA_DIMS} <= names
+    assert {katt.tma_kernel_name(d) for d in katt.TMA_DIMS} <= names
 
 
 def test_tma_switch_off_keeps_other_kernels(monkeypatch):

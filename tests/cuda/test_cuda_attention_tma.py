@@ -106,7 +106,7 @@ class _Paged:
 
 
 def _assert_tma_ran(launched, d):
-    name = f"paged_attention_tma_kernel<{d}>"
+    name = katt.tma_kernel_name(d)
     assert launched and all(x == name for x in launched), launched
     launched.clear()
 
