@@ -100,8 +100,8 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         q = f32_random(cp, (batch, s.heads, s.head_dim))
         o = cp.empty_like(q)
         ws = katt.AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
-        path = "mma" if katt.use_mma(katt.C.WKind.BF16, s.heads // s.kv_heads, s.head_dim) \
-            else "fma"  # NINFER_ATTN_MMA=0 forces the FMA kernel
+        # NINFER_ATTN_TMA=1: the bulk-copy ring kernel; NINFER_ATTN_MMA: tensor-core or FMA
+        path = katt.decode_path(katt.C.WKind.BF16, s.heads // s.kv_heads, s.head_dim, PAGE)
         label = f"decode B={batch} ctx={context} bf16 KV {path}"
 
         def call(i):

@@ -130,6 +130,38 @@ def attention_mma() -> bool:
     return _flag("NINFER_ATTN_MMA", False)
 
 
+def attention_tma() -> bool:
+    """NINFER_ATTN_TMA (default off; "1" turns it on): decode (split mode) paged_attention over
+    bf16 KV pages with page_size % 16 == 0, head_dim 64 / 128 / 256 and <= 8 query heads per KV
+    head, on an sm_90 device, runs paged_attention_tma_kernel (a producer warp streams the K / V
+    rows by bulk copies into a shared-memory ring; tensor-core math as NINFER_ATTN_MMA). Batch
+    invariant among split-mode calls, but not bitwise equal to the other kernels, so a row of a
+    call with more than SPLIT_MAX_ROWS rows (loop mode) differs from it in the last bits. Read
+    once, at import of the launcher."""
+    return _flag("NINFER_ATTN_TMA", False)
+
+
+ATTN_TMA_STAGES = (4, 8, 12)
+
+
+def attention_tma_stages() -> int:
+    """NINFER_ATTN_TMA_STAGES (4, 8 or 12; default 4): ring stages (16-key K + V tiles) of
+    paged_attention_tma_kernel per block (16.25 KiB each for head_dim 256: 4 stages fit 2
+    blocks per SM, 8 and 12 one). A multiple of the kernel's 4 consumer warps, so that each
+    slot has one consumer (attention.cu). Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_TMA_STAGES", 4, ATTN_TMA_STAGES)
+
+
+ATTN_TMA_BLOCKS = (2, 3)
+
+
+def attention_tma_blocks() -> int:
+    """NINFER_ATTN_TMA_BLOCKS (2 or 3; default 2): blocks per SM paged_attention_tma_kernel's
+    registers are capped for (3: 128 registers with a small spill, so a third block fits).
+    Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_TMA_BLOCKS", 2, ATTN_TMA_BLOCKS)
+
+
 def attn_gate_fused() -> bool:
     """NINFER_ATTN_GATE_FUSED (default on; "0" turns it off): CUDA decode steps apply the gated
     attention's output gate inside paged_attention (bitwise paged_attention then sigmoid_mul,

@@ -64,8 +64,13 @@
 //   explicit fmaf / __fmul_rn / __fadd_rn so that no contraction choice differs between
 //   instances. An invalid sequence row or page id makes the row's output NaN.
 //
-// Both kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
+// paged_attention_tma_kernel<D> (NINFER_ATTN_TMA, sm_90, bf16 pages, split mode only): the same
+//   chunks, partials, merges and gate with the K / V rows streamed by bulk copies into a
+//   shared-memory ring; see its comment block at the end of this file.
+//
+// All kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
 // the first statement, before any early exit.
+#include "bulk_copy.cuh"
 #include "common.cuh"
 #include "ldmatrix.cuh"
 #include "mma_gemv.cuh"
@@ -134,7 +139,7 @@ struct AttnParams {
   float scale_log2;  // scale * log2(e): scores are kept in base 2
   int hg_recip;      // ceil(65536 / head_groups): warp / HG = (warp * hg_recip) >> 16, warp < 32
   int page_shift;    // log2(page_size) when it is a power of two, else -1
-  int pad;
+  int stages;       // ring stages of paged_attention_tma_kernel (2..ATTN_TMA_MAX_STAGES)
 };
 static_assert(sizeof(AttnParams) == 208, "AttnParams layout is mirrored in attention.py");
 
@@ -581,6 +586,41 @@ __device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt
   return bad;
 }
 
+// SPLIT=1, a row of several chunks, after this block stored its chunk partial (every thread of
+// the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
+// folds the group's partials; level 2: the last group to finish folds the groups. (threadfence
+// pattern: a block's partial is visible before it is counted.) sm_last: a shared int.
+template <int D>
+__device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, int g, int G,
+                                                  int nc, int c_begin, float* mg, int& sm_last) {
+  const int tid = threadIdx.x;
+  const int n_groups = (nc - 1) / ATTN_GROUP + 1;
+  const int grp = c_begin / ATTN_GROUP;
+  const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
+  int* counters = p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sm_last = atomicAdd(counters + 1 + grp, 1) == grp_size - 1;
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+  if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
+  if (n_groups == 1) {
+    attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
+    return;
+  }
+  attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
+                0, grp);
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) sm_last = atomicAdd(counters, 1) == n_groups - 1;
+  __syncthreads();
+  if (!sm_last) return;
+  __threadfence();
+  if (tid == 0) counters[0] = 0;
+  attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
+}
+
 #define ATTN_BUF_FLOATS 2048  // one pipeline buffer of a warp (8 KiB): {K, V} x KPW keys x 32 lanes
 
 // Dynamic shared memory (floats; mirrored by attention.py `_smem_bytes`):
@@ -919,33 +959,340 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
   }
   if (row.n_chunks == 1) return;
 
-  // SPLIT=1, several chunks. Level 1: the last block of the chunk's group (<= 8 chunks) to
-  // finish folds the group's partials; level 2: the last group to finish folds the groups.
-  // (threadfence pattern: a block's partial is visible before it is counted.)
-  const int nc = row.n_chunks;
-  const int n_groups = (nc - 1) / ATTN_GROUP + 1;
-  const int grp = c_begin / ATTN_GROUP;
-  const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
-  int* counters = p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1);
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) sm_last = atomicAdd(counters + 1 + grp, 1) == grp_size - 1;
-  __syncthreads();
-  if (!sm_last) return;
-  __threadfence();
-  if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
-  if (n_groups == 1) {
-    attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
-    return;
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, c_begin, mg, sm_last);
+}
+
+// ---------------------------------------------------------------------------------------------
+// paged_attention_tma_kernel<D> (NINFER_ATTN_TMA, default off; attention.py `use_tma`): the
+// split (decode) mode of paged_attention for bf16 pages with page_size % 16 == 0, D = 64, 128
+// or 256 and G = A / Hkv in 1..8, on sm_90, with the K / V rows streamed by bulk copies
+// (bulk_copy.cuh, cp.async.bulk) into a shared-memory ring instead of per-lane cp.async.
+//
+// Contract: that of paged_attention_kernel<bf16, *, *, SPLIT=1, *, *>: grid (max chunks, Hkv,
+// N), one chunk of one KV head per block (blocks past the row's chunks exit), the same chunk
+// plan (attn_row), partial format, workspace, last-block merges (attn_split_finish, counters 0
+// again after every launch), output gate (attn_store_out) and NaN rows for an invalid row or
+// page. Rows are batch invariant (a row's bits depend only on its q, length and KV), but not
+// bitwise equal to the FMA / MMA kernels (another summation order) nor, therefore, to the
+// loop mode (SPLIT=0, used for N > SPLIT_MAX_ROWS rows).
+//
+// Design. Block = ATTN_TMA_CONS (4) consumer warps + 1 producer warp (160 threads, 2 blocks per
+// SM). Ring of p.stages stages (attention.py TMA_STAGES; a multiple of ATTN_TMA_CONS up to 16:
+// tile i uses slot i % stages and is consumed by warp i % ATTN_TMA_CONS, so each slot has ONE
+// consumer warp and its waits on `full` follow the slot's phases in order. With a slot shared by
+// two warps, a warp running ahead could wait for the parity of a phase two ahead of the
+// barrier's, which mbarrier.try_wait.parity reports complete at once: the first GPU run, with 6
+// stages, read unlanded tiles and faulted); a stage is one tile of 16
+// consecutive keys of KV head g (inside one page, since page_size % 16 == 0 and chunks start at
+// multiples of 64): its K rows, then its V rows, each as 8 copies of 2 rows (1 KiB for
+// D = 256) at c * (4 D + 16) bytes (attn_tma_pair_bytes): the 16-byte shift puts the 8 rows of
+// every ldmatrix phase (rows 2 r8 + h, r8 = 0..7) in distinct bank groups. Stage = 16.25 KiB
+// for D = 256: 4 stages x 2 blocks per SM (156 registers x 160 threads) keep up to ~130 KiB
+// per SM in flight.
+//  - Producer warp: looks up the pages of 32 tiles at a time (a lane per tile), then per tile
+//    in order: lane 0 waits until the slot is free (`empty`) and announces the tile's bytes on
+//    `full`; lanes 0..7 copy the K row pairs, lanes 8..15 the V row pairs, only keys < len (a
+//    partial last tile copies fewer rows; nothing past the length is read). An invalid page (or
+//    row) copies nothing (`full` completes without bytes) and flags the row NaN (sm_bad).
+//  - Consumer warp w: tiles w, w + 4, ...: waits for `full`, then the MMA path's math
+//    (attn_mma_warp) on the stage: S = K q^T with q split into bf16 hi + lo (4 independent
+//    accumulators: hi / lo x even / odd k-steps, summed at the end), online softmax in base 2
+//    per query column, P^T split into hi + lo, O^T += V^T P^T; K and V through ldmatrix (V
+//    transposed). mma row kappa holds key pi(kappa) = 2 kappa (kappa < 8) or 2 (kappa - 8) + 1
+//    (both for S's rows and P V's k index, so the P^T exchange is attn_mma_warp's). Keys past
+//    len: scores -inf (p = 0) and their V values (not copied: stale bytes, possibly NaN) masked
+//    to zero in the fragments. Then lane 0 releases the slot (`empty`).
+//  - Chunk end: all warps sync (every copy has landed and been read), the consumers' states go
+//    to the ring (acc [w][G][D] floats) and sm_m / sm_l, and are merged in warp order exactly as
+//    paged_attention_kernel merges its key warps; then the one-chunk output or the partial, and
+//    attn_split_finish.
+// Dynamic shared memory (attention.py tma_smem_bytes): barriers full[stages], empty[stages]
+// (256 B) | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
+// m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G].
+#define ATTN_TMA_CONS 4         // consumer warps (+ 1 producer warp)
+#define ATTN_TMA_TILE 16        // keys per ring stage
+#define ATTN_TMA_BAR_BYTES 256  // full[stages], empty[stages]
+#define ATTN_TMA_MAX_STAGES 16
+__host__ __device__ constexpr int attn_tma_pair_bytes(int d) { return 4 * d + 16; }
+__host__ __device__ constexpr int attn_tma_stage_bytes(int d) {
+  return 16 * attn_tma_pair_bytes(d);  // K: 8 row pairs, then V: 8 row pairs
+}
+extern __shared__ __align__(128) unsigned char attn_tma_smem[];
+
+// MINB: blocks per SM the registers are capped for (launch bounds): 2 (156 registers, no
+// spill) or 3 (128 registers, a 16-byte spill), attention.py TMA_BLOCKS.
+template <int D, int MINB>
+__global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
+    paged_attention_tma_kernel(const AttnParams p) {
+  pdl_enter();  // before the early exits: every block waits and triggers
+#if BULK_COPY_OK
+  constexpr int ROW_B = 2 * D;                          // one key row (bf16)
+  constexpr int PAIR_B = attn_tma_pair_bytes(D);        // a copy of 2 rows + the shift
+  constexpr int HALF_B = 8 * PAIR_B;                    // the K (or V) half of a stage
+  constexpr int STAGE_B = attn_tma_stage_bytes(D);
+  constexpr int MT = D / 16;                            // k-steps of S, m-tiles of O^T
+  static_assert(D == 64 || D == 128 || D == 256, "D = 64, 128 or 256");
+  static_assert(2 * ATTN_TMA_MAX_STAGES * 8 <= ATTN_TMA_BAR_BYTES, "barriers");
+  static_assert(2 * STAGE_B >= ATTN_TMA_CONS * 8 * D * 4, "2 stages hold the accumulators");
+  __shared__ int sm_bad, sm_last;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  const int g = blockIdx.y;
+  const i64 n = blockIdx.z;
+  const int G = p.q_heads / p.kv_heads;
+  const int S = p.stages;
+  const AttnRow row = attn_row(p, n);
+  const int chunk = blockIdx.x;
+  if (chunk >= row.n_chunks) return;
+  const int key_begin = chunk * row.chunk_keys;
+  const int key_end = min(row.len, key_begin + row.chunk_keys);
+  const int ntiles = (key_end - key_begin + ATTN_TMA_TILE - 1) / ATTN_TMA_TILE;
+
+  mbar_t* full = reinterpret_cast<mbar_t*>(attn_tma_smem);
+  mbar_t* empty = full + S;
+  unsigned char* ring = attn_tma_smem + ATTN_TMA_BAR_BYTES;
+  uint4* qf = reinterpret_cast<uint4*>(ring + S * STAGE_B);  // [MT][32]
+  float* sm_m = reinterpret_cast<float*>(qf + MT * 32);
+  float* sm_l = sm_m + ATTN_TMA_CONS * G;
+  float* sm_f = sm_l + ATTN_TMA_CONS * G;
+  float* sm_cm = sm_f + ATTN_TMA_CONS * G;
+  float* mg = sm_cm + G;
+
+  if (tid == 0) {
+    sm_bad = !row.ok;
+    for (int i = 0; i < S; ++i) {
+      mbar_init(full + i, 1);
+      mbar_init(empty + i, 1);
+    }
+    mbar_init_fence();
   }
-  attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
-                0, grp);
-  __threadfence();
+  // q fragments of the mma's B (lane (gi, t): query head gi, dims 16 ks + 2t, +1 and +8, +9),
+  // split into bf16 hi and lo terms (as paged_attention_kernel's MMA path)
+  for (int e = tid; e < MT * 32; e += nthreads) {
+    const int ks = e >> 5, gi = (e >> 2) & 7, t = e & 3;
+    uint4 f = make_uint4(0u, 0u, 0u, 0u);
+    if (gi < G) {
+      const float* qp = p.q + n * p.q_rs + (i64)(g * G + gi) * p.q_hs + ks * 16 + 2 * t;
+      split_bf16x2(qp[0], qp[1], f.x, f.z);
+      split_bf16x2(qp[8], qp[9], f.y, f.w);
+    }
+    qf[e] = f;
+  }
+  __syncthreads();  // barriers, sm_bad and the q fragments are ready
+
+  const int gi = lane >> 2, t = lane & 3;
+  float o[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
+  if (warp == ATTN_TMA_CONS) {  // producer
+    const unsigned long long policy = l2_evict_first_policy();
+    const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+    const int cp = lane & 7;  // this lane's row pair (lanes 0..7: K, 8..15: V)
+    const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
+    const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
+    bool bad = false;
+    int slot = 0;
+    unsigned phase = 0;
+    for (int tb = 0; tb < ntiles; tb += 32) {
+      // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15)
+      const int rid = tb + lane < ntiles
+                          ? attn_key_row(p, bt, row.ok, g, key_begin + ATTN_TMA_TILE * (tb + lane),
+                                         key_end, true)
+                          : -2;
+      bad |= rid == -1;
+      const int cnt = min(32, ntiles - tb);
+      for (int j = 0; j < cnt; ++j) {
+        const int r = __shfl_sync(ATTN_FULL, rid, j);
+        const int nv = min(ATTN_TMA_TILE, key_end - key_begin - ATTN_TMA_TILE * (tb + j));
+        if (lane == 0) {
+          mbar_wait(empty + slot, phase ^ 1u);  // the slot's previous tile was read
+          mbar_arrive_expect_tx(full + slot, r >= 0 ? (unsigned)(2 * nv * ROW_B) : 0u);
+        }
+        __syncwarp();
+        const int rows = min(2, nv - 2 * cp);
+        if (r >= 0 && lane < 16 && rows > 0)
+          bulk_copy_g2s(ring + slot * STAGE_B + dst_ofs, src_base + (i64)(r + 2 * cp) * D,
+                        (unsigned)(rows * ROW_B), full + slot, policy);
+        if (++slot == S) {
+          slot = 0;
+          phase ^= 1u;
+        }
+      }
+    }
+    if (__any_sync(ATTN_FULL, bad) && lane == 0) sm_bad = 1;
+  } else {  // consumer warp `warp`: tiles warp, warp + ATTN_TMA_CONS, ...
+    const unsigned ring_u = smem_addr(ring);
+    // ldmatrix rows: lanes 8i..8i+7 address matrix i (mi). K (A = [key][dim]): mma rows
+    // r8 + 8 (mi & 1), dim chunk 2 ks + (mi >> 1); V (A = V^T by .trans): k rows r8 + 8 (mi >> 1),
+    // dim chunk 2 mt + (mi & 1). mma row kappa = r8 + 8 h is key 2 r8 + h: copy r8, row h.
+    const int r8 = lane & 7, mi = lane >> 3;
+    const unsigned ka = r8 * PAIR_B + (mi & 1) * ROW_B + (mi >> 1) * 16;
+    const unsigned va = HALF_B + r8 * PAIR_B + (mi >> 1) * ROW_B + (mi & 1) * 16;
+    // P^T exchange (attn_mma_warp): lane (gi, t) needs p of k rows 2t, 2t+1 (+8) for query gi
+    const int src_a = t * 8 + (gi >> 1), src_b = src_a + 4;
+    const bool odd = (gi & 1) != 0;
+    int slot = warp % S;
+    unsigned phase = (unsigned)(warp / S) & 1u;
+    for (int i = warp; i < ntiles; i += ATTN_TMA_CONS) {
+      const int t0 = key_begin + ATTN_TMA_TILE * i;
+      const int nv = key_end - t0;  // valid keys of the tile (>= 1; may exceed 16)
+      const unsigned st = ring_u + slot * STAGE_B;
+      mbar_wait(full + slot, phase);
+      float sh0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sh1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float sl0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < MT; ++ks) {
+        unsigned a[4];
+        ldsm_x4(st + ka + ks * 32, a);
+        const uint4 b = qf[ks * 32 + lane];
+        mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
+        mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
+      }
+      float s[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        s[k] = __fadd_rn(__fadd_rn(sh0[k], sh1[k]), __fadd_rn(sl0[k], sl1[k]));
+      // accumulator rows: gi (key 2 gi) and gi + 8 (key 2 gi + 1)
+      const bool k0 = 2 * gi < nv, k1 = 2 * gi + 1 < nv;
+      const float x0 = k0 ? __fmul_rn(s[0], p.scale_log2) : -NINFER_INF;
+      const float x1 = k0 ? __fmul_rn(s[1], p.scale_log2) : -NINFER_INF;
+      const float x2 = k1 ? __fmul_rn(s[2], p.scale_log2) : -NINFER_INF;
+      const float x3 = k1 ? __fmul_rn(s[3], p.scale_log2) : -NINFER_INF;
+      float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(ATTN_FULL, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(ATTN_FULL, mx1, off));
+      }
+      // key t0 is valid, so the new maxima are finite; corr = 1 (exact) when a max did not move
+      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+      const bool moved0 = mn0 != m0, moved1 = mn1 != m1;
+      const float c0 = moved0 ? exp2f(m0 - mn0) : 1.0f;  // 0 on the first tile
+      const float c1 = moved1 ? exp2f(m1 - mn1) : 1.0f;
+      const float p0 = exp2f(x0 - mn0), p1 = exp2f(x1 - mn1);
+      const float p2 = exp2f(x2 - mn0), p3 = exp2f(x3 - mn1);
+      float sum0 = __fadd_rn(p0, p2), sum1 = __fadd_rn(p1, p3);
+#pragma unroll
+      for (int off = 4; off < 32; off <<= 1) {  // symmetric butterfly: the same bits everywhere
+        sum0 = __fadd_rn(sum0, __shfl_xor_sync(ATTN_FULL, sum0, off));
+        sum1 = __fadd_rn(sum1, __shfl_xor_sync(ATTN_FULL, sum1, off));
+      }
+      l0 = fmaf(l0, c0, sum0);
+      l1 = fmaf(l1, c1, sum1);
+      m0 = mn0;
+      m1 = mn1;
+      const float a0 = __shfl_sync(ATTN_FULL, p0, src_a), a1 = __shfl_sync(ATTN_FULL, p1, src_a);
+      const float a2 = __shfl_sync(ATTN_FULL, p2, src_a), a3 = __shfl_sync(ATTN_FULL, p3, src_a);
+      const float b0 = __shfl_sync(ATTN_FULL, p0, src_b), b1 = __shfl_sync(ATTN_FULL, p1, src_b);
+      const float b2 = __shfl_sync(ATTN_FULL, p2, src_b), b3 = __shfl_sync(ATTN_FULL, p3, src_b);
+      unsigned ph0, pl0, ph1, pl1;
+      split_bf16x2(odd ? a1 : a0, odd ? b1 : b0, ph0, pl0);  // k rows 2t, 2t + 1
+      split_bf16x2(odd ? a3 : a2, odd ? b3 : b2, ph1, pl1);  // k rows 2t + 8, 2t + 9
+      if (moved0 || moved1) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          o[mt][0] = __fmul_rn(o[mt][0], c0);
+          o[mt][1] = __fmul_rn(o[mt][1], c1);
+          o[mt][2] = __fmul_rn(o[mt][2], c0);
+          o[mt][3] = __fmul_rn(o[mt][3], c1);
+        }
+      }
+      // V^T fragments: registers 0, 1 hold k rows 2t (low half), 2t + 1 (high half) = keys 4t,
+      // 4t + 2; registers 2, 3 k rows 2t + 8, 2t + 9 = keys 4t + 1, 4t + 3. Rows of keys past
+      // len were not copied (stale bytes): zeroed, as p is 0 there but 0 * NaN is not 0.
+      const unsigned vm_lo = (4 * t < nv ? 0x0000ffffu : 0u) | (4 * t + 2 < nv ? 0xffff0000u : 0u);
+      const unsigned vm_hi =
+          (4 * t + 1 < nv ? 0x0000ffffu : 0u) | (4 * t + 3 < nv ? 0xffff0000u : 0u);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        unsigned a[4];
+        ldsm_x4_trans(st + va + mt * 32, a);
+        a[0] &= vm_lo;
+        a[1] &= vm_lo;
+        a[2] &= vm_hi;
+        a[3] &= vm_hi;
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
+      }
+      __syncwarp();  // every lane has read the stage
+      if (lane == 0) mbar_arrive(empty + slot);
+      slot += ATTN_TMA_CONS;
+      while (slot >= S) {
+        slot -= S;
+        phase ^= 1u;
+      }
+    }
+  }
+  __syncthreads();  // every copy has landed and been read: the ring is free for the states
+  float* acc = reinterpret_cast<float*>(ring);  // [ATTN_TMA_CONS][G][D]
+  if (warp < ATTN_TMA_CONS) {
+    float* wst = acc + warp * G * D;
+    const int n0 = 2 * t, n1 = n0 + 1;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int d0 = mt * 16 + gi;
+      if (n0 < G) {
+        wst[n0 * D + d0] = o[mt][0];
+        wst[n0 * D + d0 + 8] = o[mt][2];
+      }
+      if (n1 < G) {
+        wst[n1 * D + d0] = o[mt][1];
+        wst[n1 * D + d0 + 8] = o[mt][3];
+      }
+    }
+    if (gi == 0) {
+      if (n0 < G) {
+        sm_m[warp * G + n0] = m0;
+        sm_l[warp * G + n0] = l0;
+      }
+      if (n1 < G) {
+        sm_m[warp * G + n1] = m1;
+        sm_l[warp * G + n1] = l1;
+      }
+    }
+  }
   __syncthreads();
-  if (tid == 0) sm_last = atomicAdd(counters, 1) == n_groups - 1;
+  // merge the consumer warps (warp order) into the chunk partial, as paged_attention_kernel
+  // merges its key warps (a warp without keys has m = -inf: factor 0)
+  for (int k = tid; k < ATTN_TMA_CONS * G; k += nthreads) {
+    const int hl = k % G;
+    float mx = -NINFER_INF;
+    for (int w = 0; w < ATTN_TMA_CONS; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
+    sm_f[k] = sm_m[k] == -NINFER_INF ? 0.0f : exp2f(sm_m[k] - mx);
+    if (k < G) sm_cm[hl] = mx;
+  }
   __syncthreads();
-  if (!sm_last) return;
-  __threadfence();
-  if (tid == 0) counters[0] = 0;
-  attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
+  for (int idx = tid; idx < G * D; idx += nthreads) {
+    const int hl = idx / D, d = idx % D;
+    float lsum = 0.0f, ov = 0.0f;
+    for (int w = 0; w < ATTN_TMA_CONS; ++w) {
+      const float f = sm_f[w * G + hl];
+      lsum = fmaf(sm_l[w * G + hl], f, lsum);
+      ov = fmaf(acc[w * G * D + idx], f, ov);
+    }
+    const int head = g * G + hl;
+    if (row.n_chunks == 1) {
+      // the folds of SPLIT=0: chunk into an empty group, group into an empty row state
+      float a, b, ra, rb;
+      const float gm = attn_coef(-NINFER_INF, sm_cm[hl], a, b);
+      attn_coef(-NINFER_INF, gm, ra, rb);
+      const float go = attn_fold(0.0f, a, b, ov), gl = attn_fold(0.0f, a, b, lsum);
+      const float fo = attn_fold(0.0f, ra, rb, go), fl = attn_fold(0.0f, ra, rb, gl);
+      const float v[1] = {sm_bad ? NINFER_NAN : fo / fl};
+      attn_store_out<1>(p, n, head, d, v);
+    } else {
+      const i64 part = (n * p.q_heads + head) * (i64)p.max_chunks + chunk;
+      p.part_o[part * D + d] = sm_bad ? NINFER_NAN : ov;
+      if (d == 0) {
+        p.part_ml[part * 2] = sm_cm[hl];
+        p.part_ml[part * 2 + 1] = sm_bad ? NINFER_NAN : lsum;
+      }
+    }
+  }
+  if (row.n_chunks == 1) return;
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, mg, sm_last);
+#else
+  __trap();
+#endif
 }

@@ -20,6 +20,14 @@ group's heads with mma.sync (keys as M, heads as the 8 N columns; q and p split 
 hi + lo terms), K and V of a tile in flight together; chunking, the warp / chunk merges and
 both launch modes are shared with the FMA kernel, so the same invariances hold. The choice
 depends only on (dtype, D, group), never on N.
+
+NINFER_ATTN_TMA=1 (`use_tma`; default off): split-mode calls over bf16 pages with
+page_size % 16 == 0, D in 64 / 128 / 256 and <= 8 query heads per KV head, on sm_90, run
+paged_attention_tma_kernel instead: per block a producer warp streams the chunk's 16-key K / V
+tiles by bulk copies into a ring of `TMA_STAGES` shared-memory stages and 4 consumer warps run
+the MMA variant's math on them; same chunk plan, workspace, merges and gate. Its rows are batch
+invariant among split-mode calls, but differ in the last bits from the other kernels, hence
+from the same row in a loop-mode call (N > SPLIT_MAX_ROWS).
 """
 from __future__ import annotations
 
@@ -30,7 +38,7 @@ import numpy as np
 
 from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
-from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
+from ninfer.kernels_cuda._loader import KernelSource, current_device, get_function, launch
 
 MAX_CHUNKS = 64   # chunks per row at most (ATTN_MAX_CHUNKS in attention.cu)
 CHUNK_GRAIN = 64  # chunk sizes are multiples of this (ATTN_CHUNK_GRAIN)
@@ -43,12 +51,20 @@ PIPELINE_BUFFERS = 2  # K/V buffers per warp (NST in attention.cu): one tile in 
 _MMA_DPL = (2, 4, 8)  # head dims of the MMA variant (bf16 pages; 64, 128, 256)
 _MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_heads / kv_heads)
 MMA = envs.attention_mma()
+TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
+TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
+TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for
+TMA_DIMS = (64, 128, 256)  # head dims of paged_attention_tma_kernel
+TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attention.cu)
+TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
+TMA_MAX_STAGES = 16  # ATTN_TMA_MAX_STAGES
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
        for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
-       f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]))
+       f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
+    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in envs.ATTN_TMA_BLOCKS]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -65,7 +81,7 @@ _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "
                  ("num_pages", "i32"), ("page_size", "i32"), ("kv_heads", "i32"),
                  ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
-                 ("hg_recip", "i32"), ("page_shift", "i32"), ("pad", "i32"))
+                 ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"))
 assert _ATTN.itemsize == 208
 
 
@@ -163,6 +179,41 @@ def use_mma(kind: C.WKind, group: int, dim: int) -> bool:
     return MMA and kind is C.WKind.BF16 and group <= 8 and dim // 32 in _MMA_DPL
 
 
+def tma_eligible(kind: C.WKind, group: int, dim: int, page_size: int) -> bool:
+    """Whether paged_attention_tma_kernel supports these pages / heads (any device, any
+    NINFER_ATTN_TMA): bf16 pages, page_size a multiple of 16, D in TMA_DIMS, group 1..8."""
+    return (kind is C.WKind.BF16 and page_size % TMA_TILE == 0 and dim in TMA_DIMS
+            and 1 <= group <= 8)
+
+
+def use_tma(kind: C.WKind, group: int, dim: int, page_size: int) -> bool:
+    """Whether a split-mode paged_attention call runs paged_attention_tma_kernel: TMA
+    (NINFER_ATTN_TMA), `tma_eligible` and an sm_90+ device (bulk copies)."""
+    return (TMA and tma_eligible(kind, group, dim, page_size)
+            and current_device().compute_capability >= (9, 0))
+
+
+def decode_path(kind: C.WKind, group: int, dim: int, page_size: int) -> str:
+    """"tma", "mma" or "fma": the kernel a split-mode (decode) call runs (bench labels)."""
+    if use_tma(kind, group, dim, page_size):
+        return "tma"
+    return "mma" if use_mma(kind, group, dim) else "fma"
+
+
+def tma_kernel_name(dim: int) -> str:
+    """The paged_attention_tma_kernel instance for head dim `dim` (and TMA_BLOCKS)."""
+    return f"paged_attention_tma_kernel<{dim}, {TMA_BLOCKS}>"
+
+
+def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
+    """Dynamic shared memory of paged_attention_tma_kernel<dim> (layout comment in
+    attention.cu): barriers (256 B), `stages` stages of 16 keys' K and V rows (8 copies of 2
+    rows each, 16 bytes apart), the q fragments, the warp states and the merge scratch."""
+    stage = 16 * (4 * dim + 16)
+    floats = 3 * TMA_CONSUMERS * group + group + 3 * group * GROUP + group
+    return 256 + stages * stage + dim // 16 * 32 * 16 + 4 * floats
+
+
 def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool,
                 mma: bool = False) -> int:
     """Dynamic shared memory of paged_attention_kernel (layout comment in attention.cu)."""
@@ -193,7 +244,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     row_pos or page id makes that row's output NaN (other rows are unaffected).
 
     Rows are batch invariant: a row's output depends only on q[n], its position and its
-    sequence's KV (bitwise), whatever N and the other rows, in both launch modes. With
+    sequence's KV (bitwise), whatever N and the other rows, in both launch modes (with
+    NINFER_ATTN_TMA, where `use_tma`: among split-mode calls, N <= SPLIT_MAX_ROWS). With
     N <= SPLIT_MAX_ROWS each chunk is its own block and the chunk partials go through a
     workspace (>= N rows, A heads, D, >= launch_chunks(block_tables.shape[1] * page_size)
     chunks; InvalidInput when smaller); the launch then allocates nothing and never
@@ -203,8 +255,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     gate: optional f32[N,A,D] (rows/heads strided, last axis contiguous; e.g. the gate half
     q_and_gate[:, :, D:] of Qwen3.5's interleaved [q_h | gate_h] projection): out is then
     attention * sigmoid(gate), with elementwise.cu SigmoidMul's expression in every write of a
-    final output element, so bitwise `paged_attention` followed by `sigmoid_mul`. Both kernel
-    variants (FMA and MMA) and both launch modes support it.
+    final output element, so bitwise `paged_attention` followed by `sigmoid_mul`. Every kernel
+    variant (FMA, MMA, TMA) and both launch modes support it.
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
@@ -228,7 +280,14 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     group = q_heads // kv_heads
     chunks = launch_chunks(block_tables.shape[1] * page_size)
     split = n <= SPLIT_MAX_ROWS
-    name, smem, hg, kw = kernel_plan(kind, group, dim, split)
+    tma = split and use_tma(kind, group, dim, page_size)
+    if tma:
+        C.require(2 <= TMA_STAGES <= TMA_MAX_STAGES and TMA_STAGES % TMA_CONSUMERS == 0,
+                  "stages", f"{TMA_STAGES} not a multiple of {TMA_CONSUMERS} in 4..16")
+        name, smem = tma_kernel_name(dim), tma_smem_bytes(group, dim, TMA_STAGES)
+        hg, kw = 1, TMA_CONSUMERS
+    else:
+        name, smem, hg, kw = kernel_plan(kind, group, dim, split)
     part_o = part_ml = grp_o = grp_ml = counters = 0
     max_chunks = 1
     if split:
@@ -260,7 +319,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     bt_cols=block_tables.shape[1], max_chunks=max_chunks, head_groups=hg,
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
-                    else -1)
+                    else -1, stages=TMA_STAGES if tma else 0)
     fn = get_function(SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -271,5 +330,6 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
             fn.preferred_shared_memory_carveout = 100
         except (AttributeError, TypeError):
             pass
-    launch(fn, (chunks if split else 1, kv_heads, n), (32 * hg * kw,), (params,),
+    threads = 32 * (TMA_CONSUMERS + 1) if tma else 32 * hg * kw
+    launch(fn, (chunks if split else 1, kv_heads, n), (threads,), (params,),
            shared_mem=smem, name="paged_attention", pdl=True)

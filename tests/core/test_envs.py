@@ -14,6 +14,8 @@ SWITCHES = [  # (reader, variable, default)
     (envs.pdl, "NINFER_PDL", True),
     (envs.prefill_overlap, "NINFER_PREFILL_OVERLAP", True),
     (envs.gdn_chunk_local_pair, "NINFER_GDN_CHUNK_LOCAL_PAIR", True),
+    (envs.attention_mma, "NINFER_ATTN_MMA", False),
+    (envs.attention_tma, "NINFER_ATTN_TMA", False),
 ]
 
 
@@ -34,6 +36,8 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gemv_tma_tile_group, "NINFER_GEMV_TMA_TILE_GROUP", 4, envs.TMA_TILE_GROUPS),
     (envs.gdn_chunk_bf16_cols, "NINFER_GDN_CHUNK_BF16_COLS", 32, envs.GDN_CHUNK_BF16_COLS),
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
+    (envs.attention_tma_stages, "NINFER_ATTN_TMA_STAGES", 4, envs.ATTN_TMA_STAGES),
+    (envs.attention_tma_blocks, "NINFER_ATTN_TMA_BLOCKS", 2, envs.ATTN_TMA_BLOCKS),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
     """Unset or empty: the default; one of `allowed`: that value; anything else: ValueError."""
@@ -42,7 +46,9 @@ def test_choice(monkeypatch, reader, name, default, allowed):
     for value in allowed:
         monkeypatch.setenv(name, str(value))
         assert reader() == value
-    for bad in ("300", "x", "-8", "1.5", "3"):
+    for bad in ("300", "x", "-8", "1.5", "3", "7"):
+        if bad in {str(v) for v in allowed}:
+            continue
         monkeypatch.setenv(name, bad)
         with pytest.raises(ValueError, match=name):
             reader()

@@ -52,3 +52,43 @@ def test_blocks_per_sm(monkeypatch, group, mma):
     _, smem, _, _ = katt.kernel_plan(katt.C.WKind.BF16, group, 256, True)
     smem += RESERVED
     assert 3 * smem <= SM_SMEM < 4 * smem, smem
+
+
+# -- paged_attention_tma_kernel (NINFER_ATTN_TMA) ---------------------------------------------
+
+TMA_STATIC_SMEM = 128  # the kernel's static shared memory (nvcc --resource-usage, sm_90)
+
+
+def test_tma_eligibility():
+    """bf16 pages with page_size % 16 == 0, D in 64 / 128 / 256, groups 1..8; anything else
+    keeps the other kernels (and the switch off keeps them for everything)."""
+    bf16, f32 = katt.C.WKind.BF16, katt.C.WKind.F32
+    assert katt.tma_eligible(bf16, 4, 256, 16) and katt.tma_eligible(bf16, 8, 128, 32)
+    assert katt.tma_eligible(bf16, 1, 64, 48)
+    for args in ((f32, 4, 256, 16), (bf16, 4, 256, 12), (bf16, 4, 256, 8), (bf16, 9, 256, 16),
+                 (bf16, 4, 32, 16), (bf16, 0, 256, 16)):
+        assert not katt.tma_eligible(*args), args
+    names = set(katt.SOURCE.name_expressions)
+    assert {katt.tma_kernel_name(d) for d in katt.TMA_DIMS} <= names
+
+
+def test_tma_switch_off_keeps_other_kernels(monkeypatch):
+    monkeypatch.setattr(katt, "TMA", False)
+    assert not katt.use_tma(katt.C.WKind.BF16, 4, 256, 16)  # no device query when off
+
+
+@pytest.mark.parametrize("dim", katt.TMA_DIMS)
+@pytest.mark.parametrize("group", range(1, 9))
+def test_tma_smem_fits(group, dim):
+    """Every allowed ring depth fits a block and is a multiple of the consumer warps (one
+    consumer per slot); the default depth fits the 2 blocks per SM of the kernel's launch
+    bounds; the consumer states fit the ring."""
+    from ninfer import envs
+
+    for stages in envs.ATTN_TMA_STAGES:
+        smem = katt.tma_smem_bytes(group, dim, stages) + TMA_STATIC_SMEM
+        assert smem + RESERVED <= BLOCK_SMEM_MAX, (stages, smem)
+        assert 2 <= stages <= katt.TMA_MAX_STAGES and stages % katt.TMA_CONSUMERS == 0
+        assert stages * 16 * (4 * dim + 16) >= katt.TMA_CONSUMERS * group * dim * 4
+    smem = katt.tma_smem_bytes(group, dim, envs.attention_tma_stages()) + TMA_STATIC_SMEM + RESERVED
+    assert 2 * smem <= SM_SMEM, smem

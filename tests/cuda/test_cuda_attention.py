@@ -34,6 +34,13 @@ TOL_MMA = 5e-5
 REGIME_LENGTHS = [1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000]
 
 
+@pytest.fixture(autouse=True)
+def _no_tma(monkeypatch):
+    """These tests hold the FMA / MMA kernels to their contract (split == loop mode bitwise);
+    the NINFER_ATTN_TMA kernel has its own file (test_cuda_attention_tma.py)."""
+    monkeypatch.setattr(katt, "TMA", False)
+
+
 def _tol(bf16, heads, hkv, d):
     mma = katt.use_mma(katt.C.WKind.BF16 if bf16 else katt.C.WKind.F32, heads // hkv, d)
     return TOL_MMA if mma else TOL

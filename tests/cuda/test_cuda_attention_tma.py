@@ -1,0 +1,283 @@
+"""paged_attention_tma_kernel (NINFER_ATTN_TMA) on the GPU: split-mode paged_attention over bf16
+pages with the K / V tiles streamed by bulk copies into a shared-memory ring.
+
+Every test forces the path (katt.TMA = True) and checks through a spy on get_function that the
+TMA instance is the one launched. Pages are NaN / Inf-poisoned past every sequence's length
+(the rest of its last page, and spare pages) and outputs NaN-poisoned before each run. Checked:
+float64 oracle on the stored bf16 values (relative error per row; the MMA path's error on the
+same inputs printed beside it) over lengths 1, 15, 16, 17, 1000, 4097, 33000, GQA groups 1, 3,
+4, 6, 8, head dims 64 / 128 / 256, page sizes 16 and 32; bitwise batch invariance (a row alone,
+in other batches, repeated); graph replay == eager bitwise; gate= == paged_attention then
+sigmoid_mul bitwise; invalid rows / pages -> NaN rows only; workspace counters 0 after every
+launch; ineligible pages (page_size 12) fall back to the other kernels.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_testutil import assert_close, assert_same_bits, cp, dev, host, poisoned, randn, rel_err
+
+from ninfer import ops
+from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from ninfer.kernels_cuda import attention as katt
+from ninfer.ops import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+# q and p as bf16 hi + lo terms (~2^-17 relative each), f32 tensor-core accumulation (the MMA
+# path's bound; expected ~1e-5)
+TOL = 5e-5
+LENGTHS = [1, 15, 16, 17, 1000, 4097, 33000]
+POISON = (0x7FC0, 0xFFC1, 0x7F80)  # bf16 NaN, NaN, +Inf
+
+
+@pytest.fixture
+def tma(monkeypatch):
+    """Forces the TMA path; returns the list of kernel instances fetched (launched) since."""
+    monkeypatch.setattr(katt, "TMA", True)
+    launched: list[str] = []
+    real = katt.get_function
+
+    def spy(source, name):
+        launched.append(name)
+        return real(source, name)
+
+    monkeypatch.setattr(katt, "get_function", spy)
+    return launched
+
+
+class _Paged:
+    """Random bf16 K / V pages for sequences of `lengths`, poisoned past each length; device
+    copies; float64 oracle that gathers only the attended keys."""
+
+    def __init__(self, rng, lengths, hkv, d, page_size=16, spare_cols=2):
+        self.page_size, self.hkv, self.d = page_size, hkv, d
+        used = [-(-n // page_size) for n in lengths]
+        num_pages = sum(used) + 2  # two spare pages, all poison
+        perm = rng.permutation(num_pages)
+        self.bt = np.full((len(lengths), max(used) + spare_cols), -1, np.int32)
+        self.kp = self._poison(rng, (num_pages, hkv, page_size, d))
+        self.vp = self._poison(rng, (num_pages, hkv, page_size, d))
+        at = 0
+        for s, n in enumerate(lengths):
+            pages = perm[at:at + used[s]]
+            at += used[s]
+            self.bt[s, :used[s]] = pages
+            for i, page in enumerate(pages):
+                valid = min(page_size, n - i * page_size)
+                for arr in (self.kp, self.vp):
+                    arr[page, :, :valid] = f32_to_bf16_bits(randn(rng, (hkv, valid, d)))
+        self.kp_d, self.vp_d, self.bt_d = dev(self.kp), dev(self.vp), dev(self.bt)
+
+    @staticmethod
+    def _poison(rng, shape):
+        return rng.choice(np.array(POISON, np.uint16), size=shape)
+
+    def oracle(self, q, row_seq, row_pos, scale):
+        q = np.asarray(q, np.float64)
+        n, heads, d = q.shape
+        group = heads // self.hkv
+        out = np.zeros((n, heads, d))
+        for r in range(n):
+            length = int(row_pos[r]) + 1
+            pages = self.bt[row_seq[r], :-(-length // self.page_size)]
+            keys = bf16_bits_to_f32(self.kp[pages]).astype(np.float64)  # [P, Hkv, ps, D]
+            vals = bf16_bits_to_f32(self.vp[pages]).astype(np.float64)
+            keys = keys.transpose(1, 0, 2, 3).reshape(self.hkv, -1, d)[:, :length]
+            vals = vals.transpose(1, 0, 2, 3).reshape(self.hkv, -1, d)[:, :length]
+            for h in range(heads):
+                s = keys[h // group] @ q[r, h] * scale
+                p = np.exp(s - s.max())
+                out[r, h] = (p / p.sum()) @ vals[h // group]
+        return out
+
+    def workspace(self, rows, heads):
+        return katt.AttentionWorkspace.allocate(rows, heads, self.d,
+                                                self.bt.shape[1] * self.page_size)
+
+    def run(self, q_d, row_seq, row_pos, scale, ws, gate=None, bt_d=None):
+        n, heads, d = q_d.shape
+        out = poisoned((n, heads, d))
+        katt.paged_attention(q_d, self.kp_d, self.vp_d, self.bt_d if bt_d is None else bt_d,
+                             dev(np.asarray(row_seq, np.int32)),
+                             dev(np.asarray(row_pos, np.int32)), scale, out, workspace=ws,
+                             gate=gate)
+        return out
+
+
+def _assert_tma_ran(launched, d):
+    name = katt.tma_kernel_name(d)
+    assert launched and all(x == name for x in launched), launched
+    launched.clear()
+
+
+@pytest.mark.parametrize("group,d,page_size", [(1, 256, 16), (4, 256, 16), (6, 256, 16),
+                                               (8, 256, 16), (4, 256, 32), (4, 128, 16),
+                                               (8, 128, 16), (3, 64, 16)])
+def test_tma_vs_float64(rng, monkeypatch, tma, group, d, page_size):
+    """Rows of every length (one chunk, 64-key chunks in one and several merge groups, 128- and
+    576-key chunks), plus page / tile / chunk / group boundaries, in one B=12 launch."""
+    hkv = 2
+    heads = group * hkv
+    kv = _Paged(rng, LENGTHS, hkv, d, page_size)
+    seqs = list(range(len(LENGTHS)))
+    row_seq = np.array(seqs + [6, 6, 5, 4, 5], np.int32)
+    row_pos = np.array([n - 1 for n in LENGTHS] + [15, 16, 511, 31, 4095], np.int32)
+    n = len(row_seq)
+    q_h = randn(rng, (n, heads, d), 2.0)
+    q = dev(q_h)
+    scale = d ** -0.5
+    ws = kv.workspace(n, heads)
+    out = host(kv.run(q, row_seq, row_pos, scale, ws))
+    _assert_tma_ran(tma, d)
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    expect = kv.oracle(q_h, row_seq, row_pos, scale)
+    monkeypatch.setattr(katt, "TMA", False)
+    monkeypatch.setattr(katt, "MMA", True)
+    mma = host(kv.run(q, row_seq, row_pos, scale, ws))
+    errs = [(rel_err(out[i], expect[i]), rel_err(mma[i], expect[i])) for i in range(n)]
+    print(f"G={group} D={d} page {page_size}: max rel err tma {max(e[0] for e in errs):.2e}, "
+          f"mma {max(e[1] for e in errs):.2e}")
+    for i in range(n):
+        assert_close(out[i], expect[i], TOL, f"tma row {i} (len {row_pos[i] + 1})")
+
+
+def test_tma_batch_invariance(rng, tma):
+    """A row's bits do not depend on the batch (alone, in a B=8 batch of other lengths, in
+    another order and subset) nor on earlier launches sharing the workspace (9B: G=4, D=256)."""
+    heads, hkv, d = 16, 4, 256
+    lengths = [9000, 33, 512, 4097, 65, 1, 17, 2000]
+    kv = _Paged(rng, lengths, hkv, d)
+    row_seq = np.arange(8, dtype=np.int32)
+    row_pos = np.array(lengths, np.int32) - 1
+    q = dev(randn(rng, (8, heads, d), 2.0))
+    scale = d ** -0.5
+    ws = kv.workspace(8, heads)
+    batch = kv.run(q, row_seq, row_pos, scale, ws)
+    _assert_tma_ran(tma, d)
+    assert np.isfinite(host(batch)).all()
+    for rows in ([0], [5], [6], [3], [2, 7], [7, 4, 1, 0], list(range(8))[::-1]):
+        part = kv.run(q[rows], row_seq[rows], row_pos[rows], scale, ws)
+        assert_same_bits(part, batch[rows], f"rows {rows} vs the B=8 batch")
+    assert_same_bits(kv.run(q, row_seq, row_pos, scale, ws), batch, "repeated launch")
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    _assert_tma_ran(tma, d)
+
+
+def test_tma_graph_replay_equals_eager(rng, tma):
+    """A B=8 decode launch (9B shape) captured in a CUDA graph and replayed with new q gives
+    the eager bits; the workspace counters stay 0."""
+    from ninfer.core.cuda import CudaGraph, DeviceContext
+
+    heads, hkv, d = 16, 4, 256
+    lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        kv = _Paged(rng, lengths, hkv, d)
+        row_seq = dev(np.arange(8, dtype=np.int32))
+        row_pos = dev(np.array(lengths, np.int32) - 1)
+        ws = kv.workspace(8, heads)
+        q = dev(randn(rng, (8, heads, d)))
+        out = poisoned((8, heads, d))
+
+        def call():
+            katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, row_seq, row_pos, d ** -0.5,
+                                 out, workspace=ws)
+
+        call()  # compile / warm up outside the capture
+        ctx.synchronize()
+        graph = CudaGraph("paged_attention_tma")
+        with graph.capture(ctx.stream):
+            call()
+        qs = [randn(rng, (8, heads, d)) for _ in range(3)]
+        replays = []
+        for qh in qs:
+            q[...] = dev(qh)
+            out.fill(np.nan)
+            graph.launch(ctx.stream)
+            replays.append(host(out).copy())
+        ctx.synchronize()
+        graph.destroy()
+        for i, qh in enumerate(qs):
+            q[...] = dev(qh)
+            out.fill(np.nan)
+            call()
+            assert np.isfinite(replays[i]).all(), f"replay {i}: non-finite output"
+            assert_same_bits(out, replays[i], f"replay {i} vs eager")
+        assert not host(ws.counters).any()
+        _assert_tma_ran(tma, d)
+
+
+@pytest.mark.parametrize("heads,hkv,d", [(16, 4, 256), (12, 2, 128)])
+def test_tma_gate_equals_attention_then_sigmoid_mul(rng, tma, heads, hkv, d):
+    """gate= (the strided gate half of [q_h | gate_h]) is bitwise paged_attention then
+    sigmoid_mul, for B=1 and B=8 (one-chunk rows, one and several merge groups); float64
+    oracle of attention * sigmoid(gate)."""
+    lengths = [1, 37, 64, 65, 700, 4097, 5000, 16]
+    kv = _Paged(rng, lengths, hkv, d)
+    n_all = len(lengths)
+    qg_h = randn(rng, (n_all, heads, 2 * d), 2.0)
+    qg_h[:, :, d:] *= 1.5
+    qg_h[0, 0, d:d + 4] = [-100.0, 100.0, -90.0, 89.0]  # saturating gates
+    qg_d = dev(qg_h)
+    row_seq = np.arange(n_all, dtype=np.int32)
+    row_pos = np.array(lengths, np.int32) - 1
+    scale = d ** -0.5
+    expect = ref.sigmoid_mul(kv.oracle(qg_h[:, :, :d], row_seq, row_pos, scale), qg_h[:, :, d:])
+    ws = kv.workspace(n_all, heads)
+    for rows in ([5], [0], list(range(n_all))):
+        b = len(rows)
+        sub = qg_d if b == n_all else qg_d[rows]
+        q, gate = sub[:, :, :d], sub[:, :, d:]
+        plain = kv.run(q, row_seq[rows], row_pos[rows], scale, ws)
+        flat = poisoned((b, heads * d))
+        ops.sigmoid_mul(plain.reshape(b, -1), cp().ascontiguousarray(gate).reshape(b, -1), flat)
+        gated = kv.run(q, row_seq[rows], row_pos[rows], scale, ws, gate=gate)
+        what = f"B={b} lengths {[lengths[r] for r in rows]}"
+        assert_same_bits(gated, flat.reshape(b, heads, d), f"{what}: gated vs then sigmoid_mul")
+        g = host(gated)
+        for i, r in enumerate(rows):
+            assert_close(g[i], expect[r], TOL, f"{what}: row of length {lengths[r]}")
+        assert not host(ws.counters).any()
+    _assert_tma_ran(tma, d)
+
+
+def test_tma_invalid_rows_and_pages_give_nan(rng, tma):
+    """An out-of-range page id (middle of a sequence) or -1 page inside the context, a row_seq
+    out of range, row_pos < 0 or past the table: NaN rows, and only those; the other rows equal
+    the same rows launched alone."""
+    heads, hkv, d, page_size = 8, 2, 256, 16
+    kv = _Paged(rng, [3000, 100], hkv, d, page_size)
+    bad_bt = kv.bt.copy()
+    bad_bt[0, 70] = kv.kp.shape[0] + 5
+    bad_bt[1, 3] = -1
+    bt_d = dev(bad_bt)
+    cols = bad_bt.shape[1]
+    row_seq = np.array([0, 0, 1, 1, 2, 0, 1], np.int32)
+    row_pos = np.array([2999, 70 * page_size - 1, 99, 47, 5, -1, cols * page_size], np.int32)
+    nan_rows = [0, 2, 4, 5, 6]
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d)))
+    ws = kv.workspace(n, heads)
+    out = kv.run(q, row_seq, row_pos, d ** -0.5, ws, bt_d=bt_d)
+    o = host(out)
+    for i in range(n):
+        if i in nan_rows:
+            assert np.isnan(o[i]).all(), f"row {i} should be NaN"
+        else:
+            assert np.isfinite(o[i]).all(), f"row {i} should be finite"
+            one = kv.run(q[i:i + 1], row_seq[i:i + 1], row_pos[i:i + 1], d ** -0.5, ws, bt_d=bt_d)
+            assert_same_bits(one[0], out[i], f"row {i}")
+    assert not host(ws.counters).any()
+    _assert_tma_ran(tma, d)
+
+
+def test_ineligible_pages_fall_back(rng, tma):
+    """page_size 12 (tiles would cross pages): the other kernel runs, with its usual results."""
+    heads, hkv, d = 8, 2, 128
+    kv = _Paged(rng, [300, 1000], hkv, d, page_size=12)
+    row_seq, row_pos = np.array([0, 1], np.int32), np.array([299, 999], np.int32)
+    q_h = randn(rng, (2, heads, d))
+    out = kv.run(dev(q_h), row_seq, row_pos, d ** -0.5, kv.workspace(2, heads))
+    assert tma and not any("tma" in x for x in tma), tma
+    assert_close(out, kv.oracle(q_h, row_seq, row_pos, d ** -0.5), TOL)
