@@ -306,9 +306,11 @@ def test_gemv_tma_flag_routes_linear_and_swiglu(rng, monkeypatch):
 
 @pytest.mark.parametrize("swiglu", [False, True])
 @pytest.mark.parametrize("k", [16, 1040, 2048, 3072 + 48, 4096, 5120])
-def test_gemv_tma_x_in_registers_same_bits(rng, k, swiglu):
+def test_gemv_tma_x_in_registers_same_bits(rng, monkeypatch, k, swiglu):
     """The instances that keep x's fragments in registers (1024-k stages, 16 consumers, K <=
-    5120) give the bits of the instance that reads x per tile, for N = 1..8."""
+    5120: all of them, whatever NINFER_GEMV_TMA_X_STAGES picks by default) give the bits of the
+    instance that reads x per tile, for N = 1..8."""
+    monkeypatch.setattr(klinear, "TMA_X_STAGES", klinear.TMA_MAX_X_STAGES)
     assert klinear.tma_x_stages(k, 1024, 16) == -(-k // 1024)
     m = 147 if swiglu else 301
     w_d = _padded_bf16_weight(rng, 2 * m if swiglu else m, k)
