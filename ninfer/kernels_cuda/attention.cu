@@ -410,6 +410,95 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
   }
 }
 
+// One tile of the MMA paths' online softmax, for lane (gi, t): s = the tile's scores of
+// accumulator rows gi (s[0], s[1]: query heads 2t, 2t + 1) and gi + 8 (s[2], s[3]); k0 / k1:
+// whether those rows' keys are valid (-inf scores otherwise). Updates the running maxima m and
+// sums l of heads 2t, 2t + 1, rescales o when a max moved (corr = 1, exact, when it did not),
+// and returns this lane's P^T fragments for the P V mma, split into bf16 hi + lo: ph0 / pl0 the
+// k rows 2t, 2t + 1, ph1 / pl1 the k rows 2t + 8, 2t + 9 (held by lanes src_a / src_b; odd:
+// gi is odd). The caller guarantees at least one valid key in the tile (finite new maxima).
+template <int MT>
+__device__ __forceinline__ void attn_mma_softmax_step(const float (&s)[4], bool k0, bool k1,
+                                                      float scale_log2, int src_a, int src_b,
+                                                      bool odd, float& m0, float& m1, float& l0,
+                                                      float& l1, float (&o)[MT][4],
+                                                      unsigned& ph0, unsigned& pl0,
+                                                      unsigned& ph1, unsigned& pl1) {
+  const float x0 = k0 ? __fmul_rn(s[0], scale_log2) : -NINFER_INF;
+  const float x1 = k0 ? __fmul_rn(s[1], scale_log2) : -NINFER_INF;
+  const float x2 = k1 ? __fmul_rn(s[2], scale_log2) : -NINFER_INF;
+  const float x3 = k1 ? __fmul_rn(s[3], scale_log2) : -NINFER_INF;
+  float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(ATTN_FULL, mx0, off));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(ATTN_FULL, mx1, off));
+  }
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  const bool moved0 = mn0 != m0, moved1 = mn1 != m1;
+  const float c0 = moved0 ? exp2f(m0 - mn0) : 1.0f;  // 0 on the first tile
+  const float c1 = moved1 ? exp2f(m1 - mn1) : 1.0f;
+  const float p0 = exp2f(x0 - mn0), p1 = exp2f(x1 - mn1);
+  const float p2 = exp2f(x2 - mn0), p3 = exp2f(x3 - mn1);
+  float sum0 = __fadd_rn(p0, p2), sum1 = __fadd_rn(p1, p3);
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {  // symmetric butterfly: the same bits in every lane
+    sum0 = __fadd_rn(sum0, __shfl_xor_sync(ATTN_FULL, sum0, off));
+    sum1 = __fadd_rn(sum1, __shfl_xor_sync(ATTN_FULL, sum1, off));
+  }
+  l0 = fmaf(l0, c0, sum0);
+  l1 = fmaf(l1, c1, sum1);
+  m0 = mn0;
+  m1 = mn1;
+  const float a0 = __shfl_sync(ATTN_FULL, p0, src_a), a1 = __shfl_sync(ATTN_FULL, p1, src_a);
+  const float a2 = __shfl_sync(ATTN_FULL, p2, src_a), a3 = __shfl_sync(ATTN_FULL, p3, src_a);
+  const float b0 = __shfl_sync(ATTN_FULL, p0, src_b), b1 = __shfl_sync(ATTN_FULL, p1, src_b);
+  const float b2 = __shfl_sync(ATTN_FULL, p2, src_b), b3 = __shfl_sync(ATTN_FULL, p3, src_b);
+  split_bf16x2(odd ? a1 : a0, odd ? b1 : b0, ph0, pl0);
+  split_bf16x2(odd ? a3 : a2, odd ? b3 : b2, ph1, pl1);
+  if (moved0 || moved1) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      o[mt][0] = __fmul_rn(o[mt][0], c0);
+      o[mt][1] = __fmul_rn(o[mt][1], c1);
+      o[mt][2] = __fmul_rn(o[mt][2], c0);
+      o[mt][3] = __fmul_rn(o[mt][3], c1);
+    }
+  }
+}
+
+// A warp's MMA-path state where the FMA path leaves it: acc of query head hl at wst[hl * D +
+// dim] (o's m-tile mt rows d0 = 16 mt + gi, d0 + 8; columns = heads 2t, 2t + 1), max and sum at
+// wm[hl] / wl[hl] (lanes gi == 0); heads >= G are padding and not stored.
+template <int D>
+__device__ __forceinline__ void attn_mma_store_state(const float (&o)[D / 16][4], float m0,
+                                                     float m1, float l0, float l1, int gi, int t,
+                                                     int G, float* wst, float* wm, float* wl) {
+  const int n0 = 2 * t, n1 = n0 + 1;
+#pragma unroll
+  for (int mt = 0; mt < D / 16; ++mt) {
+    const int d0 = mt * 16 + gi;
+    if (n0 < G) {
+      wst[n0 * D + d0] = o[mt][0];
+      wst[n0 * D + d0 + 8] = o[mt][2];
+    }
+    if (n1 < G) {
+      wst[n1 * D + d0] = o[mt][1];
+      wst[n1 * D + d0 + 8] = o[mt][3];
+    }
+  }
+  if (gi == 0) {
+    if (n0 < G) {
+      wm[n0] = m0;
+      wl[n0] = l0;
+    }
+    if (n1 < G) {
+      wm[n1] = m1;
+      wl[n1] = l1;
+    }
+  }
+}
+
 // MMA chunk body (bf16 pages, G <= 8 query heads, D = 64..256): key warp kw computes its tiles
 // of TK = 16 keys (t0 = key_begin + 16 kw, stride 16 KW) with mma.sync.m16n8k16 (bf16 inputs,
 // f32 accumulate), keys as the M side and the G query heads as the 8 N columns:
@@ -501,49 +590,9 @@ __device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt
     if (more) bad |= issue(rid_next, kbase, kbuf);
     attn_cp_async_commit();
     const bool k0 = t0 + gi < key_end, k1 = t0 + gi + 8 < key_end;
-    const float x0 = k0 ? __fmul_rn(s[0], p.scale_log2) : -NINFER_INF;
-    const float x1 = k0 ? __fmul_rn(s[1], p.scale_log2) : -NINFER_INF;
-    const float x2 = k1 ? __fmul_rn(s[2], p.scale_log2) : -NINFER_INF;
-    const float x3 = k1 ? __fmul_rn(s[3], p.scale_log2) : -NINFER_INF;
-    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(ATTN_FULL, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(ATTN_FULL, mx1, off));
-    }
-    // key t0 is valid, so the new maxima are finite; corr = 1 (exact) when a max did not move
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const bool moved0 = mn0 != m0, moved1 = mn1 != m1;
-    const float c0 = moved0 ? exp2f(m0 - mn0) : 1.0f;  // 0 on the first tile
-    const float c1 = moved1 ? exp2f(m1 - mn1) : 1.0f;
-    const float p0 = exp2f(x0 - mn0), p1 = exp2f(x1 - mn1);
-    const float p2 = exp2f(x2 - mn0), p3 = exp2f(x3 - mn1);
-    float sum0 = __fadd_rn(p0, p2), sum1 = __fadd_rn(p1, p3);
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {  // symmetric butterfly: the same bits in every lane
-      sum0 = __fadd_rn(sum0, __shfl_xor_sync(ATTN_FULL, sum0, off));
-      sum1 = __fadd_rn(sum1, __shfl_xor_sync(ATTN_FULL, sum1, off));
-    }
-    l0 = fmaf(l0, c0, sum0);
-    l1 = fmaf(l1, c1, sum1);
-    m0 = mn0;
-    m1 = mn1;
-    const float a0 = __shfl_sync(ATTN_FULL, p0, src_a), a1 = __shfl_sync(ATTN_FULL, p1, src_a);
-    const float a2 = __shfl_sync(ATTN_FULL, p2, src_a), a3 = __shfl_sync(ATTN_FULL, p3, src_a);
-    const float b0 = __shfl_sync(ATTN_FULL, p0, src_b), b1 = __shfl_sync(ATTN_FULL, p1, src_b);
-    const float b2 = __shfl_sync(ATTN_FULL, p2, src_b), b3 = __shfl_sync(ATTN_FULL, p3, src_b);
-    unsigned ph0, pl0, ph1, pl1;
-    split_bf16x2(odd ? a1 : a0, odd ? b1 : b0, ph0, pl0);  // keys 2t, 2t + 1
-    split_bf16x2(odd ? a3 : a2, odd ? b3 : b2, ph1, pl1);  // keys 2t + 8, 2t + 9
-    if (moved0 || moved1) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        o[mt][0] = __fmul_rn(o[mt][0], c0);
-        o[mt][1] = __fmul_rn(o[mt][1], c1);
-        o[mt][2] = __fmul_rn(o[mt][2], c0);
-        o[mt][3] = __fmul_rn(o[mt][3], c1);
-      }
-    }
+    unsigned ph0, pl0, ph1, pl1;  // keys 2t, 2t + 1 | 2t + 8, 2t + 9
+    attn_mma_softmax_step(s, k0, k1, p.scale_log2, src_a, src_b, odd, m0, m1, l0, l1, o, ph0,
+                          pl0, ph1, pl1);
     attn_cp_async_wait<1>();  // this tile's V has landed (the next K may be in flight)
     __syncwarp();
 #pragma unroll
@@ -560,29 +609,7 @@ __device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt
   }
   attn_cp_async_wait<0>();  // (only empty groups remain) the stage is free for acc
   __syncwarp();
-  const int n0 = 2 * t, n1 = n0 + 1;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    const int d0 = mt * 16 + gi;
-    if (n0 < G) {
-      wst[n0 * D + d0] = o[mt][0];
-      wst[n0 * D + d0 + 8] = o[mt][2];
-    }
-    if (n1 < G) {
-      wst[n1 * D + d0] = o[mt][1];
-      wst[n1 * D + d0 + 8] = o[mt][3];
-    }
-  }
-  if (gi == 0) {
-    if (n0 < G) {
-      sm_m[kw * G + n0] = m0;
-      sm_l[kw * G + n0] = l0;
-    }
-    if (n1 < G) {
-      sm_m[kw * G + n1] = m1;
-      sm_l[kw * G + n1] = l1;
-    }
-  }
+  attn_mma_store_state<D>(o, m0, m1, l0, l1, gi, t, G, wst, sm_m + kw * G, sm_l + kw * G);
   return bad;
 }
 
@@ -1155,49 +1182,9 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
         s[k] = __fadd_rn(__fadd_rn(sh0[k], sh1[k]), __fadd_rn(sl0[k], sl1[k]));
       // accumulator rows: gi (key 2 gi) and gi + 8 (key 2 gi + 1)
       const bool k0 = 2 * gi < nv, k1 = 2 * gi + 1 < nv;
-      const float x0 = k0 ? __fmul_rn(s[0], p.scale_log2) : -NINFER_INF;
-      const float x1 = k0 ? __fmul_rn(s[1], p.scale_log2) : -NINFER_INF;
-      const float x2 = k1 ? __fmul_rn(s[2], p.scale_log2) : -NINFER_INF;
-      const float x3 = k1 ? __fmul_rn(s[3], p.scale_log2) : -NINFER_INF;
-      float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(ATTN_FULL, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(ATTN_FULL, mx1, off));
-      }
-      // key t0 is valid, so the new maxima are finite; corr = 1 (exact) when a max did not move
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      const bool moved0 = mn0 != m0, moved1 = mn1 != m1;
-      const float c0 = moved0 ? exp2f(m0 - mn0) : 1.0f;  // 0 on the first tile
-      const float c1 = moved1 ? exp2f(m1 - mn1) : 1.0f;
-      const float p0 = exp2f(x0 - mn0), p1 = exp2f(x1 - mn1);
-      const float p2 = exp2f(x2 - mn0), p3 = exp2f(x3 - mn1);
-      float sum0 = __fadd_rn(p0, p2), sum1 = __fadd_rn(p1, p3);
-#pragma unroll
-      for (int off = 4; off < 32; off <<= 1) {  // symmetric butterfly: the same bits everywhere
-        sum0 = __fadd_rn(sum0, __shfl_xor_sync(ATTN_FULL, sum0, off));
-        sum1 = __fadd_rn(sum1, __shfl_xor_sync(ATTN_FULL, sum1, off));
-      }
-      l0 = fmaf(l0, c0, sum0);
-      l1 = fmaf(l1, c1, sum1);
-      m0 = mn0;
-      m1 = mn1;
-      const float a0 = __shfl_sync(ATTN_FULL, p0, src_a), a1 = __shfl_sync(ATTN_FULL, p1, src_a);
-      const float a2 = __shfl_sync(ATTN_FULL, p2, src_a), a3 = __shfl_sync(ATTN_FULL, p3, src_a);
-      const float b0 = __shfl_sync(ATTN_FULL, p0, src_b), b1 = __shfl_sync(ATTN_FULL, p1, src_b);
-      const float b2 = __shfl_sync(ATTN_FULL, p2, src_b), b3 = __shfl_sync(ATTN_FULL, p3, src_b);
-      unsigned ph0, pl0, ph1, pl1;
-      split_bf16x2(odd ? a1 : a0, odd ? b1 : b0, ph0, pl0);  // k rows 2t, 2t + 1
-      split_bf16x2(odd ? a3 : a2, odd ? b3 : b2, ph1, pl1);  // k rows 2t + 8, 2t + 9
-      if (moved0 || moved1) {
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          o[mt][0] = __fmul_rn(o[mt][0], c0);
-          o[mt][1] = __fmul_rn(o[mt][1], c1);
-          o[mt][2] = __fmul_rn(o[mt][2], c0);
-          o[mt][3] = __fmul_rn(o[mt][3], c1);
-        }
-      }
+      unsigned ph0, pl0, ph1, pl1;  // k rows 2t, 2t + 1 | 2t + 8, 2t + 9
+      attn_mma_softmax_step(s, k0, k1, p.scale_log2, src_a, src_b, odd, m0, m1, l0, l1, o, ph0,
+                            pl0, ph1, pl1);
       // V^T fragments: registers 0, 1 hold k rows 2t (low half), 2t + 1 (high half) = keys 4t,
       // 4t + 2; registers 2, 3 k rows 2t + 8, 2t + 9 = keys 4t + 1, 4t + 3. Rows of keys past
       // len were not copied (stale bytes): zeroed, as p is 0 there but 0 * NaN is not 0.
@@ -1227,30 +1214,8 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   __syncthreads();  // every copy has landed and been read: the ring is free for the states
   float* acc = reinterpret_cast<float*>(ring);  // [ATTN_TMA_CONS][G][D]
   if (warp < ATTN_TMA_CONS) {
-    float* wst = acc + warp * G * D;
-    const int n0 = 2 * t, n1 = n0 + 1;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int d0 = mt * 16 + gi;
-      if (n0 < G) {
-        wst[n0 * D + d0] = o[mt][0];
-        wst[n0 * D + d0 + 8] = o[mt][2];
-      }
-      if (n1 < G) {
-        wst[n1 * D + d0] = o[mt][1];
-        wst[n1 * D + d0 + 8] = o[mt][3];
-      }
-    }
-    if (gi == 0) {
-      if (n0 < G) {
-        sm_m[warp * G + n0] = m0;
-        sm_l[warp * G + n0] = l0;
-      }
-      if (n1 < G) {
-        sm_m[warp * G + n1] = m1;
-        sm_l[warp * G + n1] = l1;
-      }
-    }
+    attn_mma_store_state<D>(o, m0, m1, l0, l1, gi, t, G, acc + warp * G * D, sm_m + warp * G,
+                            sm_l + warp * G);
   }
   __syncthreads();
   // merge the consumer warps (warp order) into the chunk partial, as paged_attention_kernel

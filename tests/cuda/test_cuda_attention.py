@@ -22,7 +22,8 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import assert_close, assert_same_bits, cp, dev, host, poisoned, randn, rel_err
+from cuda_testutil import (assert_close, assert_graph_replay_equals_eager, assert_same_bits, cp,
+                           dev, host, poisoned, randn, randn_refill, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -283,7 +284,7 @@ def test_mma_path_vs_float64_and_fma(rng, monkeypatch, group, d):
 def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
     """A B=8 decode launch (9B shape, bf16 pages) captured in a CUDA graph and replayed with
     new q gives the eager bits; the workspace counters stay 0."""
-    from ninfer.core.cuda import CudaGraph, DeviceContext
+    from ninfer.core.cuda import DeviceContext
 
     monkeypatch.setattr(katt, "MMA", mma)
     heads, hkv, d = 16, 4, 256
@@ -301,25 +302,13 @@ def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
             katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, row_seq, row_pos, d ** -0.5,
                                  out, workspace=ws)
 
-        call()  # compile / warm up outside the capture
-        ctx.synchronize()
-        graph = CudaGraph("paged_attention")
-        with graph.capture(ctx.stream):
+        def eager():
             call()
-        qs = [randn(rng, (8, heads, d)) for _ in range(3)]
-        replays = []
-        for qh in qs:
-            q[...] = dev(qh)
-            out.fill(np.nan)
-            graph.launch(ctx.stream)
-            replays.append(host(out).copy())
-        ctx.synchronize()
-        graph.destroy()
-        for i, qh in enumerate(qs):
-            q[...] = dev(qh)
-            out.fill(np.nan)
-            call()
-            assert_same_bits(out, replays[i], f"replay {i} vs eager")
+            return (out,)
+
+        refill = randn_refill(rng, (q, 1.0))
+        assert_graph_replay_equals_eager(ctx, "paged_attention", call, refill, (out,), (out,),
+                                         eager, ("out",), "graph replay vs eager")
         assert not host(ws.counters).any()
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import assert_close, assert_same_bits, cp, dev, host, poisoned, randn, rel_err
+from cuda_testutil import (assert_close, assert_graph_replay_equals_eager, assert_same_bits, cp,
+                           dev, host, poisoned, randn, randn_refill, rel_err)
 
 from ninfer import ops
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -167,7 +168,7 @@ def test_tma_batch_invariance(rng, tma):
 def test_tma_graph_replay_equals_eager(rng, tma):
     """A B=8 decode launch (9B shape) captured in a CUDA graph and replayed with new q gives
     the eager bits; the workspace counters stay 0."""
-    from ninfer.core.cuda import CudaGraph, DeviceContext
+    from ninfer.core.cuda import DeviceContext
 
     heads, hkv, d = 16, 4, 256
     lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
@@ -184,26 +185,13 @@ def test_tma_graph_replay_equals_eager(rng, tma):
             katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, row_seq, row_pos, d ** -0.5,
                                  out, workspace=ws)
 
-        call()  # compile / warm up outside the capture
-        ctx.synchronize()
-        graph = CudaGraph("paged_attention_tma")
-        with graph.capture(ctx.stream):
+        def eager():
             call()
-        qs = [randn(rng, (8, heads, d)) for _ in range(3)]
-        replays = []
-        for qh in qs:
-            q[...] = dev(qh)
-            out.fill(np.nan)
-            graph.launch(ctx.stream)
-            replays.append(host(out).copy())
-        ctx.synchronize()
-        graph.destroy()
-        for i, qh in enumerate(qs):
-            q[...] = dev(qh)
-            out.fill(np.nan)
-            call()
-            assert np.isfinite(replays[i]).all(), f"replay {i}: non-finite output"
-            assert_same_bits(out, replays[i], f"replay {i} vs eager")
+            return (out,)
+
+        refill = randn_refill(rng, (q, 1.0))
+        assert_graph_replay_equals_eager(ctx, "paged_attention_tma", call, refill, (out,), (out,),
+                                         eager, ("out",), "graph replay vs eager")
         assert not host(ws.counters).any()
         _assert_tma_ran(tma, d)
 
