@@ -103,6 +103,17 @@ def test_draw_frequencies_follow_the_kept_distribution(rng):
     assert np.abs(hist - probs).max() < 0.04
 
 
+def _greedy_params(rng, b):
+    """Host sampling parameters of b greedy rows without penalties (the fast path)."""
+    zeros = np.zeros(b, np.float32)
+    return dict(temperature=zeros, top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
+                min_p=zeros, repetition_penalty=np.ones(b, np.float32),
+                presence_penalty=zeros, frequency_penalty=zeros,
+                seeds=rng.integers(0, 2**63, b).astype(np.uint64),
+                counters=np.zeros(b, np.int64), pen_offsets=np.zeros(b + 1, np.int32),
+                pen_tokens=np.zeros(0, np.int32), pen_counts=np.zeros(0, np.int32))
+
+
 @pytest.mark.parametrize("vocab", [997, 248_320])
 def test_greedy_fast_path_ties_and_logprobs(rng, vocab):
     """Greedy rows without penalties take the sliced statistics path: the argmax is the lowest
@@ -114,13 +125,7 @@ def test_greedy_fast_path_ties_and_logprobs(rng, vocab):
     logits[0, [vocab - 1, 3]] = top            # tie across the first and last slice
     logits[1, [vocab // 2 + 1, vocab // 2]] = top  # tie inside one slice
     logits[2, vocab - 1] = top                 # the very last id
-    zeros = np.zeros(b, np.float32)
-    params = dict(temperature=zeros, top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
-                  min_p=zeros, repetition_penalty=np.ones(b, np.float32),
-                  presence_penalty=zeros, frequency_penalty=zeros,
-                  seeds=rng.integers(0, 2**63, b).astype(np.uint64),
-                  counters=np.zeros(b, np.int64), pen_offsets=np.zeros(b + 1, np.int32),
-                  pen_tokens=np.zeros(0, np.int32), pen_counts=np.zeros(0, np.int32))
+    params = _greedy_params(rng, b)
     tok, lp = poisoned(b, np.int32), poisoned(b)
     ids, tlp = poisoned((b, 0), np.int32), poisoned((b, 0))
     ksamp.sample(dev(logits), *[dev(params[k]) for k in ORDER], tok, lp, ids, tlp)
@@ -173,13 +178,7 @@ def test_greedy_fast_path_equals_the_serial_fold_bitwise(rng, vocab):
     logits[1, : vocab // 2] = -np.inf               # whole slices of -inf
     logits[2, [5, vocab - 2]] = logits[2].max() + 1.0  # a tie across slices
     logits[3] *= 40.0                                # a peaked row (exp terms underflow)
-    zeros = np.zeros(b, np.float32)
-    params = dict(temperature=zeros, top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
-                  min_p=zeros, repetition_penalty=np.ones(b, np.float32),
-                  presence_penalty=zeros, frequency_penalty=zeros,
-                  seeds=rng.integers(0, 2**63, b).astype(np.uint64),
-                  counters=np.zeros(b, np.int64), pen_offsets=np.zeros(b + 1, np.int32),
-                  pen_tokens=np.zeros(0, np.int32), pen_counts=np.zeros(0, np.int32))
+    params = _greedy_params(rng, b)
     logits_d, scratch = dev(logits), poisoned((b, vocab))
     tok, lp = poisoned(b, np.int32), poisoned(b)
     ids, tlp = poisoned((b, 0), np.int32), poisoned((b, 0))
