@@ -613,6 +613,33 @@ __device__ __forceinline__ bool attn_mma_warp(const AttnParams& p, const int* bt
   return bad;
 }
 
+// SPLIT=1: one chunk's merged state (max *cm, weighted sum o, sum lsum) for (row n, head, dim
+// d): a one-chunk row's output (the folds of SPLIT=0: chunk into an empty group, group into an
+// empty row state; then attn_store_out), else the chunk's partial (part_o, and part_ml at
+// d == 0). *bad (the block's shared flag, read where it is used): the output (or partial)
+// is NaN.
+template <int D>
+__device__ __forceinline__ void attn_chunk_result(const AttnParams& p, i64 n, int head, int d,
+                                                  int chunk, int n_chunks, const float* cm,
+                                                  float o, float lsum, const int* bad) {
+  if (n_chunks == 1) {
+    float a, b, ra, rb;
+    const float gm = attn_coef(-NINFER_INF, *cm, a, b);
+    attn_coef(-NINFER_INF, gm, ra, rb);
+    const float go = attn_fold(0.0f, a, b, o), gl = attn_fold(0.0f, a, b, lsum);
+    const float ov = attn_fold(0.0f, ra, rb, go), lv = attn_fold(0.0f, ra, rb, gl);
+    const float v[1] = {*bad ? NINFER_NAN : ov / lv};
+    attn_store_out<1>(p, n, head, d, v);
+  } else {
+    const i64 part = (n * p.q_heads + head) * (i64)p.max_chunks + chunk;
+    p.part_o[part * D + d] = *bad ? NINFER_NAN : o;
+    if (d == 0) {
+      p.part_ml[part * 2] = *cm;
+      p.part_ml[part * 2 + 1] = *bad ? NINFER_NAN : lsum;
+    }
+  }
+}
+
 // SPLIT=1, a row of several chunks, after this block stored its chunk partial (every thread of
 // the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
 // folds the group's partials; level 2: the last group to finish folds the groups. (threadfence
@@ -955,22 +982,8 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
           grp_o[idx] = go;
           if (d == 0) grp_l[hl] = gl;
         }
-      } else if (row.n_chunks == 1) {
-        // the folds of SPLIT=0: chunk into an empty group, group into an empty row state
-        float a, b, ra, rb;
-        const float gm = attn_coef(-NINFER_INF, sm_cm[hl], a, b);
-        attn_coef(-NINFER_INF, gm, ra, rb);
-        const float go = attn_fold(0.0f, a, b, o), gl = attn_fold(0.0f, a, b, lsum);
-        const float ov = attn_fold(0.0f, ra, rb, go), lv = attn_fold(0.0f, ra, rb, gl);
-        const float v[1] = {sm_bad ? NINFER_NAN : ov / lv};
-        attn_store_out<1>(p, n, head, d, v);
       } else {
-        const i64 part = (n * p.q_heads + head) * (i64)p.max_chunks + c;
-        p.part_o[part * D + d] = sm_bad ? NINFER_NAN : o;
-        if (d == 0) {
-          p.part_ml[part * 2] = sm_cm[hl];
-          p.part_ml[part * 2 + 1] = sm_bad ? NINFER_NAN : lsum;
-        }
+        attn_chunk_result<D>(p, n, head, d, c, row.n_chunks, sm_cm + hl, o, lsum, &sm_bad);
       }
     }
     __syncthreads();  // the chunk's shared state is rewritten by the next chunk
@@ -1237,23 +1250,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
       ov = fmaf(acc[w * G * D + idx], f, ov);
     }
     const int head = g * G + hl;
-    if (row.n_chunks == 1) {
-      // the folds of SPLIT=0: chunk into an empty group, group into an empty row state
-      float a, b, ra, rb;
-      const float gm = attn_coef(-NINFER_INF, sm_cm[hl], a, b);
-      attn_coef(-NINFER_INF, gm, ra, rb);
-      const float go = attn_fold(0.0f, a, b, ov), gl = attn_fold(0.0f, a, b, lsum);
-      const float fo = attn_fold(0.0f, ra, rb, go), fl = attn_fold(0.0f, ra, rb, gl);
-      const float v[1] = {sm_bad ? NINFER_NAN : fo / fl};
-      attn_store_out<1>(p, n, head, d, v);
-    } else {
-      const i64 part = (n * p.q_heads + head) * (i64)p.max_chunks + chunk;
-      p.part_o[part * D + d] = sm_bad ? NINFER_NAN : ov;
-      if (d == 0) {
-        p.part_ml[part * 2] = sm_cm[hl];
-        p.part_ml[part * 2 + 1] = sm_bad ? NINFER_NAN : lsum;
-      }
-    }
+    attn_chunk_result<D>(p, n, head, d, chunk, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
   }
   if (row.n_chunks == 1) return;
   attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, mg, sm_last);
