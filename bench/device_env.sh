@@ -1,5 +1,5 @@
-# Sourced by the device-call drivers (device_session.sh, session_call.sh): `device_env LOGDIR`
-# installs the carried .whl/*.whl (the FLA peer etc.) into /tmp/site, logging to
+# Sourced by the device-call drivers (device_session.sh, session_call.sh, ncu_*.sh):
+# `device_env LOGDIR` installs the carried .whl/*.whl (the FLA peer etc.) into /tmp/site, logging to
 # LOGDIR/wheels.log, and sets PYTHONPATH to that site (if any) and the checkout.
 device_env() {
   if ls .whl/*.whl >/dev/null 2>&1; then
@@ -10,3 +10,7 @@ device_env() {
     export PYTHONPATH="$PWD"
   fi
 }
+
+# The Nsight Compute sections the ncu drivers (ncu_attention_moe.sh, ncu_gemv.sh) collect per
+# kernel: speed of light, warp states, scheduler, memory, occupancy, launch.
+NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"

@@ -8,10 +8,9 @@ cd "$(dirname "$0")/.."
 . bench/device_env.sh
 L=${OUT:-/tmp/ncu_out}/ncu; mkdir -p "$L"; device_env "$L"
 export NINFER_KERNEL_CACHE=/tmp/nk
-SECT="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
 for c in "1 32768" "8 8192" "1 1024"; do
   set -- $c
-  timeout 120 ncu --clock-control none --profile-from-start off $SECT \
+  timeout 120 ncu --clock-control none --profile-from-start off $NCU_SECTIONS \
     python3 bench/profile_attention.py --shape 9b --batch $1 --context $2 --launches 1 \
     > "$L/attn_b$1_c$2.txt" 2>&1
   echo "attn B=$1 ctx=$2 rc=$?"
@@ -20,7 +19,7 @@ timeout 150 ncu --clock-control none --profile-from-start off --metrics gpu__tim
   --csv python3 bench/profile_decode.py --shape 35b-a3b --batch 1,8 > "$L/moe_step.csv" 2>&1
 echo "moe step rc=$?"
 python3 bench/profile_decode.py --summarize "$L/moe_step.csv" --batch 1,8 > "$L/moe_step.txt" 2>&1
-timeout 150 ncu --clock-control none --profile-from-start off --kernel-name regex:moe $SECT \
+timeout 150 ncu --clock-control none --profile-from-start off --kernel-name regex:moe $NCU_SECTIONS \
   --launch-count 8 python3 bench/profile_decode.py --shape 35b-a3b --batch 8 \
   > "$L/moe_b8_sections.txt" 2>&1
 echo "moe sections rc=$?"

@@ -8,10 +8,9 @@ cd "$(dirname "$0")/.."
 . bench/device_env.sh
 L=${OUT:-/tmp/ncu_out}/ncu_gemv; mkdir -p "$L"; device_env "$L"
 export NINFER_KERNEL_CACHE=/tmp/nk
-SECT="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
 for b in 1 8; do
   timeout 150 ncu --clock-control none --profile-from-start off --kernel-name regex:linear_tma \
-    --launch-skip "${SKIP:-24}" --launch-count "${COUNT:-4}" $SECT \
+    --launch-skip "${SKIP:-24}" --launch-count "${COUNT:-4}" $NCU_SECTIONS \
     python3 bench/profile_decode.py --shape "${SHAPE:-0.8b}" --batch "$b" > "$L/gemv_b$b.txt" 2>&1
   echo "gemv B=$b rc=$?"
 done
