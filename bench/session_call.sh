@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: precompile, decode A/B runs, GPU test files, the model oracle, kernel
 # benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...", TESTS="file[::-k expr] ...",
-# MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ...", PROFILE_ENVS="ENV=1 ..."). Logs: $OUT/logs.tgz +
+# MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
+# KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b). Logs: $OUT/logs.tgz +
 # $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
@@ -33,14 +34,16 @@ if [ -n "${MODEL:-}" ]; then
 fi
 if [ -n "${KERNELS:-}" ]; then
   for e in X=0 ${KERNEL_ENVS:-}; do
-    timeout 150 env $e python3 -m bench.cli kernels --shape 9b --repeat 10 --op ${KERNELS} \
+    timeout 150 env ${e//+/ } python3 -m bench.cli kernels --shape "${KERNEL_SHAPE:-9b}" --repeat 10 \
+      --op ${KERNELS} \
       > "$L/kernels_$e.log" 2>&1
     note "kernels $e rc=$?"
   done
 fi
-for e in ${PROFILE_ENVS:-}; do  # ncu per-kernel breakdown of one 9B decode step at B=1 per env
+for e in ${PROFILE_ENVS:-}; do  # ncu per-kernel breakdown of one decode step at B=1 per env
   timeout 180 env $e ncu --clock-control none --profile-from-start off \
-    --metrics gpu__time_duration.sum --csv python3 bench/profile_decode.py --shape 9b --batch 1 \
+    --metrics gpu__time_duration.sum --csv python3 bench/profile_decode.py \
+    --shape "${PROFILE_SHAPE:-9b}" --batch 1 \
     > "$L/profile_$e.log" 2>&1
   note "profile $e rc=$?"
   python3 bench/profile_decode.py --summarize "$L/profile_$e.log" --batch 1 \
