@@ -152,14 +152,16 @@ def attention_tma_stages() -> int:
     return _choice("NINFER_ATTN_TMA_STAGES", 4, ATTN_TMA_STAGES)
 
 
-ATTN_TMA_BLOCKS = (2, 3)
+ATTN_TMA_BLOCKS = (0, 2, 3)
 
 
 def attention_tma_blocks() -> int:
-    """NINFER_ATTN_TMA_BLOCKS (2 or 3; default 2): blocks per SM paged_attention_tma_kernel's
-    registers are capped for (3: 128 registers with a small spill, so a third block fits).
-    Read once, at import of the launcher."""
-    return _choice("NINFER_ATTN_TMA_BLOCKS", 2, ATTN_TMA_BLOCKS)
+    """NINFER_ATTN_TMA_BLOCKS (0, 2 or 3; default 0): blocks per SM paged_attention_tma_kernel's
+    registers are capped for (3: 128 registers with a small spill, so a third block fits; 0:
+    3 for calls of at least attention.py TMA_BLOCKS_AUTO_ROWS rows, else 2; both instances run
+    the same code, so a row's bits do not depend on the choice). Read once, at import of the
+    launcher."""
+    return _choice("NINFER_ATTN_TMA_BLOCKS", 0, ATTN_TMA_BLOCKS)
 
 
 def attn_gate_fused() -> bool:

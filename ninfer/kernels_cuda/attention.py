@@ -53,7 +53,12 @@ _MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_head
 MMA = envs.attention_mma()
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
-TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for
+TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for (0: auto)
+TMA_MINB = (2, 3)  # the instances' register caps: 2 or 3 blocks per SM
+# NINFER_ATTN_TMA_BLOCKS=0: calls of at least this many rows take the 3-blocks-per-SM instance.
+# H200, 9B shape, graph us, 2 / 3 blocks per SM: B=1 ctx 8192 19.8 / 23.6, ctx 32768 45.1 /
+# 56.6; B=8 ctx 8192 117.8 / 101.4, ctx 1024 28.8 / 28.3.
+TMA_BLOCKS_AUTO_ROWS = 4
 TMA_DIMS = (64, 128, 256)  # head dims of paged_attention_tma_kernel
 TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attention.cu)
 TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
@@ -64,7 +69,7 @@ SOURCE = KernelSource("attention.cu", tuple(
        for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
        f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
-    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in envs.ATTN_TMA_BLOCKS]))
+    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -200,9 +205,17 @@ def decode_path(kind: C.WKind, group: int, dim: int, page_size: int) -> str:
     return "mma" if use_mma(kind, group, dim) else "fma"
 
 
-def tma_kernel_name(dim: int) -> str:
-    """The paged_attention_tma_kernel instance for head dim `dim` (and TMA_BLOCKS)."""
-    return f"paged_attention_tma_kernel<{dim}, {TMA_BLOCKS}>"
+def tma_blocks(rows: int) -> int:
+    """The register cap (blocks per SM) of the paged_attention_tma_kernel instance a call of
+    `rows` rows runs: TMA_BLOCKS, or by the row count when it is 0 (the same bits either way)."""
+    if TMA_BLOCKS:
+        return TMA_BLOCKS
+    return 3 if rows >= TMA_BLOCKS_AUTO_ROWS else 2
+
+
+def tma_kernel_name(dim: int, rows: int) -> str:
+    """The paged_attention_tma_kernel instance for head dim `dim` and a call of `rows` rows."""
+    return f"paged_attention_tma_kernel<{dim}, {tma_blocks(rows)}>"
 
 
 def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
@@ -284,7 +297,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     if tma:
         C.require(2 <= TMA_STAGES <= TMA_MAX_STAGES and TMA_STAGES % TMA_CONSUMERS == 0,
                   "stages", f"{TMA_STAGES} not a multiple of {TMA_CONSUMERS} in 4..16")
-        name, smem = tma_kernel_name(dim), tma_smem_bytes(group, dim, TMA_STAGES)
+        name, smem = tma_kernel_name(dim, n), tma_smem_bytes(group, dim, TMA_STAGES)
         hg, kw = 1, TMA_CONSUMERS
     else:
         name, smem, hg, kw = kernel_plan(kind, group, dim, split)

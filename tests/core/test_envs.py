@@ -37,7 +37,7 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gdn_chunk_bf16_cols, "NINFER_GDN_CHUNK_BF16_COLS", 32, envs.GDN_CHUNK_BF16_COLS),
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
     (envs.attention_tma_stages, "NINFER_ATTN_TMA_STAGES", 4, envs.ATTN_TMA_STAGES),
-    (envs.attention_tma_blocks, "NINFER_ATTN_TMA_BLOCKS", 2, envs.ATTN_TMA_BLOCKS),
+    (envs.attention_tma_blocks, "NINFER_ATTN_TMA_BLOCKS", 0, envs.ATTN_TMA_BLOCKS),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
     """Unset or empty: the default; one of `allowed`: that value; anything else: ValueError."""

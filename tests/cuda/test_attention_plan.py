@@ -69,7 +69,20 @@ def test_tma_eligibility():
                  (bf16, 4, 32, 16), (bf16, 0, 256, 16)):
         assert not katt.tma_eligible(*args), args
     names = set(katt.SOURCE.name_expressions)
-    assert {katt.tma_kernel_name(d) for d in katt.TMA_DIMS} <= names
+    assert {f"paged_attention_tma_kernel<{d}, {b}>" for d in katt.TMA_DIMS
+            for b in katt.TMA_MINB} <= names
+
+
+def test_tma_blocks_by_rows(monkeypatch):
+    """NINFER_ATTN_TMA_BLOCKS=0 picks the register cap by the call's rows; 2 or 3 fix it."""
+    monkeypatch.setattr(katt, "TMA_BLOCKS", 0)
+    rows = katt.TMA_BLOCKS_AUTO_ROWS
+    assert [katt.tma_blocks(n) for n in (1, rows - 1, rows, 8, 64)] == [2, 2, 3, 3, 3]
+    assert katt.tma_kernel_name(256, 1) == "paged_attention_tma_kernel<256, 2>"
+    assert katt.tma_kernel_name(128, 8) == "paged_attention_tma_kernel<128, 3>"
+    for fixed in katt.TMA_MINB:
+        monkeypatch.setattr(katt, "TMA_BLOCKS", fixed)
+        assert {katt.tma_blocks(n) for n in (1, 8, 64)} == {fixed}
 
 
 def test_tma_switch_off_keeps_other_kernels(monkeypatch):
