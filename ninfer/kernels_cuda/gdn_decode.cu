@@ -32,8 +32,8 @@
 // shifts it in place. The q/k channels of key head kh are read by the blocks of the Hv/Hk heads
 // of the group, so the last of them to finish reading (counted on counters[n * Hk + kh], which it
 // resets to 0 for the next launch) shifts them. counters must be zero before the first launch.
-// PDL: slots, S and the weights are read before pdl_wait; qkv, a, b, z, the conv state and the
-// counters after it, and every write is after it.
+// PDL: slots, S and the weights are read before pdl_wait (and the conv-state lines prefetched to
+// the L2); qkv, a, b, z, the conv state and the counters after it, and every write is after it.
 // Weights (conv, a_log, dt_bias, norm) may each be f32 or bf16 (runtime flags, bit i = bf16).
 // dk, dv <= 128, kc <= 8 (instances for kc <= 4 and kc <= 8).
 #include "common.cuh"
@@ -176,6 +176,18 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     } else {
       sh.nw[oc] = wv[0];
     }
+  }
+  // the conv-state lines of this block's channels (written by this layer's previous step only)
+  // head for the L2 now, one line per thread of warps 12-15 (those hold no conv channel): they
+  // are read after pdl_wait, beside the new qkv row. oc = 16 r + 4 j + l: line l of channel
+  // range r (q, k, v of this head) in window row j.
+  if (ow) {
+    const int r = oc >> 4, j = (oc >> 2) & 3, l = oc & 3;
+    const int len = r == 2 ? dv : dk;
+    const int c0 = r == 0 ? kh * dk : r == 1 ? (p.key_heads + kh) * dk
+                                             : 2 * p.key_heads * dk + h * dv;
+    if (r < 3 && j < keep && 32 * l < len)
+      prefetch_l2(p.conv_state + (i64)slot * p.conv_ss + (i64)j * p.channels + c0 + 32 * l);
   }
   float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
   const int row0 = warp * DEC_RPW;

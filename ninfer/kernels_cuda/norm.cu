@@ -21,7 +21,8 @@
 //           more rows in flight.
 // A float `out` may alias `x` (each element is read and written by the same thread, after the
 // reduction); a bf16 `out` must not overlap any input.
-// Launched with programmatic dependent launch (norm.py): `pdl_enter` is the first statement.
+// Launched with programmatic dependent launch (norm.py): `pdl_enter` follows only an L2 prefetch
+// of the weight.
 #include "common.cuh"
 
 struct NormParams {
@@ -155,6 +156,8 @@ template <typename WT, typename OT, int MODE, int NV, int T, int RB>
 __global__ void __launch_bounds__(NORM_THREADS, 1024 / NORM_THREADS)
     norm_kernel(const NormParams p) {
   static_assert(RB == 1 || (NV > 0 && T <= 1024), "one warp per row needs NV > 0");
+  if (MODE != 3)  // the weight is constant: its lines come from HBM while the primary runs
+    prefetch_l2_span(p.w, (i64)p.dim * sizeof(WT), threadIdx.x, NORM_THREADS);
   pdl_enter();  // before the RB > 1 early return: every block waits and triggers
   __shared__ float scratch[32];
   if constexpr (RB == 1) {

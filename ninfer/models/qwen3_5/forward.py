@@ -166,14 +166,17 @@ class Qwen35Forward:
             if i + 1 < len(p.layers):
                 x = self._normed(n, _mixer_input(p.layers[i + 1]))
                 ops.add_rms_norm(h, out, p.layers[i + 1].input_norm, cfg.rms_norm_eps, x)
-        ops.add_inplace(h, out)
         rows = ctx.logit_rows
         b = rows.stop - rows.start
         if b == 0:
             return None
         normed = self._x_buffer(b, cfg.hidden_size, p.lm_head, ws.final_normed[:b])
         logits = ws.logits[:b]
-        ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
+        if b == n:  # every row gives logits (decode): the last residual add in the norm's launch
+            ops.add_rms_norm(h, out, p.final_norm, cfg.rms_norm_eps, normed)
+        else:
+            ops.add_inplace(h[rows], out[rows])
+            ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
         self._linear(normed, p.lm_head, logits)
         return logits
 
