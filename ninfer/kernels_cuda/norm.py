@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
@@ -18,8 +19,11 @@ _NV = (0, 1, 2, 4, 8, 16)
 WARP_ROWS = 4  # rows per block when one warp holds a row (RB)
 MAX_WARP_VALUES = 8  # values per lane of a warp-held row: (T / 32) * NV
 # every (NV, T, RB) that `launch_shape` returns for some D >= 1
+# (for some NINFER_NORM_MAX_NV)
 _SHAPES = ((1, 32, 4), (1, 64, 4), (1, 128, 4), (1, 256, 4), (2, 256, 1), (4, 256, 1),
-           (8, 256, 1), (16, 256, 1), (8, 1024, 1), (0, 1024, 1))
+           (8, 256, 1), (16, 256, 1), (4, 512, 1), (8, 512, 1), (4, 1024, 1), (8, 1024, 1),
+           (0, 1024, 1))
+MAX_NV = envs.norm_max_nv()  # NINFER_NORM_MAX_NV: elements per thread at most for D <= 4096
 _OUT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "unsigned short"}
 _BF16_OUT_MODES = (RMS, RMS_ZC, GATED, ADD_RMS_ZC)
 SOURCE = KernelSource("norm.cu", tuple(
@@ -37,28 +41,33 @@ _PARAMS = C.struct(("x", "ptr"), ("z", "ptr"), ("residual", "ptr"), ("w", "ptr")
 assert _PARAMS.itemsize == 120
 
 
-def block_threads(dim: int) -> int:
-    """Threads per row: a function of D only (batch invariance), 32..1024."""
+def block_threads(dim: int, max_nv: int = MAX_NV) -> int:
+    """Threads per row: a function of D (and NINFER_NORM_MAX_NV) only (batch invariance),
+    32..1024."""
     t = 32
     while t < dim and t < 256:
         t *= 2
-    return t if dim <= 4096 else 1024
+    if dim > 4096:
+        return 1024
+    while t < 1024 and -(-dim // t) > max_nv:
+        t *= 2
+    return t
 
 
-def elements_per_thread(dim: int) -> int:
+def elements_per_thread(dim: int, max_nv: int = MAX_NV) -> int:
     """NV template argument: register-held elements per thread (0 = strided loop); 16 only with
     <= 256 threads (the kernel's register budget)."""
-    threads = block_threads(dim)
+    threads = block_threads(dim, max_nv)
     need = -(-dim // threads)
     nv = next((nv for nv in _NV[1:] if nv >= need), 0)
     return 0 if nv == 16 and threads > 256 else nv
 
 
-def launch_shape(dim: int) -> tuple[int, int, int]:
+def launch_shape(dim: int, max_nv: int = MAX_NV) -> tuple[int, int, int]:
     """(NV, T, RB) of norm_kernel for rows of D = dim: NV elements per thread of the T-thread
-    reduction order (functions of D only), RB = rows per block (1: a block per row; WARP_ROWS:
-    a warp per row, when a lane can hold the (T / 32) * NV values)."""
-    nv, threads = elements_per_thread(dim), block_threads(dim)
+    reduction order (functions of D and max_nv only), RB = rows per block (1: a block per row;
+    WARP_ROWS: a warp per row, when a lane can hold the (T / 32) * NV values)."""
+    nv, threads = elements_per_thread(dim, max_nv), block_threads(dim, max_nv)
     warp = nv > 0 and (threads // 32) * nv <= MAX_WARP_VALUES
     return nv, threads, WARP_ROWS if warp else 1
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ninfer import envs
 from ninfer.kernels_cuda import norm as knorm
 
 from ninfer.ops import reference as ref
@@ -21,13 +22,17 @@ BLOCK_DIMS = [257, 4096]
 
 
 def test_launch_shapes_cover_every_dim():
-    """Every D maps to a declared instance; a warp holds at most MAX_WARP_VALUES per lane."""
-    shapes = {knorm.launch_shape(d) for d in range(1, 20000)}
+    """Every D maps to a declared instance (every NINFER_NORM_MAX_NV); a warp holds at most
+    MAX_WARP_VALUES per lane."""
+    shapes = {knorm.launch_shape(d, m) for d in range(1, 20000) for m in envs.NORM_MAX_NV}
     assert shapes == set(knorm._SHAPES)
     for nv, t, rb in shapes:
         assert rb == 1 or (nv > 0 and (t // 32) * nv <= knorm.MAX_WARP_VALUES)
     assert knorm.launch_shape(128) == (1, 128, knorm.WARP_ROWS)
-    assert knorm.launch_shape(4096) == (16, 256, 1)
+    assert knorm.launch_shape(4096, 16) == (16, 256, 1)
+    assert knorm.launch_shape(4096, 8) == (8, 512, 1)
+    assert knorm.launch_shape(4096, 4) == (4, 1024, 1)
+    assert knorm.launch_shape(256, 4) == (1, 256, knorm.WARP_ROWS)
 
 
 def _operands(rng, mode, n, heads, dim, dtype):
