@@ -145,12 +145,13 @@ NORM_MAX_NV = (4, 8, 16)
 
 
 def norm_max_nv() -> int:
-    """NINFER_NORM_MAX_NV (4, 8 or 16; default 16): at most this many elements per thread in a
+    """NINFER_NORM_MAX_NV (4, 8 or 16; default 8): at most this many elements per thread in a
     norm_kernel block of one row with D <= 4096 (more threads per block, up to 1024, below it):
-    D = 4096 runs 256 threads x 16 at 16, 512 x 8 at 8, 1024 x 4 at 4. The reduction order is a
+    D = 4096 runs 256 threads x 16 at 16, 512 x 8 at 8, 1024 x 4 at 4; D = 5120 runs 640 x 8
+    at 4 and 8, 1024 x 8 at 16 (16: the shapes before this switch). The reduction order is a
     function of D and this switch only (rows stay batch invariant). Read once, at import of the
     launcher."""
-    return _choice("NINFER_NORM_MAX_NV", 16, NORM_MAX_NV)
+    return _choice("NINFER_NORM_MAX_NV", 8, NORM_MAX_NV)
 
 
 ATTN_TMA_STAGES = (4, 8, 12)

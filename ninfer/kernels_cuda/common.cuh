@@ -161,6 +161,18 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   for (int w = 0; w < nwarps; ++w) total += scratch[w];
   return total;
 }
+// block_sum for wide blocks: the warp partials summed by the same butterfly as warp_sum (every
+// lane ends with the same bits: each step adds the same two values in either order), 5 steps
+// instead of a chain of nwarps adds. A different order from block_sum for > 1 warp.
+__device__ __forceinline__ float block_sum_tree(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < nwarps ? scratch[lane] : 0.0f);
+}
 __device__ __forceinline__ float block_max(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nwarps = (blockDim.x + 31) >> 5;

@@ -14,7 +14,8 @@
 // The reduction order is that of a block of T threads (T and NV depend only on D, never on N):
 // thread t sums x[i]^2 (fmaf, i = t + j*T, j ascending; NV elements held in registers, or a
 // strided loop when NV = 0), each warp reduces by warp_sum, and the warp partials are added in
-// warp order (block_sum). Two layouts give exactly that order:
+// warp order (block_sum; for T > 256 with NV > 0, by a butterfly: block_sum_tree). Two layouts
+// give exactly that order:
 //   RB = 1: one block of T threads per row;
 //   RB > 1: one warp per row, RB rows per block (small D: (T/32)*NV <= 8 values per lane):
 //           lane l plays thread l of each of the T/32 warps, so there are no barriers and many
@@ -106,6 +107,8 @@ __device__ __forceinline__ void norm_row(const NormParams& p, i64 n, i64 h, int 
   if constexpr (VT * 32 == T) {
 #pragma unroll
     for (int k = 0; k < VT; ++k) total += warp_sum(ss[k]);  // block_sum's order
+  } else if constexpr (T > 256) {
+    total = block_sum_tree(ss[0], scratch);  // no warp-per-row layout has T > 256
   } else {
     total = block_sum(ss[0], scratch);
   }

@@ -21,7 +21,7 @@ MAX_WARP_VALUES = 8  # values per lane of a warp-held row: (T / 32) * NV
 # every (NV, T, RB) that `launch_shape` returns for some D >= 1
 # (for some NINFER_NORM_MAX_NV)
 _SHAPES = ((1, 32, 4), (1, 64, 4), (1, 128, 4), (1, 256, 4), (2, 256, 1), (4, 256, 1),
-           (8, 256, 1), (16, 256, 1), (4, 512, 1), (8, 512, 1), (4, 1024, 1), (8, 1024, 1),
+           (8, 256, 1), (16, 256, 1), (4, 512, 1), (8, 512, 1), (8, 640, 1), (4, 1024, 1), (8, 1024, 1),
            (0, 1024, 1))
 MAX_NV = envs.norm_max_nv()  # NINFER_NORM_MAX_NV: elements per thread at most for D <= 4096
 _OUT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "unsigned short"}
@@ -47,8 +47,8 @@ def block_threads(dim: int, max_nv: int = MAX_NV) -> int:
     t = 32
     while t < dim and t < 256:
         t *= 2
-    if dim > 4096:
-        return 1024
+    if dim > 4096:  # 640 x 8 for 27B's 5120 (16: the former 1024 for every D > 4096)
+        return 640 if dim <= 640 * 8 and max_nv <= 8 else 1024
     while t < 1024 and -(-dim // t) > max_nv:
         t *= 2
     return t

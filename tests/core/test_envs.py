@@ -38,7 +38,7 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
     (envs.attention_tma_stages, "NINFER_ATTN_TMA_STAGES", 4, envs.ATTN_TMA_STAGES),
     (envs.attention_tma_blocks, "NINFER_ATTN_TMA_BLOCKS", 0, envs.ATTN_TMA_BLOCKS),
-    (envs.norm_max_nv, "NINFER_NORM_MAX_NV", 16, envs.NORM_MAX_NV),
+    (envs.norm_max_nv, "NINFER_NORM_MAX_NV", 8, envs.NORM_MAX_NV),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
     """Unset or empty: the default; one of `allowed`: that value; anything else: ValueError."""

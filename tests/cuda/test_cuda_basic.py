@@ -38,7 +38,7 @@ def test_embedding_bad_id_gives_nan_row(rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("zero_centered", [True, False])
-@pytest.mark.parametrize("hidden", [37, 1024, 5120])
+@pytest.mark.parametrize("hidden", [37, 1024, 3000, 4096, 5120])
 def test_rms_norm_strided_rows(rng, dtype, zero_centered, hidden):
     n = 7
     x_h, x_d = rows_view(rng, (n, hidden), pad=9)
@@ -64,8 +64,9 @@ def test_rms_norm_per_head_in_place(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_add_rms_norm(rng, dtype):
-    n, hidden = 9, 2048
+@pytest.mark.parametrize("hidden", [2048, 4096, 5120])
+def test_add_rms_norm(rng, dtype, hidden):
+    n = 9
     res_h = randn(rng, (n, hidden))
     x_h = randn(rng, (n, hidden))
     w_h, w_d = weight_pair(rng, (hidden,), dtype, scale=0.3)

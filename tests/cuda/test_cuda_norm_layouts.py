@@ -18,7 +18,7 @@ gpu = pytest.mark.gpu
 
 # D of every warp-per-row shape (T = 64, 128, 128, 256, 256) and block shapes around them
 WARP_DIMS = [37, 100, 128, 129, 256]
-BLOCK_DIMS = [257, 4096]
+BLOCK_DIMS = [257, 4096, 5120]
 
 
 def test_launch_shapes_cover_every_dim():
@@ -32,6 +32,8 @@ def test_launch_shapes_cover_every_dim():
     assert knorm.launch_shape(4096, 16) == (16, 256, 1)
     assert knorm.launch_shape(4096, 8) == (8, 512, 1)
     assert knorm.launch_shape(4096, 4) == (4, 1024, 1)
+    assert knorm.launch_shape(5120, 8) == (8, 640, 1)
+    assert knorm.launch_shape(5120, 16) == (8, 1024, 1)
     assert knorm.launch_shape(256, 4) == (1, 256, knorm.WARP_ROWS)
 
 
