@@ -9,7 +9,7 @@
 // The arithmetic is that of norm_kernel<WT, float, RMS_ZC, NV, T, RB> (thread i holds
 // elements i + j*T, j ascending; block_sum), then rope_kernel's rotation (fp32 sincosf), so the
 // result equals rms_norm -> rope -> kv_write bit for bit. Launched with programmatic dependent
-// launch (attn_prep.py): `pdl_enter` is the first statement.
+// launch (attn_prep.py): only L2 prefetches of constant inputs come before `pdl_enter`.
 #include "common.cuh"
 
 struct AttnPrepParams {
@@ -38,7 +38,6 @@ static_assert(sizeof(AttnPrepParams) == 256, "AttnPrepParams layout is mirrored 
 
 template <typename WT, typename KT, int NV>
 __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) {
-  pdl_enter();
   extern __shared__ float row[];  // [D]
   __shared__ float scratch[32];
   const i64 n = blockIdx.x;
@@ -48,14 +47,47 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) 
   const int D = p.dim, T = blockDim.x;
   const float* x = is_q ? p.qg + n * p.qg_rs + (i64)h * p.qg_hs : p.k + n * p.k_rs + (i64)g * p.k_hs;
   const WT* w = static_cast<const WT*>(is_q ? p.q_norm : p.k_norm);
+  // before pdl_wait: the lines of the inputs no kernel of the step writes (the norm weight, the
+  // rope tables, this row's positions, sequence, position and page id) head for the L2
+  // (hints: stale values only waste a prefetch)
+  prefetch_l2_span(w, (i64)D * sizeof(WT), threadIdx.x, T);
+  if (threadIdx.x == 0) {
+    prefetch_l2_span(p.inv_freq, (i64)p.half * 4, 0, 1);
+    prefetch_l2_span(p.freq_axis, (i64)p.half * 4, 0, 1);
+    for (int a = 0; a < 3; ++a) prefetch_l2(p.positions + a * p.pos_rs + n);
+    if (!is_q) {
+      const int seq = p.row_seq[n], pos = p.row_pos[n];
+      if (seq >= 0 && seq < p.num_seqs && pos >= 0 && pos / p.page_size < p.bt_cols)
+        prefetch_l2(p.block_tables + seq * p.bt_rs + pos / p.page_size);
+    }
+  }
+  pdl_enter();
 
-  float v[NV];
-  float ss = 0.0f;
+  // every load is issued before the reduction: x, the weight, the gate (q heads) or v (KV
+  // heads) elements of this thread, its first rope angle, and the KV head's page id
+  const float* other = is_q ? x + D : p.v + n * p.v_rs + (i64)g * p.v_hs;
+  float v[NV], wv[NV], ov[NV];
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int i = threadIdx.x + j * T;
     v[j] = i < D ? x[i] : 0.0f;
+    wv[j] = i < D ? to_f32(w[i]) : 0.0f;
+    ov[j] = i < D ? other[i] : 0.0f;
   }
+  float angle0 = 0.0f;
+  if (threadIdx.x < p.half) {
+    const int axis = p.freq_axis[threadIdx.x];
+    angle0 = (float)p.positions[axis * p.pos_rs + n] * p.inv_freq[threadIdx.x];
+  }
+  int page = -1, pos = 0;
+  if (!is_q) {
+    const int seq = p.row_seq[n];
+    pos = p.row_pos[n];
+    if (seq >= 0 && seq < p.num_seqs && pos >= 0 && pos / p.page_size < p.bt_cols)
+      page = p.block_tables[seq * p.bt_rs + pos / p.page_size];
+  }
+
+  float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < NV; ++j)
     if (threadIdx.x + j * T < D) ss = fmaf(v[j], v[j], ss);
@@ -64,13 +96,12 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) 
 #pragma unroll
   for (int j = 0; j < NV; ++j) {
     const int i = threadIdx.x + j * T;
-    if (i < D) row[i] = v[j] / denom * (1.0f + to_f32(w[i]));
+    if (i < D) row[i] = v[j] / denom * (1.0f + wv[j]);
   }
   __syncthreads();
   for (int j = threadIdx.x; j < p.half; j += T) {
-    const int axis = p.freq_axis[j];
-    const float pos = (float)p.positions[axis * p.pos_rs + n];
-    const float angle = pos * p.inv_freq[j];
+    const float angle = j == threadIdx.x
+        ? angle0 : (float)p.positions[p.freq_axis[j] * p.pos_rs + n] * p.inv_freq[j];
     float s, c;
     sincosf(angle, &s, &c);
     const float x1 = row[j], x2 = row[j + p.half];
@@ -81,23 +112,26 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) 
   if (is_q) {
     float* q = p.q_out + n * p.q_rs + (i64)h * p.q_hs;
     float* gt = p.gate_out + n * p.g_rs + (i64)h * p.g_hs;
-    for (int i = threadIdx.x; i < D; i += T) {
-      q[i] = row[i];
-      gt[i] = x[D + i];
+#pragma unroll
+    for (int j = 0; j < NV; ++j) {
+      const int i = threadIdx.x + j * T;
+      if (i < D) {
+        q[i] = row[i];
+        gt[i] = ov[j];
+      }
     }
     return;
   }
-  const int seq = p.row_seq[n];
-  const int pos = p.row_pos[n];
-  if (seq < 0 || seq >= p.num_seqs || pos < 0 || pos / p.page_size >= p.bt_cols) return;
-  const int page = p.block_tables[seq * p.bt_rs + pos / p.page_size];
   if (page < 0 || page >= p.num_pages) return;
   const i64 dst = (((i64)page * p.kv_heads + g) * p.page_size + pos % p.page_size) * D;
   KT* kp = static_cast<KT*>(p.k_pages) + dst;
   KT* vp = static_cast<KT*>(p.v_pages) + dst;
-  const float* vx = p.v + n * p.v_rs + (i64)g * p.v_hs;
-  for (int i = threadIdx.x; i < D; i += T) {
-    kp[i] = from_f32<KT>(row[i]);
-    vp[i] = from_f32<KT>(vx[i]);
+#pragma unroll
+  for (int j = 0; j < NV; ++j) {
+    const int i = threadIdx.x + j * T;
+    if (i < D) {
+      kp[i] = from_f32<KT>(row[i]);
+      vp[i] = from_f32<KT>(ov[j]);
+    }
   }
 }

@@ -180,7 +180,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   // the conv-state lines of this block's channels (written by this layer's previous step only)
   // head for the L2 now, one line per thread of warps 12-15 (those hold no conv channel): they
   // are read after pdl_wait, beside the new qkv row. oc = 16 r + 4 j + l: line l of channel
-  // range r (q, k, v of this head) in window row j.
+  // range r (q, k, v of this head) in window row j; threads 48, 49: a_log[h], dt_bias[h].
   if (ow) {
     const int r = oc >> 4, j = (oc >> 2) & 3, l = oc & 3;
     const int len = r == 2 ? dv : dk;
@@ -188,6 +188,10 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
                                              : 2 * p.key_heads * dk + h * dv;
     if (r < 3 && j < keep && 32 * l < len)
       prefetch_l2(p.conv_state + (i64)slot * p.conv_ss + (i64)j * p.channels + c0 + 32 * l);
+    // and the gate weights of head h (read after pdl_wait, beside a and b)
+    if (oc == 48) prefetch_l2(static_cast<const char*>(p.a_log) + h * (p.bf16_flags & 2 ? 2 : 4));
+    if (oc == 49)
+      prefetch_l2(static_cast<const char*>(p.dt_bias) + h * (p.bf16_flags & 4 ? 2 : 4));
   }
   float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
   const int row0 = warp * DEC_RPW;
