@@ -709,9 +709,6 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
 template <typename KT, int GW, int DPL, int SPLIT, int NST, int MMA>
 __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
     paged_attention_kernel(const AttnParams p) {
-  if (SPLIT)
-    attn_prefetch_chunk(p, blockIdx.z, blockIdx.y, blockIdx.x, 32 * DPL * (int)sizeof(KT),
-                        threadIdx.x, blockDim.x);
   pdl_enter();  // before the early exits: every block waits and triggers
   constexpr int D = 32 * DPL;
   constexpr int KPW = attn_kpw<KT, DPL>();
@@ -1089,7 +1086,6 @@ extern __shared__ __align__(128) unsigned char attn_tma_smem[];
 template <int D, int MINB>
 __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     paged_attention_tma_kernel(const AttnParams p) {
-  attn_prefetch_chunk(p, blockIdx.z, blockIdx.y, blockIdx.x, 2 * D, threadIdx.x, blockDim.x);
   pdl_enter();  // before the early exits: every block waits and triggers
 #if BULK_COPY_OK
   constexpr int ROW_B = 2 * D;                          // one key row (bf16)
