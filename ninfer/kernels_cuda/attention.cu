@@ -68,9 +68,8 @@
 //   chunks, partials, merges and gate with the K / V rows streamed by bulk copies into a
 //   shared-memory ring; see its comment block at the end of this file.
 //
-// All kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` comes
-// before any early exit; only the split kernels' L2 prefetch of their chunk's pages
-// (attn_prefetch_chunk) runs before it.
+// All kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
+// the first statement, before any early exit.
 #include "bulk_copy.cuh"
 #include "common.cuh"
 #include "ldmatrix.cuh"
@@ -311,27 +310,6 @@ __device__ __forceinline__ int attn_key_row(const AttnParams& p, const int* bt, 
   const int page = __ldg(bt + idx);
   if (page < 0 || page >= p.num_pages) return -1;
   return (page * p.kv_heads + g) * p.page_size + slot;
-}
-
-// Split mode, before pdl_wait: the K and V pages of chunk `chunk` of row n for KV head g head
-// for the L2 (a hint: a page id or position that is stale or out of range only wastes the
-// prefetch; page ids outside [0, num_pages) are skipped). One thread per page, KEY_B bytes per
-// key.
-__device__ __forceinline__ void attn_prefetch_chunk(const AttnParams& p, i64 n, int g, int chunk,
-                                                    int key_b, int tid, int nthreads) {
-  const AttnRow row = attn_row(p, n);
-  if (!row.ok || chunk >= row.n_chunks) return;
-  const int k0 = chunk * row.chunk_keys;
-  const int k1 = min(row.len, k0 + row.chunk_keys);
-  const int* bt = p.block_tables + (i64)row.seq * p.bt_rs;
-  const i64 page_b = (i64)p.page_size * key_b;
-  for (int pi = k0 / p.page_size + tid; pi <= (k1 - 1) / p.page_size; pi += nthreads) {
-    const int page = bt[pi];
-    if (page < 0 || page >= p.num_pages) continue;
-    const i64 off = ((i64)page * p.kv_heads + g) * page_b;
-    prefetch_l2_bulk(static_cast<const char*>(p.k_pages) + off, page_b);
-    prefetch_l2_bulk(static_cast<const char*>(p.v_pages) + off, page_b);
-  }
 }
 
 // Split-mode merge, run by every thread of the last block of a group (level 1) or of a row's

@@ -49,23 +49,10 @@ __device__ __forceinline__ void pdl_enter() {
 // L2 prefetch hints for the part of a kernel before its pdl_wait. They return no data, so they
 // may name memory the primary kernel is still writing (the L2 is the point of coherence: such a
 // line is simply updated there); they only move reads of constant or long-written data (norm
-// weights, conv states, KV pages) out of the dependent chain that starts at pdl_wait.
+// weights, conv states, rope tables) out of the dependent chain that starts at pdl_wait.
 __device__ __forceinline__ void prefetch_l2(const void* ptr) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
-#endif
-}
-// [ptr, ptr + bytes) by one bulk prefetch when both are multiples of 16 (bytes < 2^32), else line
-// by line
-__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, i64 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned long long a = reinterpret_cast<unsigned long long>(ptr);
-  if (((a | (unsigned long long)bytes) & 15) == 0 && bytes > 0 && bytes < (1ll << 32)) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"((unsigned)bytes)
-                 : "memory");
-    return;
-  }
-  for (i64 o = 0; o < bytes; o += 128) prefetch_l2(static_cast<const char*>(ptr) + o);
 #endif
 }
 // the 128-byte lines of [ptr, ptr + bytes): line t, t + n, ... for thread t of n
