@@ -137,13 +137,19 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
 // `scratch` holds >= 32 floats. Order: warp butterfly, then warp partials in warp order.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// warp_sum of v, stored per warp in scratch[warp] and visible to the whole block; returns the
+// block's warp count
+__device__ __forceinline__ int block_warp_sums(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nwarps = (blockDim.x + 31) >> 5;
   v = warp_sum(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
+  return nwarps;
+}
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int nwarps = block_warp_sums(v, scratch);
   float total = 0.0f;
   for (int w = 0; w < nwarps; ++w) total += scratch[w];
   return total;
@@ -152,12 +158,8 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
 // lane ends with the same bits: each step adds the same two values in either order), 5 steps
 // instead of a chain of nwarps adds. A different order from block_sum for > 1 warp.
 __device__ __forceinline__ float block_sum_tree(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nwarps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
+  const int nwarps = block_warp_sums(v, scratch);
+  const int lane = threadIdx.x & 31;
   return warp_sum(lane < nwarps ? scratch[lane] : 0.0f);
 }
 __device__ __forceinline__ float block_max(float v, float* scratch) {
