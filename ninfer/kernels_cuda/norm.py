@@ -18,11 +18,10 @@ RMS, RMS_ZC, GATED, L2, ADD_RMS_ZC = range(5)
 _NV = (0, 1, 2, 4, 8, 16)
 WARP_ROWS = 4  # rows per block when one warp holds a row (RB)
 MAX_WARP_VALUES = 8  # values per lane of a warp-held row: (T / 32) * NV
-# every (NV, T, RB) that `launch_shape` returns for some D >= 1
-# (for some NINFER_NORM_MAX_NV)
+# every (NV, T, RB) that `launch_shape` returns for some D >= 1 and some NINFER_NORM_MAX_NV
 _SHAPES = ((1, 32, 4), (1, 64, 4), (1, 128, 4), (1, 256, 4), (2, 256, 1), (4, 256, 1),
-           (8, 256, 1), (16, 256, 1), (4, 512, 1), (8, 512, 1), (8, 640, 1), (4, 1024, 1), (8, 1024, 1),
-           (0, 1024, 1))
+           (8, 256, 1), (16, 256, 1), (4, 512, 1), (8, 512, 1), (8, 640, 1), (4, 1024, 1),
+           (8, 1024, 1), (0, 1024, 1))
 MAX_NV = envs.norm_max_nv()  # NINFER_NORM_MAX_NV: elements per thread at most for D <= 4096
 _OUT_TYPES = {np.dtype(np.float32): "float", np.dtype(np.uint16): "unsigned short"}
 _BF16_OUT_MODES = (RMS, RMS_ZC, GATED, ADD_RMS_ZC)
