@@ -410,6 +410,25 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
   }
 }
 
+// The MMA paths' q fragments of the mma's B for KV head g of row n, written to qf (shared
+// memory, uint4 [D / 16][32]) by threads tid, tid + nthreads, ...: lane (gi, t) of k-step ks
+// holds query head gi's dims 16 ks + 2t, +1 and +8, +9 (zeros for gi >= G), split into bf16 hi
+// and lo terms.
+template <int D>
+__device__ __forceinline__ void attn_stage_q_fragments(const AttnParams& p, i64 n, int g, int G,
+                                                       uint4* qf, int tid, int nthreads) {
+  for (int e = tid; e < (D / 16) * 32; e += nthreads) {
+    const int ks = e >> 5, gi = (e >> 2) & 7, t = e & 3;
+    uint4 f = make_uint4(0u, 0u, 0u, 0u);
+    if (gi < G) {
+      const float* qp = p.q + n * p.q_rs + (i64)(g * G + gi) * p.q_hs + ks * 16 + 2 * t;
+      split_bf16x2(qp[0], qp[1], f.x, f.z);
+      split_bf16x2(qp[8], qp[9], f.y, f.w);
+    }
+    qf[e] = f;
+  }
+}
+
 // One tile of the MMA paths' online softmax, for lane (gi, t): s = the tile's scores of
 // accumulator rows gi (s[0], s[1]: query heads 2t, 2t + 1) and gi + 8 (s[2], s[3]); k0 / k1:
 // whether those rows' keys are valid (-inf scores otherwise). Updates the running maxima m and
@@ -754,20 +773,8 @@ __global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
       run_l[tid] = grp_l[tid] = 0.0f;
     }
   }
-  if constexpr (MMA) {  // q fragments of the mma's B (lane (gi, t): query head gi, dims
-                       // 16 ks + 2t, +1 and +8, +9), split into bf16 hi and lo terms
-    uint4* qf = reinterpret_cast<uint4*>(sm_qf);
-    for (int e = tid; e < (D / 16) * 32; e += nthreads) {
-      const int ks = e >> 5, gi = (e >> 2) & 7, t = e & 3;
-      uint4 f = make_uint4(0u, 0u, 0u, 0u);
-      if (gi < G) {
-        const float* qp = p.q + n * p.q_rs + (i64)(g * G + gi) * p.q_hs + ks * 16 + 2 * t;
-        split_bf16x2(qp[0], qp[1], f.x, f.z);
-        split_bf16x2(qp[8], qp[9], f.y, f.w);
-      }
-      qf[e] = f;
-    }
-  }
+  if constexpr (MMA)
+    attn_stage_q_fragments<D>(p, n, g, G, reinterpret_cast<uint4*>(sm_qf), tid, nthreads);
   __syncthreads();  // sm_bad, the running state and the q fragments are ready
 
   float q[MMA ? 1 : GW][DPL];
@@ -1106,18 +1113,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     }
     mbar_init_fence();
   }
-  // q fragments of the mma's B (lane (gi, t): query head gi, dims 16 ks + 2t, +1 and +8, +9),
-  // split into bf16 hi and lo terms (as paged_attention_kernel's MMA path)
-  for (int e = tid; e < MT * 32; e += nthreads) {
-    const int ks = e >> 5, gi = (e >> 2) & 7, t = e & 3;
-    uint4 f = make_uint4(0u, 0u, 0u, 0u);
-    if (gi < G) {
-      const float* qp = p.q + n * p.q_rs + (i64)(g * G + gi) * p.q_hs + ks * 16 + 2 * t;
-      split_bf16x2(qp[0], qp[1], f.x, f.z);
-      split_bf16x2(qp[8], qp[9], f.y, f.w);
-    }
-    qf[e] = f;
-  }
+  attn_stage_q_fragments<D>(p, n, g, G, qf, tid, nthreads);
   __syncthreads();  // barriers, sm_bad and the q fragments are ready
 
   const int gi = lane >> 2, t = lane & 3;
