@@ -135,8 +135,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
-// `scratch` holds >= 32 floats. Order: warp butterfly, then warp partials in warp order.
 // warp_sum of v, stored per warp in scratch[warp] and visible to the whole block; returns the
 // block's warp count
 __device__ __forceinline__ int block_warp_sums(float v, float* scratch) {
@@ -148,6 +146,8 @@ __device__ __forceinline__ int block_warp_sums(float v, float* scratch) {
   __syncthreads();
   return nwarps;
 }
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+// `scratch` holds >= 32 floats. Order: warp butterfly, then warp partials in warp order.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
   const int nwarps = block_warp_sums(v, scratch);
   float total = 0.0f;

@@ -172,11 +172,8 @@ class Qwen35Forward:
             return None
         normed = self._x_buffer(b, cfg.hidden_size, p.lm_head, ws.final_normed[:b])
         logits = ws.logits[:b]
-        if b == n:  # every row gives logits (decode): the last residual add in the norm's launch
-            ops.add_rms_norm(h, out, p.final_norm, cfg.rms_norm_eps, normed)
-        else:
-            ops.add_inplace(h[rows], out[rows])
-            ops.rms_norm(h[rows], p.final_norm, cfg.rms_norm_eps, normed, zero_centered=True)
+        # the last residual add of the logit rows, in the final norm's launch
+        ops.add_rms_norm(h[rows], out[rows], p.final_norm, cfg.rms_norm_eps, normed)
         self._linear(normed, p.lm_head, logits)
         return logits
 
