@@ -130,6 +130,70 @@ def assert_graph_replay_equals_eager(ctx, name: str, step, refill, poison, captu
         graph.destroy()
 
 
+def assert_invalid_attention_rows_nan(rng, k_pages, v_pages, bt: np.ndarray, page_size: int,
+                                      heads: int, d: int, workspace) -> None:
+    """paged_attention's invalid inputs, for sequences 0 and 1 of lengths 3000 and 100 in block
+    table `bt` (host; k_pages / v_pages on the device): the table gets a page id out of range in
+    the middle of sequence 0 (column 70) and a -1 page at column 3 of sequence 1; rows reaching
+    page 70 or sequence 1's page 3, a row_seq out of range, a row_pos < 0 and a row_pos past
+    the table are NaN, and only those; the other rows (stopping before the bad pages) equal the
+    same rows launched alone. The workspace counters are 0 afterwards."""
+    from ninfer.kernels_cuda import attention as katt
+
+    bad_bt = bt.copy()
+    bad_bt[0, 70] = k_pages.shape[0] + 5
+    bad_bt[1, 3] = -1
+    bt_d = dev(bad_bt)
+    cols = bad_bt.shape[1]
+    row_seq = np.array([0, 0, 1, 1, 2, 0, 1], np.int32)
+    row_pos = np.array([2999, 70 * page_size - 1, 99, 47, 5, -1, cols * page_size], np.int32)
+    nan_rows = [0, 2, 4, 5, 6]
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d)))
+
+    def run(rows):
+        out = poisoned((rows.stop - rows.start, heads, d))
+        katt.paged_attention(q[rows], k_pages, v_pages, bt_d, dev(row_seq[rows]),
+                             dev(row_pos[rows]), d ** -0.5, out, workspace=workspace)
+        return out
+
+    out = run(slice(0, n))
+    o = host(out)
+    for i in range(n):
+        if i in nan_rows:
+            assert np.isnan(o[i]).all(), f"row {i} should be NaN"
+        else:
+            assert np.isfinite(o[i]).all(), f"row {i} should be finite"
+            assert_same_bits(run(slice(i, i + 1))[0], out[i], f"row {i}")
+    assert not host(workspace.counters).any()
+
+
+def assert_attention_graph_replay(ctx, rng, name: str, k_pages, v_pages, block_tables, lengths,
+                                  heads: int, d: int, workspace) -> None:
+    """A decode paged_attention launch (row i: sequence i at its last position, `heads` query
+    heads of dim d, over the device pages and tables) captured in a graph on `ctx` and replayed
+    with new q gives the eager bits; the workspace counters are 0 afterwards."""
+    from ninfer.kernels_cuda import attention as katt
+
+    rows = len(lengths)
+    row_seq = dev(np.arange(rows, dtype=np.int32))
+    row_pos = dev(np.array(lengths, np.int32) - 1)
+    q = dev(randn(rng, (rows, heads, d)))
+    out = poisoned((rows, heads, d))
+
+    def call():
+        katt.paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, d ** -0.5,
+                             out, workspace=workspace)
+
+    def eager():
+        call()
+        return (out,)
+
+    assert_graph_replay_equals_eager(ctx, name, call, randn_refill(rng, (q, 1.0)), (out,),
+                                     (out,), eager, ("out",), "graph replay vs eager")
+    assert not host(workspace.counters).any()
+
+
 def slot_strided(rng, num_slots: int, inner: tuple, pad: int = 7, scale: float = 0.5):
     """(host, device) slot-strided views [S, *inner] of a wider per-slot image (like StateImage)."""
     size = int(np.prod(inner))

@@ -22,8 +22,8 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (assert_close, assert_graph_replay_equals_eager, assert_same_bits, cp,
-                           dev, host, poisoned, randn, randn_refill, rel_err)
+from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
+                           dev, host, assert_invalid_attention_rows_nan, poisoned, randn, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -194,35 +194,10 @@ def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split):
     heads, hkv, d, page_size = 8, 2, 128, 16
     lengths = [3000, 100]
     kv = _Kv(rng, lengths, hkv, d, True, page_size)
-    bad_bt = kv.bt.copy()
-    bad_bt[0, 70] = kv.kp.shape[0] + 5  # a page id out of range in the middle of sequence 0
-    bad_bt[1, 3] = -1
-    bt_d = dev(bad_bt)
     if not split:
         monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
-    cols = bad_bt.shape[1]
-    # rows: page 70 in context (NaN), before it (fine), seq 1 reaching page 3 (NaN) / not (fine),
-    # row_seq out of range, row_pos < 0, row_pos past the table (all NaN)
-    row_seq = np.array([0, 0, 1, 1, 2, 0, 1], np.int32)
-    row_pos = np.array([2999, 70 * page_size - 1, 99, 47, 5, -1, cols * page_size], np.int32)
-    nan_rows = [0, 2, 4, 5, 6]
-    n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d)))
-    ws = katt.AttentionWorkspace.allocate(n, heads, d, cols * page_size)
-    out = poisoned((n, heads, d))
-    katt.paged_attention(q, kv.kp_d, kv.vp_d, bt_d, dev(row_seq), dev(row_pos), d ** -0.5, out,
-                         workspace=ws)
-    o = host(out)
-    for i in range(n):
-        if i in nan_rows:
-            assert np.isnan(o[i]).all(), f"row {i} should be NaN"
-        else:
-            assert np.isfinite(o[i]).all(), f"row {i} should be finite"
-            one = poisoned((1, heads, d))
-            katt.paged_attention(q[i:i + 1], kv.kp_d, kv.vp_d, bt_d, dev(row_seq[i:i + 1]),
-                                 dev(row_pos[i:i + 1]), d ** -0.5, one, workspace=ws)
-            assert_same_bits(one[0], out[i], f"row {i}")
-    assert not host(ws.counters).any()
+    ws = katt.AttentionWorkspace.allocate(7, heads, d, kv.bt.shape[1] * page_size)
+    assert_invalid_attention_rows_nan(rng, kv.kp_d, kv.vp_d, kv.bt, page_size, heads, d, ws)
 
 
 def test_workspace_too_small_raises(rng):
@@ -292,24 +267,9 @@ def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
     ctx = DeviceContext(0)
     with ctx.activate():
         kv = _Kv(rng, lengths, hkv, d, True)
-        row_seq = dev(np.arange(8, dtype=np.int32))
-        row_pos = dev(np.array(lengths, np.int32) - 1)
         ws = katt.AttentionWorkspace.allocate(8, heads, d, kv.bt.shape[1] * kv.page_size)
-        q = dev(randn(rng, (8, heads, d)))
-        out = poisoned((8, heads, d))
-
-        def call():
-            katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, row_seq, row_pos, d ** -0.5,
-                                 out, workspace=ws)
-
-        def eager():
-            call()
-            return (out,)
-
-        refill = randn_refill(rng, (q, 1.0))
-        assert_graph_replay_equals_eager(ctx, "paged_attention", call, refill, (out,), (out,),
-                                         eager, ("out",), "graph replay vs eager")
-        assert not host(ws.counters).any()
+        assert_attention_graph_replay(ctx, rng, "paged_attention", kv.kp_d, kv.vp_d, kv.bt_d,
+                                      lengths, heads, d, ws)
 
 
 # -- the fused output gate (gate=): out = attention * sigmoid(gate) --------------------------------

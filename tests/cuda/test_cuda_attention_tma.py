@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import (assert_close, assert_graph_replay_equals_eager, assert_same_bits, cp,
-                           dev, host, poisoned, randn, randn_refill, rel_err)
+from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
+                           dev, host, assert_invalid_attention_rows_nan, poisoned, randn, rel_err)
 
 from ninfer import ops
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -208,24 +208,8 @@ def test_tma_graph_replay_equals_eager(rng, tma):
     ctx = DeviceContext(0)
     with ctx.activate():
         kv = _Paged(rng, lengths, hkv, d)
-        row_seq = dev(np.arange(8, dtype=np.int32))
-        row_pos = dev(np.array(lengths, np.int32) - 1)
-        ws = kv.workspace(8, heads)
-        q = dev(randn(rng, (8, heads, d)))
-        out = poisoned((8, heads, d))
-
-        def call():
-            katt.paged_attention(q, kv.kp_d, kv.vp_d, kv.bt_d, row_seq, row_pos, d ** -0.5,
-                                 out, workspace=ws)
-
-        def eager():
-            call()
-            return (out,)
-
-        refill = randn_refill(rng, (q, 1.0))
-        assert_graph_replay_equals_eager(ctx, "paged_attention_tma", call, refill, (out,), (out,),
-                                         eager, ("out",), "graph replay vs eager")
-        assert not host(ws.counters).any()
+        assert_attention_graph_replay(ctx, rng, "paged_attention_tma", kv.kp_d, kv.vp_d, kv.bt_d,
+                                      lengths, heads, d, kv.workspace(8, heads))
         _assert_tma_ran(tma, d)
 
 
@@ -269,27 +253,8 @@ def test_tma_invalid_rows_and_pages_give_nan(rng, tma):
     the same rows launched alone."""
     heads, hkv, d, page_size = 8, 2, 256, 16
     kv = _Paged(rng, [3000, 100], hkv, d, page_size)
-    bad_bt = kv.bt.copy()
-    bad_bt[0, 70] = kv.kp.shape[0] + 5
-    bad_bt[1, 3] = -1
-    bt_d = dev(bad_bt)
-    cols = bad_bt.shape[1]
-    row_seq = np.array([0, 0, 1, 1, 2, 0, 1], np.int32)
-    row_pos = np.array([2999, 70 * page_size - 1, 99, 47, 5, -1, cols * page_size], np.int32)
-    nan_rows = [0, 2, 4, 5, 6]
-    n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d)))
-    ws = kv.workspace(n, heads)
-    out = kv.run(q, row_seq, row_pos, d ** -0.5, ws, bt_d=bt_d)
-    o = host(out)
-    for i in range(n):
-        if i in nan_rows:
-            assert np.isnan(o[i]).all(), f"row {i} should be NaN"
-        else:
-            assert np.isfinite(o[i]).all(), f"row {i} should be finite"
-            one = kv.run(q[i:i + 1], row_seq[i:i + 1], row_pos[i:i + 1], d ** -0.5, ws, bt_d=bt_d)
-            assert_same_bits(one[0], out[i], f"row {i}")
-    assert not host(ws.counters).any()
+    assert_invalid_attention_rows_nan(rng, kv.kp_d, kv.vp_d, kv.bt, page_size, heads, d,
+                                      kv.workspace(7, heads))
     _assert_tma_ran(tma, d)
 
 
