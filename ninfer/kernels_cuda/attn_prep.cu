@@ -36,6 +36,11 @@ struct AttnPrepParams {
 };
 static_assert(sizeof(AttnPrepParams) == 256, "AttnPrepParams layout is mirrored in attn_prep.py");
 
+// Row n's rope angle of frequency j (rope_kernel's expression).
+__device__ __forceinline__ float rope_angle(const AttnPrepParams& p, i64 n, int j) {
+  return (float)p.positions[p.freq_axis[j] * p.pos_rs + n] * p.inv_freq[j];
+}
+
 template <typename WT, typename KT, int NV>
 __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) {
   extern __shared__ float row[];  // [D]
@@ -74,11 +79,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) 
     wv[j] = i < D ? to_f32(w[i]) : 0.0f;
     ov[j] = i < D ? other[i] : 0.0f;
   }
-  float angle0 = 0.0f;
-  if (threadIdx.x < p.half) {
-    const int axis = p.freq_axis[threadIdx.x];
-    angle0 = (float)p.positions[axis * p.pos_rs + n] * p.inv_freq[threadIdx.x];
-  }
+  const float angle0 = threadIdx.x < p.half ? rope_angle(p, n, threadIdx.x) : 0.0f;
   int page = -1, pos = 0;
   if (!is_q) {
     const int seq = p.row_seq[n];
@@ -100,8 +101,7 @@ __global__ void __launch_bounds__(256) attn_prep_kernel(const AttnPrepParams p) 
   }
   __syncthreads();
   for (int j = threadIdx.x; j < p.half; j += T) {
-    const float angle = j == threadIdx.x
-        ? angle0 : (float)p.positions[p.freq_axis[j] * p.pos_rs + n] * p.inv_freq[j];
+    const float angle = j == threadIdx.x ? angle0 : rope_angle(p, n, j);
     float s, c;
     sincosf(angle, &s, &c);
     const float x1 = row[j], x2 = row[j + p.half];
