@@ -21,6 +21,9 @@ GROUPS = {
     "attention": ("paged_attention",),
     "add": ("add_inplace",),
     "moe": ("moe_block",),
+    # with routing first, skip it only together with "moe" (the expert stages read its tables)
+    "moe_route": ("moe_route",),
+    "swiglu_linear": ("linear_swiglu",),  # the dense MLPs' gate_up, or MoE's shared expert
 }
 
 

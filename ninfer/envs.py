@@ -166,6 +166,7 @@ def attention_tma_stages() -> int:
 
 
 ATTN_TMA_BLOCKS = (0, 2, 3)
+ATTN_CHUNK_GRAINS = (64, 128, 256)
 
 
 def attention_tma_blocks() -> int:
@@ -175,6 +176,15 @@ def attention_tma_blocks() -> int:
     the same code, so a row's bits do not depend on the choice). Read once, at import of the
     launcher."""
     return _choice("NINFER_ATTN_TMA_BLOCKS", 0, ATTN_TMA_BLOCKS)
+
+
+def attention_chunk_grain() -> int:
+    """NINFER_ATTN_CHUNK_GRAIN (64, 128 or 256; default 64): paged decode attention's chunk
+    sizes are multiples of this and at least this (ATTN_CHUNK_GRAIN in attention.cu). Larger
+    grains give short rows fewer chunks and so fewer merge levels (a row of <= 8 chunks merges
+    once). A row's chunking depends on its length and this grain only, never on the batch.
+    Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_CHUNK_GRAIN", 64, ATTN_CHUNK_GRAINS)
 
 
 def attn_gate_fused() -> bool:

@@ -76,7 +76,9 @@
 #include "mma_gemv.cuh"
 
 #define ATTN_MAX_CHUNKS 64   // chunks per row at most (the workspace's chunk dimension)
+#ifndef ATTN_CHUNK_GRAIN     // NINFER_ATTN_CHUNK_GRAIN (attention.py passes -D)
 #define ATTN_CHUNK_GRAIN 64  // chunk sizes are multiples of this (and at least this)
+#endif
 #define ATTN_GROUP 8         // chunks per merge group (ATTN_MAX_CHUNKS / ATTN_GROUP groups)
 #define ATTN_FULL 0xffffffffu
 

@@ -41,7 +41,8 @@ from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, current_device, get_function, launch
 
 MAX_CHUNKS = 64   # chunks per row at most (ATTN_MAX_CHUNKS in attention.cu)
-CHUNK_GRAIN = 64  # chunk sizes are multiples of this (ATTN_CHUNK_GRAIN)
+# chunk sizes are multiples of this (ATTN_CHUNK_GRAIN, passed to attention.cu)
+CHUNK_GRAIN = envs.attention_chunk_grain()
 GROUP = 8         # chunks per merge group (ATTN_GROUP)
 SPLIT_MAX_ROWS = 64
 _BUF_FLOATS = 2048  # per warp and pipeline buffer (ATTN_BUF_FLOATS)
@@ -69,7 +70,8 @@ SOURCE = KernelSource("attention.cu", tuple(
        for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
        f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
-    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]))
+    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]),
+    options=(f"-DATTN_CHUNK_GRAIN={CHUNK_GRAIN}",))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
