@@ -248,8 +248,11 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   __syncthreads();
   int prev = 0;
   if (t == 0) {  // every thread's conv-state reads are done (their values were used above)
-    __threadfence();
-    prev = atomicAdd(p.counters + n * p.key_heads + kh, 1);
+    // acq_rel at gpu scope: releases this block's reads (ordered before it by the barrier) to
+    // the last block, and acquires the other blocks' for it; no full sequential-consistency
+    // fence (membar.gl) on warp 0's path to the next barrier
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(prev) : "l"(p.counters + n * p.key_heads + kh) : "memory");
   }
   // ---- 2. norms of q and k
   if (t < 128) {
