@@ -13,11 +13,13 @@ SM_SMEM, BLOCK_SMEM_MAX, RESERVED = 228 * 1024, 227 * 1024, 1024
 
 def test_chunk_rule():
     """64-key chunks up to 4096 keys, then ceil(len / 64) rounded up to 64; <= 64 chunks; a
-    split launch has a block for every chunk of every row no longer than its table."""
-    assert [katt.chunk_keys(n) for n in (1, 64, 4096, 4097, 8192, 8193, 32768)] == \
-        [64, 64, 64, 128, 128, 192, 512]
-    assert [katt.num_chunks(n) for n in (1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000)] == \
-        [1, 1, 1, 2, 16, 64, 33, 40, 47]
+    split launch has a block for every chunk of every row no longer than its table. (The exact
+    sizes are those of the default NINFER_ATTN_CHUNK_GRAIN = 64; the invariants hold for all.)"""
+    if katt.CHUNK_GRAIN == 64:
+        assert [katt.chunk_keys(n) for n in (1, 64, 4096, 4097, 8192, 8193, 32768)] == \
+            [64, 64, 64, 128, 128, 192, 512]
+        assert [katt.num_chunks(n) for n in (1, 63, 64, 65, 1000, 4096, 4097, 5000, 9000)] \
+            == [1, 1, 1, 2, 16, 64, 33, 40, 47]
     worst = 0
     for length in range(1, 70000, 7):
         cs, nc = katt.chunk_keys(length), katt.num_chunks(length)
