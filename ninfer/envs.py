@@ -78,17 +78,6 @@ def moe_tma() -> bool:
     return _flag("NINFER_MOE_TMA", True)
 
 
-MOE_PREFETCH_GROUPS = (0, 8, 16, 64)
-
-
-def moe_prefetch() -> int:
-    """NINFER_MOE_PREFETCH (0, 8, 16 or 64; default 0): the MoE decode path's bulk-copy gate_up
-    stage prefetches into the L2 the down weights of the experts of at most this many expert
-    groups (at B = 1: the 8 routed experts, 16.8 MB at 35B-A3B), so the down stage reads them
-    from the L2. A hint: the same results. Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_PREFETCH", 0, MOE_PREFETCH_GROUPS)
-
-
 def moe_route_first() -> bool:
     """NINFER_MOE_ROUTE_FIRST (default on; "0" turns it off): a Qwen3.5 MoE layer runs the
     routing (moe_route with the MoE workspace: weights, ids and the expert group tables) right

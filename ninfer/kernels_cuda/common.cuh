@@ -63,17 +63,6 @@ __device__ __forceinline__ void prefetch_l2_span(const void* ptr, i64 bytes, int
     prefetch_l2(reinterpret_cast<const void*>(a));
 }
 
-// [ptr, ptr + bytes) into the L2 by the TMA engine (one instruction; sm_90). Skipped unless ptr
-// and bytes are multiples of 16 (the instruction's rule) and bytes fits 32 bits.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* ptr, i64 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned long long a = reinterpret_cast<unsigned long long>(ptr);
-  if (((a | (unsigned long long)bytes) & 15) == 0 && bytes > 0 && bytes < (1ll << 32))
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"((unsigned)bytes)
-                 : "memory");
-#endif
-}
-
 __device__ __forceinline__ float to_f32(float v) { return v; }
 __device__ __forceinline__ float to_f32(bf16raw v) {
   return __uint_as_float(((unsigned int)v) << 16);

@@ -692,33 +692,9 @@ __device__ __forceinline__ uint4 moe_lds16(unsigned a) {
   return v;
 }
 
-// L2 prefetch of the next stage's weights (pf_groups > 0; moe.py NINFER_MOE_PREFETCH): once the
-// group tables are valid (after pdl_wait), the consumer threads of all blocks, before their
-// first ring wait, issue bulk L2 prefetches of the down weights [pf_down + e pf_bytes, +
-// pf_bytes) of the experts e of the first pf_groups groups, MOE_PF_BYTES per instruction, so
-// the down stage reads from the L2 what the HBM fetched during this stage (at B = 1 this stage
-// leaves the HBM far from busy). A hint only: no result depends on it.
-#define MOE_PF_BYTES (64 * 1024)
-__device__ __forceinline__ void moe_prefetch_groups(const MoeGemvParams& p, const char* pf_down,
-                                                    i64 pf_bytes, int pf_groups, int t,
-                                                    int threads) {
-  const int groups = min(pf_groups, *p.num_groups);
-  const int per = (int)((pf_bytes + MOE_PF_BYTES - 1) / MOE_PF_BYTES);
-  const int stride = (int)gridDim.x * threads;
-  for (int c = (int)blockIdx.x + (int)gridDim.x * t; c < groups * per; c += stride) {
-    const int grp = c / per, e = p.group_expert[grp];
-    if (e < 0 || e >= p.experts) continue;
-    const i64 off = (i64)(c - grp * per) * MOE_PF_BYTES;
-    prefetch_l2_bulk(pf_down + e * pf_bytes + off, min((i64)MOE_PF_BYTES, pf_bytes - off));
-  }
-}
-
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
-                                                                          int stages,
-                                                                          const char* pf_down,
-                                                                          i64 pf_bytes,
-                                                                          int pf_groups) {
+                                                                          int stages) {
 #if BULK_COPY_OK
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
@@ -779,7 +755,6 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     }
     return;
   }
-  if (pf_groups > 0) moe_prefetch_groups(p, pf_down, pf_bytes, pf_groups, threadIdx.x, 32 * cons);
   const int g = lane >> 2, t = lane & 3;
   const int s = warp / sw;  // this warp's stage of every item
   int k_begin, k_end;

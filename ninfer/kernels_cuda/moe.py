@@ -74,10 +74,6 @@ FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
 # NINFER_MOE_ROUTE_FIRST the routing launch runs before the shared expert). H200 35B-A3B decode
 # B = 1 / 8, same machine: 3.066 / 7.720 ms with both on, 3.115 / 7.863 ms with both off.
 MOE_TMA = envs.moe_tma()
-# NINFER_MOE_PREFETCH (read once at import; default 0 = off): moe_tma_gate_up_kernel prefetches
-# into the L2 the down weights of the experts of at most this many groups (moe.cu
-# moe_prefetch_groups), for the down stage that follows.
-PREFETCH_GROUPS = envs.moe_prefetch()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
@@ -339,7 +335,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
-        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma, dn)
+        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
@@ -471,7 +467,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma and swiglu:
-            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma, dn)
+            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma)
             continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
@@ -500,13 +496,12 @@ def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
 
 
 def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: MoeWorkspace,
-                 tma: TmaPlan | None, dn=None) -> None:
+                 tma: TmaPlan | None) -> None:
     """The tensor-core gate_up + SwiGLU stage over the groups in `ws` into ws.act:
-    moe_tma_gate_up_kernel with plan `tma` (which prefetches the down weights `dn` of
-    PREFETCH_GROUPS groups when that is on), else launch_mma (moe_mma_rows_kernel<1>; bitwise
+    moe_tma_gate_up_kernel with plan `tma`, else launch_mma (moe_mma_rows_kernel<1>; bitwise
     the same)."""
     if tma is not None:
-        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma, dn)
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
         return
     hidden = x.shape[1]
     launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act, inter,
@@ -515,37 +510,25 @@ def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: Mo
 
 
 def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,
-                         ws: MoeWorkspace, plan: TmaPlan, dn=None) -> None:
+                         ws: MoeWorkspace, plan: TmaPlan) -> None:
     """ws.act[pair, :inter] = silu(gate) * up of every group in `ws` (x rows: the pairs' token
     rows) by moe_tma_gate_up_kernel."""
     hidden = x.shape[1]
-    prefetch = None
-    if PREFETCH_GROUPS and dn is not None:
-        prefetch = (dn, dn.shape[1] * dn.shape[2] * dn.dtype.itemsize, PREFETCH_GROUPS)
     launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
                        inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
-                       plan=plan, prefetch=prefetch)
+                       plan=plan)
 
 
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
-                       plan: TmaPlan, prefetch: tuple | None = None) -> None:
+                       plan: TmaPlan) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
     with swiglu=True, up_offset=m): the same K split, fragments and orders. One persistent block
     per SM, at most one per work item of the worst case (pairs groups x ceil(m / 8) row
-    tiles). `prefetch` (next, bytes, groups): an L2 hint for the next stage, the `bytes` bytes
-    of expert e's block of `next` (e.g. the down weights) for the experts of the first `groups`
-    groups (no effect on out)."""
+    tiles)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
-    pf = (None, np.int64(0), np.int32(0))
-    if prefetch is not None:
-        nxt, nbytes, groups = prefetch
-        C.device_array(nxt, "prefetch")
-        C.require(nxt.shape[0] >= experts and nbytes * experts <= nxt.nbytes, "prefetch",
-                  f"{nbytes} bytes per expert exceed the {nxt.nbytes}-byte array")
-        pf = (nxt, np.int64(nbytes), np.int32(groups))
     params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
                     group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
                     num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
@@ -556,7 +539,7 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
-           (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages)) + pf,
+           (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages)),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 

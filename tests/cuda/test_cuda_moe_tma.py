@@ -61,10 +61,9 @@ def _plans(k):
     return plans + [one]
 
 
-def _stage(w_d, x_d, ids, m, experts, by_pair, plan, prefetch=None):
-    """act [pairs, m] of moe_tma_gate_up_kernel (plan; `prefetch`: its L2 hint) or
-    moe_mma_rows_kernel<1> (None) on the group tables of ids (device), into a NaN-poisoned
-    buffer."""
+def _stage(w_d, x_d, ids, m, experts, by_pair, plan):
+    """act [pairs, m] of moe_tma_gate_up_kernel (plan) or moe_mma_rows_kernel<1> (None) on the
+    group tables of ids (device), into a NaN-poisoned buffer."""
     n, top_k = ids.shape
     ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
     kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
@@ -76,7 +75,7 @@ def _stage(w_d, x_d, ids, m, experts, by_pair, plan, prefetch=None):
     if plan is None:
         kmoe.launch_mma(*args, swiglu=True, up_offset=m, rows=True, **kw)
     else:
-        kmoe.launch_tma_gate_up(*args, plan=plan, prefetch=prefetch, **kw)
+        kmoe.launch_tma_gate_up(*args, plan=plan, **kw)
     return out
 
 
@@ -116,10 +115,6 @@ def test_tma_gate_up_bad_expert_rows_are_nan(rng):
     want = host(_stage(w_d, x_d, ids, m, experts, 0, None))
     got = host(_stage(w_d, x_d, ids, m, experts, 0, kmoe.tma_gate_up_plan(k)))
     assert_same_bits(got, want, "bad experts")
-    # the L2 hint skips the bad ids (a prefetch past the array would fault) and changes nothing
-    nbytes = w_d[0].nbytes // 2 // 16 * 16
-    hinted = _stage(w_d, x_d, ids, m, experts, 0, kmoe.tma_gate_up_plan(k), (w_d, nbytes, 64))
-    assert_same_bits(hinted, want, "bad experts, down-weight prefetch on")
     bad = [1 * top_k + 0, 2 * top_k + 3]
     assert np.isnan(got[bad]).all()
     assert np.isfinite(np.delete(got, bad, axis=0)).all()
@@ -163,15 +158,12 @@ def _block(monkeypatch, tma, x, logits, top_k, gu, dn, shared, fused):
     (5, 1040, 200, 61, 5, 7),
 ])
 @pytest.mark.parametrize("fused", [None, True, False])
-@pytest.mark.parametrize("prefetch", [0, 8])
 def test_moe_block_tma_on_equals_off(rng, monkeypatch, n, hidden, inter, experts, top_k, sub,
-                                     fused, prefetch):
-    """... with the down-weight L2 prefetch (NINFER_MOE_PREFETCH) off and on: the same bits."""
+                                     fused):
     gu, dn = _experts(rng, experts, sub, hidden, inter)
     x = dev(randn(rng, (n, hidden)))
     logits = dev(randn(rng, (n, experts + 1), 2.0))
     shared = dev(randn(rng, (n, hidden))) if n != 2 else None
-    monkeypatch.setattr(kmoe, "PREFETCH_GROUPS", prefetch)
     on, calls = _block(monkeypatch, True, x, logits, top_k, gu, dn, shared, fused)
     assert calls == 1, "the TMA gate_up did not run"
     off, calls = _block(monkeypatch, False, x, logits, top_k, gu, dn, shared, fused)
