@@ -78,6 +78,13 @@ def moe_tma() -> bool:
     return _flag("NINFER_MOE_TMA", True)
 
 
+def moe_tma_pairs() -> bool:
+    """NINFER_MOE_TMA_PAIRS (default on; "0" turns it off): moe_tma_gate_up_kernel's consumer
+    warps take two work items at a time (independent mma chains that overlap; each item's
+    arithmetic unchanged, so the same bits). Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA_PAIRS", True)
+
+
 def moe_route_first() -> bool:
     """NINFER_MOE_ROUTE_FIRST (default on; "0" turns it off): a Qwen3.5 MoE layer runs the
     routing (moe_route with the MoE workspace: weights, ids and the expert group tables) right

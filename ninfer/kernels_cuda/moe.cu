@@ -670,10 +670,13 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
 // completed use n - 1) and read by the sw warps of its stage, who wait on its full barrier with
 // parity n & 1; `stages` is a multiple of NS, so slot i always holds stage i % NS and every warp
 // sees each use of its slots in order (a parity wait is only exact for the phase that follows
-// the last one the waiter saw). After each item the consumer warps meet at named barrier 1;
-// the partials alternate between two buffers (as linear_tma_kernel).
+// the last one the waiter saw). After each item (or pair of items) the consumer warps meet at
+// named barrier 1; the partials alternate between two buffer sets (as linear_tma_kernel).
 // Dynamic shared memory (moe.py tma_gate_up_plan): full[stages], empty[stages] barriers
-// (MOE_TMA_BAR_BYTES), two MmaPartials<8>, the ring of `stages` stages of 16 pitch bytes.
+// (MOE_TMA_BAR_BYTES), four MmaPartials<8> (two items, double-buffered), the ring of `stages`
+// stages of 16 pitch bytes.
+// pairs = 1 (moe.py MOE_TMA_PAIRS): consumers take the block's items two at a time (see
+// moe_tma_consume) when the ring holds two items; the same bits as one at a time.
 #define MOE_TMA_PAD 64
 #define MOE_TMA_MAX_STAGES 16
 #define MOE_TMA_BAR_BYTES 256
@@ -692,9 +695,77 @@ __device__ __forceinline__ uint4 moe_lds16(unsigned a) {
   return v;
 }
 
+// One work item of a consumer warp: its group's pair slots gp, output rows from m0, expert e and
+// the x row of pair slot g (an empty slot reads slot 0's row: it only feeds mma column g,
+// whose outputs are not stored), at this lane's first k (+ 8 t added by the caller's k).
+struct MoeTmaItem {
+  const float* xp;
+  const int* gp;
+  int m0, e;
+};
+__device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int item, int tiles,
+                                                   int g) {
+  MoeTmaItem it;
+  const int grp = item / tiles;
+  it.m0 = (item - grp * tiles) * 8;
+  it.e = p.group_expert[grp];
+  it.gp = p.group_pairs + grp * MOE_GROUP;
+  const int pr = it.gp[g];
+  const int p0 = __shfl_sync(0xffffffffu, pr, 0);
+  const int pa = pr >= 0 ? pr : p0;
+  it.xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs;
+  return it;
+}
+
+// A consumer warp's K range [k_begin, k_end) of NI (1 or 2) items whose stages sit at shared
+// addresses a[j] (this lane's first unit): for each item, lane (g, t) reads w0 = A[g][k0 + 8t ..
+// + 7], w1 = A[g + 8][same] (zeros where k0 + 8t >= k_end) and x[k0 + 8t .. + 7], and runs
+// mma_step_x8 into c[j] for the 32-k steps k0 in ascending order: per item exactly the
+// fragments and order of moe_mma_rows_kernel<1>. The items' loads are issued together and their
+// mma chains interleave (independent accumulators).
+template <int NI>
+__device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
+                                                const float* x_0, const float* x_1, int k_begin,
+                                                int k_end, int t, float (&c)[2][4]) {
+  constexpr int U = NI == 1 ? MOE_TMA_U : MOE_TMA_U / 2;  // the same loads in flight
+  unsigned a[2] = {a_0, a_1};
+  const float* xp[2] = {x_0, x_1};
+  for (int k0 = k_begin; k0 < k_end; k0 += 32 * U) {
+    uint4 w0[NI][U], w1[NI][U];
+    float4 xa[NI][U], xb[NI][U];
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int k = k0 + 32 * i + 8 * t;
+        const bool in = k < k_end;  // K % 8 == 0: the whole unit
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        w0[j][i] = in ? moe_lds16(a[j] + 64 * i) : z;
+        w1[j][i] = in ? moe_lds16(a[j] + 64 * i + 8 * pitch) : z;
+        xa[j][i] = in ? __ldg(reinterpret_cast<const float4*>(xp[j] + k)) : zf;
+        xb[j][i] = in ? __ldg(reinterpret_cast<const float4*>(xp[j] + k + 4)) : zf;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      if (k0 + 32 * i >= k_end) break;
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        const float xv[8] = {xa[j][i].x, xa[j][i].y, xa[j][i].z, xa[j][i].w,
+                             xb[j][i].x, xb[j][i].y, xb[j][i].z, xb[j][i].w};
+        mma_step_x8(c[j], w0[j][i], w1[j][i], xv);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NI; ++j) a[j] += 64 * U;
+  }
+}
+
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
-                                                                          int stages) {
+                                                                          int stages,
+                                                                          int pairs) {
 #if BULK_COPY_OK
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
@@ -703,7 +774,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   mbar_t* full = reinterpret_cast<mbar_t*>(smem);
   mbar_t* empty = full + MOE_TMA_MAX_STAGES;
   MmaPartials<8>* red = reinterpret_cast<MmaPartials<8>*>(smem + MOE_TMA_BAR_BYTES);
-  char* const ring = smem + MOE_TMA_BAR_BYTES + 2 * sizeof(MmaPartials<8>);
+  char* const ring = smem + MOE_TMA_BAR_BYTES + 4 * sizeof(MmaPartials<8>);
   if (threadIdx.x == 0) {
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -762,54 +833,51 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   // this lane's 16 bytes of A row g at its first step (row g + 8: + 8 pitch)
   const unsigned a0 =
       smem_addr(ring) + (unsigned)(g * pitch + 2 * (k_begin - s * sk) + 16 * t);
+  // two items at a time (items i and i + G of this block) when the ring holds two items and
+  // `pairs` is set: their mma chains are independent, so they overlap; each item's arithmetic
+  // is that of one item alone. (A ring of one item cannot hold both: the producer would wait
+  // for the slot the consumers release only after the second item.)
+  const int per = pairs && stages >= 2 * ns ? 2 : 1;
   unsigned q = (unsigned)s;  // the block's stage sequence number of this warp's stage
   int parity = 0;
-  for (int item = blockIdx.x; item < items; item += G) {
-    const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
-    const int e = p.group_expert[grp];
-    const int* gp = p.group_pairs + grp * MOE_GROUP;
-    const int pr = gp[g];
-    const int p0 = __shfl_sync(0xffffffffu, pr, 0);
-    const int pa = pr >= 0 ? pr : p0;
-    const float* xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs;
-    const unsigned slot = q % (unsigned)stages;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    mbar_wait(full + slot, (q / (unsigned)stages) & 1u);
-    unsigned a = a0 + slot * stage_bytes;
-    for (int k0 = k_begin; k0 < k_end; k0 += 32 * MOE_TMA_U) {
-      uint4 w0[MOE_TMA_U], w1[MOE_TMA_U];
-      float4 xa[MOE_TMA_U], xb[MOE_TMA_U];
+  for (int item = blockIdx.x; item < items; item += per * G) {
+    const int n_it = min(per, (items - 1 - item) / G + 1);  // items of this round (1 or 2)
+    MoeTmaItem it[2];
+    unsigned slot[2];
+    float c[2][4];
 #pragma unroll
-      for (int i = 0; i < MOE_TMA_U; ++i) {
-        const int k = k0 + 32 * i + 8 * t;
-        const bool in = k < k_end;  // K % 8 == 0: the whole unit
-        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-        w0[i] = in ? moe_lds16(a + 64 * i) : z;
-        w1[i] = in ? moe_lds16(a + 64 * i + 8 * pitch) : z;
-        xa[i] = in ? __ldg(reinterpret_cast<const float4*>(xp + k)) : make_float4(0, 0, 0, 0);
-        xb[i] = in ? __ldg(reinterpret_cast<const float4*>(xp + k + 4)) : make_float4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int i = 0; i < MOE_TMA_U; ++i) {
-        if (k0 + 32 * i >= k_end) break;
-        const float xv[8] = {xa[i].x, xa[i].y, xa[i].z, xa[i].w,
-                             xb[i].x, xb[i].y, xb[i].z, xb[i].w};
-        mma_step_x8(c, w0[i], w1[i], xv);
-      }
-      a += 64 * MOE_TMA_U;
+    for (int j = 0; j < 2; ++j) {  // (the second item's state repeats the first's when alone)
+      it[j] = moe_tma_item(p, j < n_it ? item + j * G : item, tiles, g);
+      const unsigned qj = q + (unsigned)(j * ns);
+      slot[j] = qj % (unsigned)stages;
+      c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+      if (j < n_it) mbar_wait(full + slot[j], (qj / (unsigned)stages) & 1u);
+    }
+    if (n_it == 2) {
+      moe_tma_consume<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
+                         it[0].xp, it[1].xp, k_begin, k_end, t, c);
+    } else {
+      moe_tma_consume<1>(a0 + slot[0] * stage_bytes, 0u, pitch, it[0].xp, nullptr, k_begin,
+                         k_end, t, c);
     }
     __syncwarp();
-    if (lane == 0) mbar_arrive(empty + slot);
-    q += (unsigned)ns;
-    mma_store_partials(red[parity], warp, g, t, c);
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (j < n_it) {
+        if (lane == 0) mbar_arrive(empty + slot[j]);
+        mma_store_partials(red[2 * parity + j], warp, g, t, c[j]);
+      }
+    }
+    q += (unsigned)(n_it * ns);
     asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");
-    for (int idx = threadIdx.x; idx < 64; idx += 32 * cons) {
-      const int rr = idx >> 3, n = idx & 7;
-      const int pn = gp[n];
-      if (m0 + rr >= p.m || pn < 0) continue;
-      float v = mma_reduce_partials<1>(red[parity], cons, rr, n);
-      if (e < 0 || e >= p.experts) v = NINFER_NAN;
-      p.out[(i64)pn * p.out_rs + m0 + rr] = v;
+    for (int idx = threadIdx.x; idx < 64 * n_it; idx += 32 * cons) {
+      const int j = idx >> 6, rr = (idx >> 3) & 7, n = idx & 7;
+      const MoeTmaItem ij = j ? it[1] : it[0];  // no dynamic index (local memory)
+      const int pn = ij.gp[n];
+      if (ij.m0 + rr >= p.m || pn < 0) continue;
+      float v = mma_reduce_partials<1>(red[2 * parity + j], cons, rr, n);
+      if (ij.e < 0 || ij.e >= p.experts) v = NINFER_NAN;
+      p.out[(i64)pn * p.out_rs + ij.m0 + rr] = v;
     }
     parity ^= 1;
   }

@@ -74,6 +74,9 @@ FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
 # NINFER_MOE_ROUTE_FIRST the routing launch runs before the shared expert). H200 35B-A3B decode
 # B = 1 / 8, same machine: 3.066 / 7.720 ms with both on, 3.115 / 7.863 ms with both off.
 MOE_TMA = envs.moe_tma()
+# NINFER_MOE_TMA_PAIRS (read once at import): moe_tma_gate_up_kernel's consumers take two work
+# items at a time when the ring holds two (their mma chains overlap; the same bits).
+MOE_TMA_PAIRS = envs.moe_tma_pairs()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
@@ -118,7 +121,7 @@ def tma_gate_up_plan(k: int, smem_limit: int = TMA_SMEM_LIMIT,
     per_k = -(-(-(-k // 32)) // splits) * 32
     if (splits - 1) * per_k >= k:  # an empty K range (not with splits <= 8 >= 8 steps each)
         return None
-    fixed = TMA_BAR_BYTES + 2 * MMA_SPLITS * 16 * 8 * 4  # barriers, two MmaPartials<8>
+    fixed = TMA_BAR_BYTES + 4 * MMA_SPLITS * 16 * 8 * 4  # barriers, four MmaPartials<8>
     best = None
     for sw in (d for d in range(1, splits + 1) if splits % d == 0):
         ns, sk = splits // sw, sw * per_k
@@ -521,13 +524,14 @@ def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int
 
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
-                       plan: TmaPlan) -> None:
+                       plan: TmaPlan, item_pairs: bool | None = None) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
     with swiglu=True, up_offset=m): the same K split, fragments and orders. One persistent block
     per SM, at most one per work item of the worst case (pairs groups x ceil(m / 8) row
-    tiles)."""
+    tiles). `item_pairs`: consumers take two items at a time (None: MOE_TMA_PAIRS; the same
+    bits either way)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
     params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
                     group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
@@ -539,7 +543,8 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
-           (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages)),
+           (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
+            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 

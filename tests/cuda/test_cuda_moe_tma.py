@@ -61,9 +61,10 @@ def _plans(k):
     return plans + [one]
 
 
-def _stage(w_d, x_d, ids, m, experts, by_pair, plan):
-    """act [pairs, m] of moe_tma_gate_up_kernel (plan) or moe_mma_rows_kernel<1> (None) on the
-    group tables of ids (device), into a NaN-poisoned buffer."""
+def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None):
+    """act [pairs, m] of moe_tma_gate_up_kernel (plan; `item_pairs`: its consumers take two
+    items at a time) or moe_mma_rows_kernel<1> (None) on the group tables of ids (device), into
+    a NaN-poisoned buffer."""
     n, top_k = ids.shape
     ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
     kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
@@ -75,7 +76,7 @@ def _stage(w_d, x_d, ids, m, experts, by_pair, plan):
     if plan is None:
         kmoe.launch_mma(*args, swiglu=True, up_offset=m, rows=True, **kw)
     else:
-        kmoe.launch_tma_gate_up(*args, plan=plan, **kw)
+        kmoe.launch_tma_gate_up(*args, plan=plan, item_pairs=item_pairs, **kw)
     return out
 
 
@@ -94,8 +95,10 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
         want = _stage(w_d, x_d, ids, m, experts, by_pair, None)
         assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
         for plan in plans:
-            got = _stage(w_d, x_d, ids, m, experts, by_pair, plan)
-            assert_same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} {plan}")
+            for item_pairs in (False, True):  # one item at a time, or two (rings of >= 2)
+                got = _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs)
+                assert_same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} {plan} "
+                                            f"pairs={item_pairs}")
         if n == 2:  # and the values (float64 oracle)
             expect = np.empty((ids_h.size, m))
             for pr, e in enumerate(ids_h.reshape(-1)):

@@ -32,6 +32,7 @@ def test_constants_mirror_moe_cu():
     assert _define("MOE_TMA_MAX_STAGES") == kmoe.TMA_MAX_STAGES
     assert _define("MOE_TMA_BAR_BYTES") == kmoe.TMA_BAR_BYTES
     assert "2 * sk + MOE_TMA_PAD - ((2 * sk) & MOE_TMA_PAD)" in SOURCE  # tma_pitch
+    assert "MOE_TMA_BAR_BYTES + 4 * sizeof(MmaPartials<8>)" in SOURCE  # the plan's fixed bytes
     assert 2 * kmoe.TMA_MAX_STAGES * 8 <= kmoe.TMA_BAR_BYTES  # full[] and empty[] barriers
     assert re.search(r"__launch_bounds__\(32 \* \(8 \+ 1\), 1\) moe_tma_gate_up_kernel", SOURCE)
     assert kmoe.MMA_SPLITS == 8
@@ -43,7 +44,7 @@ def test_35b_plan():
     plan = kmoe.tma_gate_up_plan(2048)
     assert (plan.splits, plan.sk, plan.stage_warps, plan.per_item, plan.stages) == (8, 1024, 4,
                                                                                     2, 6)
-    assert plan.smem == 256 + 2 * 4096 + 6 * 16 * (2 * 1024 + 64) <= kmoe.TMA_SMEM_LIMIT
+    assert plan.smem == 256 + 4 * 4096 + 6 * 16 * (2 * 1024 + 64) <= kmoe.TMA_SMEM_LIMIT
     assert kmoe.tma_pitch(1024) == 2112 and kmoe.tma_pitch(288) == 576
 
 
@@ -56,7 +57,7 @@ def test_k_not_a_multiple_of_16_has_no_plan(k):
                                           (kmoe.TMA_SMEM_LIMIT, 256), (64 * 1024, 4096),
                                           (40 * 1024, 1024)])
 def test_plans_are_consistent(limit, target):
-    fixed = kmoe.TMA_BAR_BYTES + 2 * 8 * 16 * 8 * 4
+    fixed = kmoe.TMA_BAR_BYTES + 4 * 8 * 16 * 8 * 4  # barriers, four MmaPartials<8>
     planned = 0
     for k in range(16, 8192 + 1, 16):
         plan = kmoe.tma_gate_up_plan(k, limit, target)
