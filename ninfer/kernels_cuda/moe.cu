@@ -579,10 +579,7 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
 // named barrier per team between the partials and their sum). Then thread (n, r) adds, as
 // moe_combine_kernel does, sum over k in ascending expert id of w[n, k] * y[pair(n, k)][r]
 // (acc += w * y from 0.0f), then acc + sigmoid(gate[n]) * shared[n, j] when `shared` is given:
-// bitwise the per-stage path's out. Every input but the expert tiles (group count, first
-// expert, the pairs' ids and weights, the shared values and gates) is read right after
-// pdl_wait, so those round trips overlap the tiles' instead of preceding or following them; the
-// pairs are ranked from shared memory. p: the down stage (x = act by pair; out unused); w / ids:
+// bitwise the per-stage path's out. p: the down stage (x = act by pair; out unused); w / ids:
 // the routing (written by moe_fused_gate_up_kernel). blockDim.x = 32 * warps with splits <=
 // warps <= 16; dynamic shared memory (moe.py fused_down_smem): warps * 4 KiB of staging, then
 // slots * splits partial tiles of 16 x 8 floats, + 256 B of alignment slack.
@@ -593,34 +590,21 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
   __shared__ float s_y[MOE_FUSED_PAIRS * 16];
   __shared__ int s_pair[MOE_FUSED_PAIRS];  // [n][rank]: the pair of row n's rank-th expert
   __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
-  __shared__ int s_id[MOE_FUSED_PAIRS];   // pair q's expert
   pdl_enter();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int top_k = p.top_k, n_pairs = n_rows * top_k;
+  for (int q = threadIdx.x; q < n_pairs; q += blockDim.x) {
+    const int n = q / top_k, k = q - n * top_k, id = ids[q];
+    int rank = 0;
+    for (int k2 = 0; k2 < top_k; ++k2) rank += ids[n * top_k + k2] < id;
+    s_pair[n * top_k + rank] = q;
+    s_cw[n * top_k + rank] = w[n * w_rs + k];
+  }
   const int splits = p.splits, warps = blockDim.x >> 5;
   const int slots = min(MOE_DOWN_SLOTS, warps / splits);
   const int slot = warp / splits, split = warp - slot * splits;
   const int m0 = blockIdx.x * 16;
-  if (n_pairs > MOE_FUSED_PAIRS || n_pairs > (int)blockDim.x || n_rows * 16 > (int)blockDim.x)
-    __trap();  // a thread per pair and per combined output (moe.py: N <= 8, N * K <= 64)
-  // Every input but the expert tiles is read here, before them, so their round trips overlap:
-  // the group count, the team's first expert (in bounds: the tables have n_pairs entries),
-  // thread q's pair (expert id and weight) and thread (n, r)'s combine operands.
   const int groups = *p.num_groups;
-  const int e_first = p.group_expert[min(slot, n_pairs - 1)];
-  int id_q = 0;
-  float w_q = 0.0f;
-  if (tid < n_pairs) {
-    id_q = ids[tid];
-    w_q = w[(tid / top_k) * w_rs + tid % top_k];
-  }
-  const int cn = tid >> 4, cj = m0 + (tid & 15);
-  const bool combines = cn < n_rows && cj < p.m;
-  float sh_v = 0.0f, gate_v = 0.0f;
-  if (combines && shared) {
-    sh_v = shared[cn * shared_rs + cj];
-    gate_v = gate[cn * gate_rs];
-  }
   unsigned base_s;
   char* const base = moe_rows_base(base_s);
   moe_rows_smem_check(base_s, warps * (MMA_ROWS_UNITS * 16) + slots * splits * (16 * 8 * 4));
@@ -629,7 +613,7 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
         base + warps * (MMA_ROWS_UNITS * 16) + slot * splits * (16 * 8 * 4));
     const int team = splits * 32, tt = threadIdx.x - slot * team;
     for (int grp = slot; grp < groups; grp += slots) {
-      const int e = grp == slot ? e_first : p.group_expert[grp];
+      const int e = p.group_expert[grp];
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       const bool bad = moe_rows_tile_c<0>(
           p, e, e < 0 || e >= p.experts, p.group_pairs + grp * MOE_GROUP, m0, split, lane,
@@ -647,24 +631,14 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
       asm volatile("bar.sync %0, %1;" ::"r"(1 + slot), "r"(team) : "memory");
     }
   }
-  // each row's pairs in ascending expert id (the combine's order): rank among the row's ids
-  if (tid < n_pairs) s_id[tid] = id_q;
   __syncthreads();
-  if (tid < n_pairs) {
-    const int n = tid / top_k;
-    int rank = 0;
-    for (int k2 = 0; k2 < top_k; ++k2) rank += s_id[n * top_k + k2] < id_q;
-    s_pair[n * top_k + rank] = tid;
-    s_cw[n * top_k + rank] = w_q;
-  }
-  __syncthreads();
-  if (combines) {
-    const int r = tid & 15;
+  for (int idx = threadIdx.x; idx < n_rows * 16; idx += blockDim.x) {
+    const int n = idx >> 4, r = idx & 15, j = m0 + r;
+    if (j >= p.m) continue;
     float acc = 0.0f;
-    for (int i = 0; i < top_k; ++i)
-      acc += s_cw[cn * top_k + i] * s_y[s_pair[cn * top_k + i] * 16 + r];
-    if (shared) acc = acc + sigmoid_f(gate_v) * sh_v;
-    out[cn * out_rs + cj] = acc;
+    for (int i = 0; i < top_k; ++i) acc += s_cw[n * top_k + i] * s_y[s_pair[n * top_k + i] * 16 + r];
+    if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
+    out[n * out_rs + j] = acc;
   }
 }
 
@@ -821,9 +795,6 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   pdl_wait();
   pdl_launch_dependents();
   const int tiles = (p.m + 7) >> 3;
-  // the first item's expert is read together with the group count, not after it (the grid is
-  // at most pairs x tiles blocks, so the entry is in bounds even for a block without items)
-  const int e_first = p.group_expert[blockIdx.x / tiles];
   const int items = *p.num_groups * tiles;
   const int G = gridDim.x;
   if (warp == cons) {  // producer
@@ -832,7 +803,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     unsigned q = 0;           // the block's stage sequence number
     for (int item = blockIdx.x; item < items; item += G) {
       const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
-      const int e = item == (int)blockIdx.x ? e_first : p.group_expert[grp];
+      const int e = p.group_expert[grp];
       const bool bad = e < 0 || e >= p.experts;
       const int live = bad ? 0 : min(8, p.m - m0);  // copied gate (= up) rows
       const bool row_ok = lane < 16 && (r & 7) < live;
