@@ -185,6 +185,15 @@ def attention_tma_blocks() -> int:
     return _choice("NINFER_ATTN_TMA_BLOCKS", 0, ATTN_TMA_BLOCKS)
 
 
+def attention_wide() -> bool:
+    """NINFER_ATTN_WIDE (default off; "1" turns it on): paged_attention's FMA kernel runs
+    blocks of 8 warps (twice the key warps per head group, one block per SM) instead of 4 for
+    GQA groups of 2, 3, 4, 6, 8, ... query heads per KV head. Another split of a chunk's keys
+    over warps, so other last bits, the same for every call (batch invariant). Read once, at
+    import of the launcher."""
+    return _flag("NINFER_ATTN_WIDE", False)
+
+
 def attention_chunk_grain() -> int:
     """NINFER_ATTN_CHUNK_GRAIN (64, 128 or 256; default 64): paged decode attention's chunk
     sizes are multiples of this and at least this (ATTN_CHUNK_GRAIN in attention.cu). Larger

@@ -704,9 +704,10 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
 //   fragments uint4 [D / 16][32] | p [nwarps][64] ([KPW][4] used) | m, l, f [KW][G] |
 //   chunk max [G] | then SPLIT=0: run_o, grp_o [G][D], run_m, run_l, grp_m, grp_l, a, b, ra,
 //   rb [G];  SPLIT=1: merge a, b, l [G][ATTN_GROUP], M [G].
-// Blocks of <= 4 warps (3 per SM: <= 168 registers), except GW=1 (G = 1, 5, 7: up to 7 warps).
-template <typename KT, int GW, int DPL, int SPLIT, int NST, int MMA>
-__global__ void __launch_bounds__(GW == 1 ? 256 : 128, GW == 1 ? 1 : 3)
+// Blocks of <= 4 warps (3 per SM: <= 168 registers), except GW=1 (G = 1, 5, 7: up to 7 warps)
+// and WIDE=1 (attention.py NINFER_ATTN_WIDE: 8 warps, twice the key warps, one block per SM).
+template <typename KT, int GW, int DPL, int SPLIT, int NST, int MMA, int WIDE = 0>
+__global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ? 1 : 3)
     paged_attention_kernel(const AttnParams p) {
   pdl_enter();  // before the early exits: every block waits and triggers
   constexpr int D = 32 * DPL;

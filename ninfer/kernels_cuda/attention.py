@@ -52,6 +52,10 @@ PIPELINE_BUFFERS = 2  # K/V buffers per warp (NST in attention.cu): one tile in 
 _MMA_DPL = (2, 4, 8)  # head dims of the MMA variant (bf16 pages; 64, 128, 256)
 _MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_heads / kv_heads)
 MMA = envs.attention_mma()
+# NINFER_ATTN_WIDE (read once at import; default off): the FMA kernel's blocks of GW >= 2 heads
+# per warp take 8 warps (twice the key warps, one block per SM) instead of 4; other bits than
+# the 4-warp blocks (another key-warp split), the same for every call.
+WIDE = envs.attention_wide()
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
 TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for (0: auto)
@@ -70,7 +74,9 @@ SOURCE = KernelSource("attention.cu", tuple(
        for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
        f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
-    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]),
+    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]
+    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0, 1>"
+       for k in C.WKind for gw in _GW[1:] for dpl in _DPL for split in (0, 1) if WIDE]),
     options=(f"-DATTN_CHUNK_GRAIN={CHUNK_GRAIN}",))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
@@ -166,16 +172,16 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
            name="kv_write", pdl=True)
 
 
-def head_layout(group: int) -> tuple[int, int, int]:
+def head_layout(group: int, wide: bool = False) -> tuple[int, int, int]:
     """(GW heads per warp, HG head groups, KW key warps) for `group` query heads per KV head.
 
     Blocks have HG * KW <= 4 warps (the GW >= 2 kernels are built for 128 threads, 3 blocks per
-    SM), except GW = 1 for groups 5 and 7 (one warp per head). Groups 1..8, and 9..16 when a
-    multiple of 2, 3 or 4 up to 4 warps, are supported."""
+    SM; `wide`: 8 warps, the WIDE instances), except GW = 1 for groups 5 and 7 (one warp per
+    head). Groups 1..8, and 9..16 when a multiple of 2, 3 or 4 up to 4 warps, are supported."""
     for gw in (4, 3, 2):
         if group % gw == 0 and group // gw <= 4:
             hg = group // gw
-            return gw, hg, 4 // hg
+            return gw, hg, (8 if wide else 4) // hg
     if group <= 8:
         return 1, group, max(1, 4 // group)
     raise ValueError(f"unsupported GQA group size {group} (query heads per KV head)")
@@ -243,9 +249,10 @@ def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, 
     """(instance name, dynamic shared bytes, HG, KW) of the paged_attention launch for pages of
     `kind`, `group` query heads per KV head and head dim `dim`, split or loop mode."""
     mma = use_mma(kind, group, dim)
-    gw, hg, kw = (_MMA_GW, 1, 4) if mma else head_layout(group)
+    gw, hg, kw = (_MMA_GW, 1, 4) if mma else head_layout(group, WIDE)
+    wide = ", 0, 1" if WIDE and not mma and gw >= 2 else f", {int(mma)}"
     name = (f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, {int(split)}, "
-            f"{PIPELINE_BUFFERS}, {int(mma)}>")
+            f"{PIPELINE_BUFFERS}{wide}>")
     return name, _smem_bytes(group, kw, hg * kw, dim, split, mma), hg, kw
 
 

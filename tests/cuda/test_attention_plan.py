@@ -42,18 +42,22 @@ def test_every_launch_is_built_and_fits(monkeypatch, group, dim, mma):
             name, smem, _, _ = katt.kernel_plan(kind, group, dim, split)
             assert smem + RESERVED <= BLOCK_SMEM_MAX
             assert name in names
-            assert (", 1>" in name) == (mma and kind is katt.C.WKind.BF16 and group <= 8
+            args = name[name.index("<") + 1:-1].split(", ")  # KT, GW, DPL, SPLIT, NST, MMA[, WIDE]
+            assert (args[5] == "1") == (mma and kind is katt.C.WKind.BF16 and group <= 8
                                         and dim >= 64), name
+            assert (args[6:] == ["1"]) == (katt.WIDE and args[5] == "0" and args[1] != "1"), name
 
 
 @pytest.mark.parametrize("mma", [True, False])
 @pytest.mark.parametrize("group", [2, 4, 8])  # Qwen3.5 GQA groups
 def test_blocks_per_sm(monkeypatch, group, mma):
-    """With head_dim 256 (bf16, split mode) 3 blocks fit an SM (the kernel's launch bounds)."""
+    """With head_dim 256 (bf16, split mode) 3 blocks fit an SM (the kernel's launch bounds;
+    NINFER_ATTN_WIDE's 8-warp FMA blocks: 1)."""
     monkeypatch.setattr(katt, "MMA", mma)
     _, smem, _, _ = katt.kernel_plan(katt.C.WKind.BF16, group, 256, True)
     smem += RESERVED
-    assert 3 * smem <= SM_SMEM < 4 * smem, smem
+    blocks = 1 if katt.WIDE and not mma else 3
+    assert blocks * smem <= SM_SMEM < (blocks + 1) * smem, smem
 
 
 # -- paged_attention_tma_kernel (NINFER_ATTN_TMA) ---------------------------------------------
