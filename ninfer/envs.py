@@ -185,13 +185,18 @@ def attention_tma_blocks() -> int:
     return _choice("NINFER_ATTN_TMA_BLOCKS", 0, ATTN_TMA_BLOCKS)
 
 
-def attention_wide() -> bool:
-    """NINFER_ATTN_WIDE (default off; "1" turns it on): paged_attention's FMA kernel runs
-    blocks of 8 warps (twice the key warps per head group, one block per SM) instead of 4 for
-    GQA groups of 2, 3, 4, 6, 8, ... query heads per KV head. Another split of a chunk's keys
-    over warps, so other last bits, the same for every call (batch invariant). Read once, at
+def attention_wide() -> bool | None:
+    """NINFER_ATTN_WIDE (unset: auto, attention.py WIDE_AUTO_GROUPS; "1": on for every GQA group
+    of 2, 3, 4, 6, 8, ... query heads per KV head; "0": off): paged_attention's FMA kernel runs
+    blocks of 8 warps (twice the key warps per head group, one block per SM) instead of 4.
+    Another split of a chunk's keys over warps, so other last bits, but a function of the
+    model's head counts only: the same for every call (batch invariant). H200, same machine,
+    35B-A3B (G = 8) decode B=1 / B=8 ms: on 2.997 / 7.705, off 3.059 / 7.682. Read once, at
     import of the launcher."""
-    return _flag("NINFER_ATTN_WIDE", False)
+    raw = os.environ.get("NINFER_ATTN_WIDE", "").strip()
+    if raw not in ("", "0", "1"):
+        raise ValueError(f"NINFER_ATTN_WIDE={raw!r}: expected 0, 1 or unset (auto)")
+    return None if raw == "" else raw == "1"
 
 
 def attention_chunk_grain() -> int:

@@ -52,10 +52,14 @@ PIPELINE_BUFFERS = 2  # K/V buffers per warp (NST in attention.cu): one tile in 
 _MMA_DPL = (2, 4, 8)  # head dims of the MMA variant (bf16 pages; 64, 128, 256)
 _MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_heads / kv_heads)
 MMA = envs.attention_mma()
-# NINFER_ATTN_WIDE (read once at import; default off): the FMA kernel's blocks of GW >= 2 heads
-# per warp take 8 warps (twice the key warps, one block per SM) instead of 4; other bits than
-# the 4-warp blocks (another key-warp split), the same for every call.
+# NINFER_ATTN_WIDE (read once at import): the FMA kernel's blocks of GW >= 2 heads per warp take
+# 8 warps (twice the key warps, one block per SM) instead of 4 (`wide_blocks`); other bits than
+# the 4-warp blocks (another key-warp split), the same for every call of a model. None (unset):
+# for the groups in WIDE_AUTO_GROUPS, whose 4-warp blocks hold two head groups of only two key
+# warps each. H200, same machine, 35B-A3B (G = 8) decode B=1 / B=8 ms: wide 2.997 / 7.705,
+# 4 warps 3.059 / 7.682.
 WIDE = envs.attention_wide()
+WIDE_AUTO_GROUPS = (8,)
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
 TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for (0: auto)
@@ -76,7 +80,8 @@ SOURCE = KernelSource("attention.cu", tuple(
        f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
     + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0, 1>"
-       for k in C.WKind for gw in _GW[1:] for dpl in _DPL for split in (0, 1) if WIDE]),
+       for k in C.WKind for gw in ((2, 3, 4) if WIDE else (4,) if WIDE is None else ())
+       for dpl in _DPL for split in (0, 1)]),
     options=(f"-DATTN_CHUNK_GRAIN={CHUNK_GRAIN}",))
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
@@ -187,6 +192,12 @@ def head_layout(group: int, wide: bool = False) -> tuple[int, int, int]:
     raise ValueError(f"unsupported GQA group size {group} (query heads per KV head)")
 
 
+def wide_blocks(group: int) -> bool:
+    """Whether the FMA kernel runs 8-warp blocks for `group` query heads per KV head
+    (NINFER_ATTN_WIDE; unset: the groups in WIDE_AUTO_GROUPS)."""
+    return group in WIDE_AUTO_GROUPS if WIDE is None else WIDE
+
+
 def use_mma(kind: C.WKind, group: int, dim: int) -> bool:
     """Whether paged_attention runs the MMA variant for these pages / heads (module doc)."""
     return MMA and kind is C.WKind.BF16 and group <= 8 and dim // 32 in _MMA_DPL
@@ -249,10 +260,11 @@ def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, 
     """(instance name, dynamic shared bytes, HG, KW) of the paged_attention launch for pages of
     `kind`, `group` query heads per KV head and head dim `dim`, split or loop mode."""
     mma = use_mma(kind, group, dim)
-    gw, hg, kw = (_MMA_GW, 1, 4) if mma else head_layout(group, WIDE)
-    wide = ", 0, 1" if WIDE and not mma and gw >= 2 else f", {int(mma)}"
+    wide = not mma and wide_blocks(group)
+    gw, hg, kw = (_MMA_GW, 1, 4) if mma else head_layout(group, wide)
+    suffix = ", 0, 1" if wide and gw >= 2 else f", {int(mma)}"
     name = (f"paged_attention_kernel<{kind.ctype}, {gw}, {dim // 32}, {int(split)}, "
-            f"{PIPELINE_BUFFERS}{wide}>")
+            f"{PIPELINE_BUFFERS}{suffix}>")
     return name, _smem_bytes(group, kw, hg * kw, dim, split, mma), hg, kw
 
 

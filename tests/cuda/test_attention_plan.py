@@ -45,7 +45,23 @@ def test_every_launch_is_built_and_fits(monkeypatch, group, dim, mma):
             args = name[name.index("<") + 1:-1].split(", ")  # KT, GW, DPL, SPLIT, NST, MMA[, WIDE]
             assert (args[5] == "1") == (mma and kind is katt.C.WKind.BF16 and group <= 8
                                         and dim >= 64), name
-            assert (args[6:] == ["1"]) == (katt.WIDE and args[5] == "0" and args[1] != "1"), name
+            assert (args[6:] == ["1"]) == (katt.wide_blocks(group) and args[5] == "0"
+                                           and args[1] != "1"), name
+
+
+def test_wide_blocks_by_group(monkeypatch):
+    """NINFER_ATTN_WIDE unset: 8-warp FMA blocks for G = 8 only (two head groups of 4 heads, now
+    4 key warps each); "1" / "0": every / no GW >= 2 layout. GW = 1 groups keep one warp per
+    head either way."""
+    monkeypatch.setattr(katt, "WIDE", None)
+    assert [katt.wide_blocks(g) for g in (1, 2, 4, 6, 8)] == [False] * 4 + [True]
+    assert katt.head_layout(8, katt.wide_blocks(8)) == (4, 2, 4)
+    assert katt.head_layout(4, katt.wide_blocks(4)) == (4, 1, 4)
+    monkeypatch.setattr(katt, "WIDE", True)
+    assert katt.head_layout(4, katt.wide_blocks(4)) == (4, 1, 8)
+    assert katt.head_layout(5, katt.wide_blocks(5)) == (1, 5, 1)
+    monkeypatch.setattr(katt, "WIDE", False)
+    assert not any(katt.wide_blocks(g) for g in range(1, 17))
 
 
 @pytest.mark.parametrize("mma", [True, False])
@@ -56,7 +72,7 @@ def test_blocks_per_sm(monkeypatch, group, mma):
     monkeypatch.setattr(katt, "MMA", mma)
     _, smem, _, _ = katt.kernel_plan(katt.C.WKind.BF16, group, 256, True)
     smem += RESERVED
-    blocks = 1 if katt.WIDE and not mma else 3
+    blocks = 1 if katt.wide_blocks(group) and not mma else 3
     assert blocks * smem <= SM_SMEM < (blocks + 1) * smem, smem
 
 
