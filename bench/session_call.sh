@@ -6,7 +6,7 @@
 # $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
-FINAL=${OUT:-/tmp/session_out}; L=/tmp/session_logs; mkdir -p "$L" "$FINAL"
+FINAL=${OUT:-/tmp/session_out}; L=$(mktemp -d /tmp/session_logs.XXXX); mkdir -p "$FINAL"
 trap 'tar czf "$FINAL/logs.tgz" -C "$L" . ; cp "$L/summary.txt" "$FINAL/" 2>/dev/null' EXIT
 . bench/device_env.sh
 device_env "$L"
