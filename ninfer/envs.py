@@ -102,7 +102,7 @@ def gemv_tma() -> bool:
     return _flag("NINFER_GEMV_TMA", True)
 
 
-def _choice(name: str, default: int, allowed: tuple[int, ...]) -> int:
+def _choice(name: str, default: int | None, allowed: tuple[int, ...]) -> int | None:
     """An integer switch restricted to `allowed` (unset or empty: `default`)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
@@ -193,10 +193,8 @@ def attention_wide() -> bool | None:
     model's head counts only: the same for every call (batch invariant). H200, same machine,
     35B-A3B (G = 8) decode B=1 / B=8 ms: on 2.997 / 7.705, off 3.059 / 7.682. Read once, at
     import of the launcher."""
-    raw = os.environ.get("NINFER_ATTN_WIDE", "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"NINFER_ATTN_WIDE={raw!r}: expected 0, 1 or unset (auto)")
-    return None if raw == "" else raw == "1"
+    choice = _choice("NINFER_ATTN_WIDE", None, (0, 1))
+    return None if choice is None else choice == 1
 
 
 def attention_chunk_grain() -> int:
