@@ -85,6 +85,22 @@ def moe_tma_pairs() -> bool:
     return _flag("NINFER_MOE_TMA_PAIRS", True)
 
 
+def moe_tma_x_regs() -> bool:
+    """NINFER_MOE_TMA_XREGS (default on; "0" turns it off): where every pair reads one x row
+    (B = 1) and each consumer warp's K range is short enough, moe_tma_gate_up_kernel's
+    consumers hold their x values in registers, split once, instead of loading them per work
+    item (the same bits either way). Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA_XREGS", True)
+
+
+def moe_down_prewait() -> bool:
+    """NINFER_MOE_DOWN_PREWAIT (default on; "0" turns it off): the fused MoE down kernel
+    prefetches its blocks' down-weight rows into the L2 before its PDL wait, where the group
+    tables were written before the gate_up stage (a hint: the same bits either way). Read once,
+    at import of the launcher."""
+    return _flag("NINFER_MOE_DOWN_PREWAIT", True)
+
+
 def moe_route_first() -> bool:
     """NINFER_MOE_ROUTE_FIRST (default on; "0" turns it off): a Qwen3.5 MoE layer runs the
     routing (moe_route with the MoE workspace: weights, ids and the expert group tables) right

@@ -51,15 +51,21 @@ __device__ __forceinline__ uint4 mma_load_w(const bf16raw* row, int k, int k_end
 // One 32-k step of lane (g, t): its 8 x values (x[k0 + 8t .. + 7]) split into bf16 hi + lo
 // terms, times the A words w0 (row g) and w1 (row g + 8): words x / y, then z / w, the hi
 // product first (the order every kernel of the tensor-core GEMV contract uses).
+// mma_step_x8 with x already split: hi[q] / lo[q] = split_bf16x2(x[2q], x[2q + 1]).
+__device__ __forceinline__ void mma_step_split8(float (&c)[4], const uint4& w0, const uint4& w1,
+                                                const unsigned (&hi)[4], const unsigned (&lo)[4]) {
+  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, hi[0], hi[1]);
+  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, lo[0], lo[1]);
+  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, hi[2], hi[3]);
+  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, lo[2], lo[3]);
+}
+
 __device__ __forceinline__ void mma_step_x8(float (&c)[4], const uint4& w0, const uint4& w1,
                                             const float (&xv)[8]) {
   unsigned hi[4], lo[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q) split_bf16x2(xv[2 * q], xv[2 * q + 1], hi[q], lo[q]);
-  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, hi[0], hi[1]);
-  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, lo[0], lo[1]);
-  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, hi[2], hi[3]);
-  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, lo[2], lo[3]);
+  mma_step_split8(c, w0, w1, hi, lo);
 }
 
 // Accumulates the warp's K range [k_begin, k_end) (k_begin a multiple of 32) into c.

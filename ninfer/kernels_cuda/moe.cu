@@ -583,13 +583,30 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
 // the routing (written by moe_fused_gate_up_kernel). blockDim.x = 32 * warps with splits <=
 // warps <= 16; dynamic shared memory (moe.py fused_down_smem): warps * 4 KiB of staging, then
 // slots * splits partial tiles of 16 x 8 floats, + 256 B of alignment slack.
+// prewait != 0 (moe.py, NINFER_MOE_DOWN_PREWAIT): before pdl_wait, the block prefetches into the
+// L2 the down rows of its tile for every group, reading the group tables without waiting. Only
+// hints: where the tables were written before the gate_up stage they are complete by then (that
+// stage lets this kernel launch only after its own pdl_wait, so every kernel before it has
+// completed); where not, a stale table only prefetches the wrong lines.
 __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
     const MoeGemvParams p, const float* __restrict__ w, i64 w_rs, const int* __restrict__ ids,
     int n_rows, const float* __restrict__ shared, i64 shared_rs, const float* __restrict__ gate,
-    i64 gate_rs, float* __restrict__ out, i64 out_rs) {
+    i64 gate_rs, float* __restrict__ out, i64 out_rs, int prewait) {
   __shared__ float s_y[MOE_FUSED_PAIRS * 16];
   __shared__ int s_pair[MOE_FUSED_PAIRS];  // [n][rank]: the pair of row n's rank-th expert
   __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
+  if (prewait) {  // L2 prefetch of this block's down rows (16 per group) before pdl_wait
+    const int groups = min(__ldcg(p.num_groups), MOE_FUSED_PAIRS);
+    const int rows = min(16, p.m - (int)blockIdx.x * 16);
+    const i64 row_b = 2 * (i64)p.w_rs, lines = (rows * row_b + 127) >> 7;
+    for (i64 i = threadIdx.x; i < groups * lines; i += blockDim.x) {
+      const int grp = (int)(i / lines);
+      const int e = __ldcg(p.group_expert + grp);
+      if (e >= 0 && e < p.experts)
+        prefetch_l2(static_cast<const char*>(p.w) + 2 * (i64)e * p.w_es +
+                    (i64)blockIdx.x * 16 * row_b + 128 * (i - grp * lines));
+    }
+  }
   pdl_enter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int top_k = p.top_k, n_pairs = n_rows * top_k;
@@ -703,6 +720,7 @@ struct MoeTmaItem {
   const int* gp;
   int m0, e;
 };
+template <int XR>
 __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int item, int tiles,
                                                    int g) {
   MoeTmaItem it;
@@ -710,6 +728,10 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
   it.m0 = (item - grp * tiles) * 8;
   it.e = p.group_expert[grp];
   it.gp = p.group_pairs + grp * MOE_GROUP;
+  if (XR) {  // every pair reads x row 0 (held in registers; xp unused)
+    it.xp = p.x;
+    return it;
+  }
   const int pr = it.gp[g];
   const int p0 = __shfl_sync(0xffffffffu, pr, 0);
   const int pa = pr >= 0 ? pr : p0;
@@ -762,6 +784,48 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
   }
 }
 
+// XR = 1 (moe.py: one x row for every pair, x_by_pair = 0, and at most MOE_TMA_XR_STEPS 32-k
+// steps per consumer warp): each consumer lane loads its x values of its K range once, right
+// after pdl_wait, splits them into bf16 hi + lo words in registers and feeds every item from
+// them (moe_tma_consume_xr): no global x loads per item, the same fragments and mma order.
+#define MOE_TMA_XR_STEPS 8
+
+// moe_tma_consume with x held split in registers (XR = 1): xh[st] / xl[st] = split x[k_begin
+// + 32 st + 8 t .. + 7] (zeros where that unit is past k_end), steps in ascending order, the
+// items' chains interleaved: per item exactly moe_tma_consume's fragments and mma order.
+// (XS: the register arrays' steps, MOE_TMA_XR_STEPS; 1 in the XR = 0 instance, never called.)
+template <int NI, int XS>
+__device__ __forceinline__ void moe_tma_consume_xr(unsigned a_0, unsigned a_1, int pitch,
+                                                   const unsigned (&xh)[XS][4],
+                                                   const unsigned (&xl)[XS][4], int k_begin,
+                                                   int k_end, int t, float (&c)[2][4]) {
+  constexpr int U = MOE_TMA_U;
+  const unsigned a[2] = {a_0, a_1};
+#pragma unroll
+  for (int s0 = 0; s0 < XS; s0 += U) {
+    if (k_begin + 32 * s0 >= k_end) break;
+    uint4 w0[NI][U], w1[NI][U];
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const bool in = s0 + i < XS && k_begin + 32 * (s0 + i) + 8 * t < k_end;
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        w0[j][i] = in ? moe_lds16(a[j] + 64 * (s0 + i)) : z;
+        w1[j][i] = in ? moe_lds16(a[j] + 64 * (s0 + i) + 8 * pitch) : z;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      if (s0 + i >= XS || k_begin + 32 * (s0 + i) >= k_end) break;
+#pragma unroll
+      for (int j = 0; j < NI; ++j)
+        mma_step_split8(c[j], w0[j][i], w1[j][i], xh[s0 + i], xl[s0 + i]);
+    }
+  }
+}
+
+template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
                                                                           int stages,
@@ -838,6 +902,25 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   // is that of one item alone. (A ring of one item cannot hold both: the producer would wait
   // for the slot the consumers release only after the second item.)
   const int per = pairs && stages >= 2 * ns ? 2 : 1;
+  unsigned xh[XR ? MOE_TMA_XR_STEPS : 1][4], xl[XR ? MOE_TMA_XR_STEPS : 1][4];
+  if (XR) {  // all loads issued before any is split
+    float4 xa[MOE_TMA_XR_STEPS], xb[MOE_TMA_XR_STEPS];
+#pragma unroll
+    for (int st = 0; st < MOE_TMA_XR_STEPS; ++st) {
+      const int k = k_begin + 32 * st + 8 * t;
+      const bool in = k < k_end;
+      const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      xa[st] = in ? __ldg(reinterpret_cast<const float4*>(p.x + k)) : zf;
+      xb[st] = in ? __ldg(reinterpret_cast<const float4*>(p.x + k + 4)) : zf;
+    }
+#pragma unroll
+    for (int st = 0; st < (XR ? MOE_TMA_XR_STEPS : 0); ++st) {
+      split_bf16x2(xa[st].x, xa[st].y, xh[st][0], xl[st][0]);
+      split_bf16x2(xa[st].z, xa[st].w, xh[st][1], xl[st][1]);
+      split_bf16x2(xb[st].x, xb[st].y, xh[st][2], xl[st][2]);
+      split_bf16x2(xb[st].z, xb[st].w, xh[st][3], xl[st][3]);
+    }
+  }
   unsigned q = (unsigned)s;  // the block's stage sequence number of this warp's stage
   int parity = 0;
   for (int item = blockIdx.x; item < items; item += per * G) {
@@ -847,13 +930,20 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     float c[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {  // (the second item's state repeats the first's when alone)
-      it[j] = moe_tma_item(p, j < n_it ? item + j * G : item, tiles, g);
+      it[j] = moe_tma_item<XR>(p, j < n_it ? item + j * G : item, tiles, g);
       const unsigned qj = q + (unsigned)(j * ns);
       slot[j] = qj % (unsigned)stages;
       c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
       if (j < n_it) mbar_wait(full + slot[j], (qj / (unsigned)stages) & 1u);
     }
-    if (n_it == 2) {
+    if (XR) {
+      if (n_it == 2)
+        moe_tma_consume_xr<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
+                              xh, xl, k_begin, k_end, t, c);
+      else
+        moe_tma_consume_xr<1>(a0 + slot[0] * stage_bytes, 0u, pitch, xh, xl, k_begin, k_end, t,
+                              c);
+    } else if (n_it == 2) {
       moe_tma_consume<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
                          it[0].xp, it[1].xp, k_begin, k_end, t, c);
     } else {

@@ -77,9 +77,16 @@ MOE_TMA = envs.moe_tma()
 # NINFER_MOE_TMA_PAIRS (read once at import): moe_tma_gate_up_kernel's consumers take two work
 # items at a time when the ring holds two (their mma chains overlap; the same bits).
 MOE_TMA_PAIRS = envs.moe_tma_pairs()
+# NINFER_MOE_DOWN_PREWAIT (read once at import): moe_fused_down_kernel prefetches its down rows
+# into the L2 before its PDL wait where the group tables predate the gate_up stage (a hint).
+DOWN_PREWAIT = envs.moe_down_prewait()
+# NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
+# it can run, unless a caller says otherwise (the same bits either way).
+TMA_X_REGS = envs.moe_tma_x_regs()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
+TMA_XR_STEPS = 8  # moe.cu MOE_TMA_XR_STEPS
 TMA_BAR_BYTES = 256  # moe.cu MOE_TMA_BAR_BYTES
 TMA_SMEM_LIMIT = 227 * 1024  # sm_90 dynamic shared memory per block (opt-in)
 
@@ -148,7 +155,7 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
        "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
-    + ["moe_tma_gate_up_kernel"]
+    + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -339,7 +346,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
         _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
-        _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated)
+        _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
+                    prewait=True)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
                   gated, tma)
@@ -385,10 +393,11 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
 
 
 def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
-                gated) -> None:
+                gated, prewait: bool = False) -> None:
     """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
     in `ws` (written by moe_fused_gate_up_kernel, or by moe_route_group_kernel and the gate_up
-    stage)."""
+    stage). `prewait`: the group tables were written before the gate_up stage, so the kernel's
+    L2 prefetch of its down rows before pdl_wait (DOWN_PREWAIT) finds them complete."""
     dn_splits = mma_splits(inter, MMA_SPLITS)
     params = C.pack(_GEMV, w=C.ptr(dn), x=C.ptr(ws.act), out=0,
                     group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
@@ -402,7 +411,8 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
     launch(fn, ((hidden + 15) // 16,), (32 * FUSED_DOWN_WARPS,),
            (params, weights_out, np.int64(C.row_stride(weights_out, "weights_out")), ids_out,
-            np.int32(n)) + shared_args + (out, np.int64(C.row_stride(out, "out"))),
+            np.int32(n)) + shared_args + (out, np.int64(C.row_stride(out, "out")),
+                                          np.int32(prewait and DOWN_PREWAIT)),
            shared_mem=smem, name="moe_fused_down", pdl=True)
 
 
@@ -524,21 +534,28 @@ def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int
 
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
-                       plan: TmaPlan, item_pairs: bool | None = None) -> None:
+                       plan: TmaPlan, item_pairs: bool | None = None,
+                       x_regs: bool | None = None) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
     with swiglu=True, up_offset=m): the same K split, fragments and orders. One persistent block
     per SM, at most one per work item of the worst case (pairs groups x ceil(m / 8) row
     tiles). `item_pairs`: consumers take two items at a time (None: MOE_TMA_PAIRS; the same
-    bits either way)."""
+    bits either way). `x_regs`: the consumers hold their x values in registers
+    (moe_tma_gate_up_kernel<1>), possible where every pair reads x row 0 (x_by_pair = 0 and
+    pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
+    wherever possible when TMA_X_REGS is set (the same bits either way)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
+    xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
+    C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
+    xr = (xr_ok and TMA_X_REGS) if x_regs is None else x_regs
     params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
                     group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
                     num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
                     out_rs=out.shape[1], m=m, k=k, splits=plan.splits, top_k=top_k,
                     up_offset=m, x_by_pair=x_by_pair, experts=experts)
-    fn = get_function(SOURCE, "moe_tma_gate_up_kernel")
+    fn = get_function(SOURCE, f"moe_tma_gate_up_kernel<{int(xr)}>")
     if fn.max_dynamic_shared_size_bytes < plan.smem:
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
@@ -546,6 +563,13 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
            (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
             np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
+
+
+def tma_x_regs_ok(k: int, splits: int, x_by_pair: int, pairs: int, top_k: int) -> bool:
+    """Whether moe_tma_gate_up_kernel<1> (x in registers) can run: one x row for every pair and
+    at most TMA_XR_STEPS 32-k steps in each consumer warp's K range (mma_warp_k_range)."""
+    per = -(-(-(-k // 32)) // splits)
+    return x_by_pair == 0 and pairs <= top_k and per <= TMA_XR_STEPS
 
 
 def mma_rows_smem(splits: int) -> int:

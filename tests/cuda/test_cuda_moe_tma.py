@@ -61,10 +61,10 @@ def _plans(k):
     return plans + [one]
 
 
-def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None):
+def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None, x_regs=None):
     """act [pairs, m] of moe_tma_gate_up_kernel (plan; `item_pairs`: its consumers take two
-    items at a time) or moe_mma_rows_kernel<1> (None) on the group tables of ids (device), into
-    a NaN-poisoned buffer."""
+    items at a time; `x_regs`: x held in registers) or moe_mma_rows_kernel<1> (None) on the
+    group tables of ids (device), into a NaN-poisoned buffer."""
     n, top_k = ids.shape
     ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
     kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
@@ -76,11 +76,12 @@ def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None):
     if plan is None:
         kmoe.launch_mma(*args, swiglu=True, up_offset=m, rows=True, **kw)
     else:
-        kmoe.launch_tma_gate_up(*args, plan=plan, item_pairs=item_pairs, **kw)
+        kmoe.launch_tma_gate_up(*args, plan=plan, item_pairs=item_pairs, x_regs=x_regs, **kw)
     return out
 
 
-@pytest.mark.parametrize("m,k", [(512, 2048), (200, 1040), (512, 1040), (200, 2048)])
+@pytest.mark.parametrize("m,k", [(512, 2048), (200, 1040), (512, 1040), (200, 2048), (200, 2032),
+                                 (512, 1520)])
 @pytest.mark.parametrize("experts,top_k", [(256, 8), (61, 5)])
 def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
     w, w_d = _tiled_experts(rng, experts, 12, 2 * m, k)
@@ -94,11 +95,15 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
         x_h, x_d = _x(rng, n * top_k if by_pair else n, k)
         want = _stage(w_d, x_d, ids, m, experts, by_pair, None)
         assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
+        # x in registers (moe_tma_gate_up_kernel<1>) where one x row feeds every pair
+        xr_ok = kmoe.tma_x_regs_ok(k, plans[0].splits, by_pair, ids_h.size, top_k)
+        assert xr_ok == (n == 1 and k != 1040), (n, k)  # K = 1040: 9 steps per warp
         for plan in plans:
             for item_pairs in (False, True):  # one item at a time, or two (rings of >= 2)
-                got = _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs)
-                assert_same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} {plan} "
-                                            f"pairs={item_pairs}")
+                for x_regs in (False, True) if xr_ok else (False,):
+                    got = _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs, x_regs)
+                    assert_same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} "
+                                                f"{plan} pairs={item_pairs} x_regs={x_regs}")
         if n == 2:  # and the values (float64 oracle)
             expect = np.empty((ids_h.size, m))
             for pr, e in enumerate(ids_h.reshape(-1)):
@@ -161,14 +166,19 @@ def _block(monkeypatch, tma, x, logits, top_k, gu, dn, shared, fused):
     (5, 1040, 200, 61, 5, 7),
 ])
 @pytest.mark.parametrize("fused", [None, True, False])
+@pytest.mark.parametrize("prewait", [False, True])
 def test_moe_block_tma_on_equals_off(rng, monkeypatch, n, hidden, inter, experts, top_k, sub,
-                                     fused):
+                                     fused, prewait):
+    """... with the fused down stage's L2 prefetch before its PDL wait (DOWN_PREWAIT) on or off
+    in the TMA run: the same bits."""
     gu, dn = _experts(rng, experts, sub, hidden, inter)
     x = dev(randn(rng, (n, hidden)))
     logits = dev(randn(rng, (n, experts + 1), 2.0))
     shared = dev(randn(rng, (n, hidden))) if n != 2 else None
+    monkeypatch.setattr(kmoe, "DOWN_PREWAIT", prewait)
     on, calls = _block(monkeypatch, True, x, logits, top_k, gu, dn, shared, fused)
     assert calls == 1, "the TMA gate_up did not run"
+    monkeypatch.setattr(kmoe, "DOWN_PREWAIT", False)
     off, calls = _block(monkeypatch, False, x, logits, top_k, gu, dn, shared, fused)
     assert calls == 0
     assert np.isfinite(host(on[3])).all(), "non-finite output"

@@ -36,6 +36,22 @@ def test_constants_mirror_moe_cu():
     assert 2 * kmoe.TMA_MAX_STAGES * 8 <= kmoe.TMA_BAR_BYTES  # full[] and empty[] barriers
     assert re.search(r"__launch_bounds__\(32 \* \(8 \+ 1\), 1\) moe_tma_gate_up_kernel", SOURCE)
     assert kmoe.MMA_SPLITS == 8
+    assert _define("MOE_TMA_XR_STEPS") == kmoe.TMA_XR_STEPS
+
+
+@pytest.mark.parametrize("k", [16, 32, 1040, 2048, 2064, 4096])
+def test_x_regs_predicate(k):
+    """tma_x_regs_ok: one x row (x_by_pair = 0, pairs <= top_k) and every warp's K range at most
+    TMA_XR_STEPS 32-k steps (mma_warp_k_range's ranges, recomputed here)."""
+    splits = mma_splits(k, kmoe.MMA_SPLITS)
+    ranges = [_warp_k_range(k, splits, w) for w in range(splits)]
+    longest = max(end - begin for begin, end in ranges)
+    fits = -(-longest // 32) <= kmoe.TMA_XR_STEPS
+    assert kmoe.tma_x_regs_ok(k, splits, 0, 8, 8) == fits
+    assert not kmoe.tma_x_regs_ok(k, splits, 1, 8, 8)  # x rows by pair
+    assert not kmoe.tma_x_regs_ok(k, splits, 0, 16, 8)  # two tokens
+    if k == 2048:
+        assert fits  # 35B-A3B at B = 1 takes it
 
 
 def test_35b_plan():
