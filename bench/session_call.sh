@@ -2,8 +2,10 @@
 # One device call: precompile, decode A/B runs, GPU test files, the model oracle, kernel
 # benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...", TESTS="file[::-k expr] ...",
 # MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
-# KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b). Logs: $OUT/logs.tgz +
-# $OUT/summary.txt.
+# KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b; PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
+# also precompile the kernels those settings select, in parallel with the default set, so the
+# decode runs that use them do not compile inside their time limit; DECODE_LIMIT seconds per
+# decode run, default 120). Logs: $OUT/logs.tgz + $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/session_out}; L=$(mktemp -d /tmp/session_logs.XXXX); mkdir -p "$FINAL"
@@ -13,11 +15,19 @@ device_env "$L"
 export NINFER_KERNEL_CACHE=/tmp/nk PYTHONUNBUFFERED=1
 T0=$(date +%s)
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/summary.txt"; }
-python3 -m bench.precompile > "$L/precompile.log" 2>&1
+python3 -m bench.precompile > "$L/precompile.log" 2>&1 &
+i=0
+for e in ${PRECOMPILE_ENVS:-}; do  # other settings' instances (attention.cu compiles ~2 min)
+  i=$((i + 1))
+  env ${e//+/ } python3 -m bench.precompile > "$L/precompile_$i.log" 2>&1 &
+done
+wait
 note "$(tail -1 "$L/precompile.log")"
+for f in "$L"/precompile_*.log; do [ -f "$f" ] && note "$(basename "$f"): $(tail -1 "$f")"; done
 for spec in ${DECODES:-}; do  # name:ENVS:shape
   IFS=: read -r name envs shape <<< "$spec"
-  timeout 120 env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 --shape "$shape" \
+  timeout "${DECODE_LIMIT:-120}" env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 \
+    --shape "$shape" \
     > "$L/decode_$name.log" 2>&1
   note "decode $name rc=$? $(grep -E '^ *[0-9]+ +[0-9]+\.[0-9]+ ' "$L/decode_$name.log" | awk '{printf "B=%s %s ms r=%s | ", $1, $2, $8}')"
 done
