@@ -568,8 +568,9 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
 def tma_x_regs_ok(k: int, splits: int, x_by_pair: int, pairs: int, top_k: int) -> bool:
     """Whether moe_tma_gate_up_kernel<1> (x in registers) can run: one x row for every pair and
     at most TMA_XR_STEPS 32-k steps in each consumer warp's K range (mma_warp_k_range)."""
-    per = -(-(-(-k // 32)) // splits)
-    return x_by_pair == 0 and pairs <= top_k and per <= TMA_XR_STEPS
+    steps = -(-k // 32)  # 32-k steps of K
+    per_warp = -(-steps // splits)
+    return x_by_pair == 0 and pairs <= top_k and per_warp <= TMA_XR_STEPS
 
 
 def mma_rows_smem(splits: int) -> int:
