@@ -48,9 +48,6 @@ __device__ __forceinline__ uint4 mma_load_w(const bf16raw* row, int k, int k_end
                     h[6] | (h[7] << 16));
 }
 
-// One 32-k step of lane (g, t): its 8 x values (x[k0 + 8t .. + 7]) split into bf16 hi + lo
-// terms, times the A words w0 (row g) and w1 (row g + 8): words x / y, then z / w, the hi
-// product first (the order every kernel of the tensor-core GEMV contract uses).
 // mma_step_x8 with x already split: hi[q] / lo[q] = split_bf16x2(x[2q], x[2q + 1]).
 __device__ __forceinline__ void mma_step_split8(float (&c)[4], const uint4& w0, const uint4& w1,
                                                 const unsigned (&hi)[4], const unsigned (&lo)[4]) {
@@ -60,6 +57,9 @@ __device__ __forceinline__ void mma_step_split8(float (&c)[4], const uint4& w0, 
   mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, lo[2], lo[3]);
 }
 
+// One 32-k step of lane (g, t): its 8 x values (x[k0 + 8t .. + 7]) split into bf16 hi + lo
+// terms, times the A words w0 (row g) and w1 (row g + 8): words x / y, then z / w, the hi
+// product first (the order every kernel of the tensor-core GEMV contract uses).
 __device__ __forceinline__ void mma_step_x8(float (&c)[4], const uint4& w0, const uint4& w1,
                                             const float (&xv)[8]) {
   unsigned hi[4], lo[4];

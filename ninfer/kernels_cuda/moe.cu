@@ -597,14 +597,12 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
   __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
   if (prewait) {  // L2 prefetch of this block's down rows (16 per group) before pdl_wait
     const int groups = min(__ldcg(p.num_groups), MOE_FUSED_PAIRS);
-    const int rows = min(16, p.m - (int)blockIdx.x * 16);
-    const i64 row_b = 2 * (i64)p.w_rs, lines = (rows * row_b + 127) >> 7;
-    for (i64 i = threadIdx.x; i < groups * lines; i += blockDim.x) {
-      const int grp = (int)(i / lines);
+    const i64 row_b = 2 * (i64)p.w_rs, m0 = (i64)blockIdx.x * 16;
+    for (int grp = 0; grp < groups; ++grp) {
       const int e = __ldcg(p.group_expert + grp);
       if (e >= 0 && e < p.experts)
-        prefetch_l2(static_cast<const char*>(p.w) + 2 * (i64)e * p.w_es +
-                    (i64)blockIdx.x * 16 * row_b + 128 * (i - grp * lines));
+        prefetch_l2_span(static_cast<const char*>(p.w) + 2 * (i64)e * p.w_es + m0 * row_b,
+                         min((i64)16, p.m - m0) * row_b, threadIdx.x, blockDim.x);
     }
   }
   pdl_enter();
@@ -793,23 +791,22 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
 // moe_tma_consume with x held split in registers (XR = 1): xh[st] / xl[st] = split x[k_begin
 // + 32 st + 8 t .. + 7] (zeros where that unit is past k_end), steps in ascending order, the
 // items' chains interleaved: per item exactly moe_tma_consume's fragments and mma order.
-// (XS: the register arrays' steps, MOE_TMA_XR_STEPS; 1 in the XR = 0 instance, never called.)
-template <int NI, int XS>
-__device__ __forceinline__ void moe_tma_consume_xr(unsigned a_0, unsigned a_1, int pitch,
-                                                   const unsigned (&xh)[XS][4],
-                                                   const unsigned (&xl)[XS][4], int k_begin,
-                                                   int k_end, int t, float (&c)[2][4]) {
+template <int NI>
+__device__ __forceinline__ void moe_tma_consume_xr(
+    unsigned a_0, unsigned a_1, int pitch, const unsigned (&xh)[MOE_TMA_XR_STEPS][4],
+    const unsigned (&xl)[MOE_TMA_XR_STEPS][4], int k_begin, int k_end, int t, float (&c)[2][4]) {
   constexpr int U = MOE_TMA_U;
+  static_assert(MOE_TMA_XR_STEPS % U == 0, "whole batches of steps");
   const unsigned a[2] = {a_0, a_1};
 #pragma unroll
-  for (int s0 = 0; s0 < XS; s0 += U) {
+  for (int s0 = 0; s0 < MOE_TMA_XR_STEPS; s0 += U) {
     if (k_begin + 32 * s0 >= k_end) break;
     uint4 w0[NI][U], w1[NI][U];
 #pragma unroll
     for (int j = 0; j < NI; ++j) {
 #pragma unroll
       for (int i = 0; i < U; ++i) {
-        const bool in = s0 + i < XS && k_begin + 32 * (s0 + i) + 8 * t < k_end;
+        const bool in = k_begin + 32 * (s0 + i) + 8 * t < k_end;
         const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         w0[j][i] = in ? moe_lds16(a[j] + 64 * (s0 + i)) : z;
         w1[j][i] = in ? moe_lds16(a[j] + 64 * (s0 + i) + 8 * pitch) : z;
@@ -817,7 +814,7 @@ __device__ __forceinline__ void moe_tma_consume_xr(unsigned a_0, unsigned a_1, i
     }
 #pragma unroll
     for (int i = 0; i < U; ++i) {
-      if (s0 + i >= XS || k_begin + 32 * (s0 + i) >= k_end) break;
+      if (k_begin + 32 * (s0 + i) >= k_end) break;
 #pragma unroll
       for (int j = 0; j < NI; ++j)
         mma_step_split8(c[j], w0[j][i], w1[j][i], xh[s0 + i], xl[s0 + i]);
@@ -902,8 +899,8 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   // is that of one item alone. (A ring of one item cannot hold both: the producer would wait
   // for the slot the consumers release only after the second item.)
   const int per = pairs && stages >= 2 * ns ? 2 : 1;
-  unsigned xh[XR ? MOE_TMA_XR_STEPS : 1][4], xl[XR ? MOE_TMA_XR_STEPS : 1][4];
-  if (XR) {  // all loads issued before any is split
+  unsigned xh[MOE_TMA_XR_STEPS][4], xl[MOE_TMA_XR_STEPS][4];  // XR = 1 only
+  if constexpr (XR) {  // all loads issued before any is split
     float4 xa[MOE_TMA_XR_STEPS], xb[MOE_TMA_XR_STEPS];
 #pragma unroll
     for (int st = 0; st < MOE_TMA_XR_STEPS; ++st) {
@@ -914,7 +911,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
       xb[st] = in ? __ldg(reinterpret_cast<const float4*>(p.x + k + 4)) : zf;
     }
 #pragma unroll
-    for (int st = 0; st < (XR ? MOE_TMA_XR_STEPS : 0); ++st) {
+    for (int st = 0; st < MOE_TMA_XR_STEPS; ++st) {
       split_bf16x2(xa[st].x, xa[st].y, xh[st][0], xl[st][0]);
       split_bf16x2(xa[st].z, xa[st].w, xh[st][1], xl[st][1]);
       split_bf16x2(xb[st].x, xb[st].y, xh[st][2], xl[st][2]);
@@ -936,7 +933,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
       c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
       if (j < n_it) mbar_wait(full + slot[j], (qj / (unsigned)stages) & 1u);
     }
-    if (XR) {
+    if constexpr (XR) {
       if (n_it == 2)
         moe_tma_consume_xr<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
                               xh, xl, k_begin, k_end, t, c);
