@@ -44,7 +44,7 @@ for shape in ${AB_SHAPES:-9b}; do
       log="$L/decode_${shape}_${side}$r.log"
       timeout "${DECODE_LIMIT:-120}" bash -c "cd '$tree' && PYTHONPATH='$tree${SITE:+:$SITE}' \
         python3 -m bench.cli decode --batch 1,8 --shape '$shape'" > "$log" 2>&1
-      note "$shape ${side^^}$r rc=$? $(grep -E '^ *[0-9]+ +[0-9]+\.[0-9]+ ' "$log" | awk '{printf "B=%s %s ms r=%s | ", $1, $2, $8}')"
+      note "$shape ${side^^}$r rc=$? $(decode_figures "$log")"
     done
   done
 done

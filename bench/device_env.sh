@@ -14,3 +14,9 @@ device_env() {
 # The Nsight Compute sections the ncu drivers (ncu_attention_moe.sh, ncu_gemv.sh) collect per
 # kernel: speed of light, warp states, scheduler, memory, occupancy, launch.
 NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats"
+
+# `decode_figures LOG`: one line of an `ninfer-bench decode` log's rows, "B=1 4.537 ms r=0.86 | ..."
+# (batch, gpu ms, roofline ratio), for the drivers' summaries.
+decode_figures() {
+  grep -E '^ *[0-9]+ +[0-9]+\.[0-9]+ ' "$1" | awk '{printf "B=%s %s ms r=%s | ", $1, $2, $8}'
+}

@@ -4,6 +4,7 @@
 # the baseline), e.g. PROBES="0.8b:- 0.8b:norm 0.8b:gdn_decode". Summary in $OUT/summary.txt.
 set -u
 cd "$(dirname "$0")/.."
+. bench/device_env.sh  # decode_figures
 export PYTHONPATH=$PWD NINFER_KERNEL_CACHE=/tmp/nk PYTHONUNBUFFERED=1
 L=${OUT:-/tmp/probe_out}; mkdir -p "$L"; T0=$(date +%s)
 python3 -m bench.precompile > "$L/precompile.log" 2>&1
@@ -16,5 +17,5 @@ for spec in ${PROBES:-}; do
     timeout 120 python3 -m bench.probe_skip --skip "$groups" -- decode --batch 1,8 \
       --shape "$shape" > "$L/run.log" 2>&1
   fi
-  echo "[$(( $(date +%s) - T0 ))s] $shape skip=$groups rc=$? $(grep -E '^ *[0-9]+ +[0-9]+\.[0-9]+ ' "$L/run.log" | awk '{printf "B=%s %s ms | ", $1, $2}')" | tee -a "$L/summary.txt"
+  echo "[$(( $(date +%s) - T0 ))s] $shape skip=$groups rc=$? $(decode_figures "$L/run.log")" | tee -a "$L/summary.txt"
 done

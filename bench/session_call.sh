@@ -29,7 +29,7 @@ for spec in ${DECODES:-}; do  # name:ENVS:shape
   timeout "${DECODE_LIMIT:-120}" env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 \
     --shape "$shape" \
     > "$L/decode_$name.log" 2>&1
-  note "decode $name rc=$? $(grep -E '^ *[0-9]+ +[0-9]+\.[0-9]+ ' "$L/decode_$name.log" | awk '{printf "B=%s %s ms r=%s | ", $1, $2, $8}')"
+  note "decode $name rc=$? $(decode_figures "$L/decode_$name.log")"
 done
 for spec in ${TESTS:-}; do  # file or file::expr
   f=${spec%%::*}; k=""; [ "$spec" != "$f" ] && k=${spec#*::}
