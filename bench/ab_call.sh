@@ -5,7 +5,8 @@
 # the two trees' `ninfer-bench decode --batch 1,8` runs alternate AB_ROUNDS times (A, B, A, B).
 # Optional AB_TESTS="file[::-k expr] ..." runs those GPU test files in the other tree first.
 # Env: AB_TREE (required: the other tree, relative to this checkout), AB_SHAPES (default 9b),
-# AB_ROUNDS (2), DECODE_LIMIT (120 s per run), TEST_LIMIT (200 s per file).
+# AB_ROUNDS (2), AB_SIDES (the runs of a round, default "a b"; a side may add settings:
+# "a a:NINFER_X=0+NINFER_Y=1 b"), DECODE_LIMIT (120 s per run), TEST_LIMIT (200 s per file).
 # Logs: $OUT/ab_logs.tgz + $OUT/ab_summary.txt.
 set -u
 cd "$(dirname "$0")/.."
@@ -39,12 +40,15 @@ for spec in ${AB_TESTS:-}; do
 done
 for shape in ${AB_SHAPES:-9b}; do
   for r in $(seq 1 "${AB_ROUNDS:-2}"); do
-    for side in a b; do
-      tree=$A; [ $side = b ] && tree=$B
-      log="$L/decode_${shape}_${side}$r.log"
-      timeout "${DECODE_LIMIT:-120}" bash -c "cd '$tree' && PYTHONPATH='$tree${SITE:+:$SITE}' \
-        python3 -m bench.cli decode --batch 1,8 --shape '$shape'" > "$log" 2>&1
-      note "$shape ${side^^}$r rc=$? $(decode_figures "$log")"
+    i=0
+    for spec in ${AB_SIDES:-a b}; do  # a | b, optionally :ENV=1+ENV2=0
+      i=$((i + 1)); side=${spec%%:*}; envs=""; [ "$spec" != "$side" ] && envs=${spec#*:}
+      tree=$A; [ "$side" = b ] && tree=$B
+      log="$L/decode_${shape}_${i}${side}$r.log"
+      timeout "${DECODE_LIMIT:-120}" bash -c "cd '$tree' && env X=0 ${envs//+/ } \
+        PYTHONPATH='$tree${SITE:+:$SITE}' python3 -m bench.cli decode --batch 1,8 \
+        --shape '$shape'" > "$log" 2>&1
+      note "$shape ${spec}#$r rc=$? $(decode_figures "$log")"
     done
   done
 done

@@ -7,6 +7,8 @@ bytes/flops are the minimum traffic/work (each input read once, each output writ
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from bench import peers
@@ -69,6 +71,22 @@ def linear_prefill(ctx: BenchContext, cp) -> list[Measure]:
 ATTN_DECODE_CASES = ((1, 1024), (8, 1024), (1, 8192), (8, 8192), (1, 32768))
 
 
+def attn_decode_cases() -> tuple[tuple[int, int], ...]:
+    """(batch, keys per row) of the decode attention rows: ATTN_DECODE_CASES, or the
+    NINFER_BENCH_ATTN_CASES list "B:KEYS ..." (e.g. "1:64 1:1025" for the chunk / merge-level
+    boundaries)."""
+    spec = os.environ.get("NINFER_BENCH_ATTN_CASES", "").split()
+    if not spec:
+        return ATTN_DECODE_CASES
+    try:
+        cases = tuple((int(b), int(k)) for b, k in (item.split(":") for item in spec))
+    except ValueError:
+        raise SystemExit(f"NINFER_BENCH_ATTN_CASES: want 'B:KEYS ...', got {spec!r}") from None
+    if any(b < 1 or k < 1 for b, k in cases):
+        raise SystemExit(f"NINFER_BENCH_ATTN_CASES: B and KEYS must be >= 1, got {spec!r}")
+    return cases
+
+
 def paged_attention_bytes(lengths, q_heads: int, kv_heads: int, head_dim: int,
                           kv_itemsize: int) -> int:
     """Minimum traffic of a decode paged_attention: the K and V rows of every attended key
@@ -87,10 +105,10 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
 
     s = ctx.shape
     out = []
-    for batch, context in ATTN_DECODE_CASES:
+    for batch, context in attn_decode_cases():
         per_set = paged_attention_bytes([context] * batch, s.heads, s.kv_heads, s.head_dim, 2)
         copies = ctx.copies(per_set, limit=64)
-        pages_per_seq = context // PAGE
+        pages_per_seq = -(-context // PAGE)
         num_pages = copies * batch * pages_per_seq
         kp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
         vp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
@@ -104,14 +122,18 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         path = katt.decode_path(katt.C.WKind.BF16, s.heads // s.kv_heads, s.head_dim, PAGE)
         label = f"decode B={batch} ctx={context} bf16 KV {path}"
 
-        def call(i):
+        def call(i, ready=False):
             katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos, s.head_dim ** -0.5, o,
-                                 workspace=ws)
+                                 workspace=ws, past_kv_ready=ready)
 
         out.append(Measure("paged_attention", f"{label} eager", ctx.time(call), bytes=per_set,
                            note="1 launch"))
         ms, reps = ctx.time_graph(call)
         out.append(Measure("paged_attention", f"{label} graph", ms, bytes=per_set,
+                           note=f"graph of {reps} launches, {copies} sets"))
+        # as in decode: no launch writes the K / V, so each may read its tiles before its wait
+        ms, _ = ctx.time_graph(lambda i: call(i, True), reps=reps)
+        out.append(Measure("paged_attention", f"{label} past_kv_ready graph", ms, bytes=per_set,
                            note=f"graph of {reps} launches, {copies} sets"))
         # the Qwen3.5 output gate: separate sigmoid_mul launch (the gate copied contiguous, as
         # attn_prep does; in place) vs fused (gate= the strided half of [q_h | gate_h])

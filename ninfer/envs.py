@@ -101,6 +101,13 @@ def moe_down_prewait() -> bool:
     return _flag("NINFER_MOE_DOWN_PREWAIT", True)
 
 
+def attn_prewait() -> bool:
+    """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
+    kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before
+    its PDL wait (the same bits either way). Read once, at import of the launcher."""
+    return _flag("NINFER_ATTN_PREWAIT", True)
+
+
 def moe_route_first() -> bool:
     """NINFER_MOE_ROUTE_FIRST (default on; "0" turns it off): a Qwen3.5 MoE layer runs the
     routing (moe_route with the MoE workspace: weights, ids and the expert group tables) right

@@ -142,8 +142,10 @@ struct AttnParams {
   int hg_recip;      // ceil(65536 / head_groups): warp / HG = (warp * hg_recip) >> 16, warp < 32
   int page_shift;    // log2(page_size) when it is a power of two, else -1
   int stages;       // ring stages of paged_attention_tma_kernel (2..ATTN_TMA_MAX_STAGES)
+  int prewait;      // 1: every row's keys before its own position were written before this
+                    // launch (decode: one row per sequence); see paged_attention_kernel
 };
-static_assert(sizeof(AttnParams) == 208, "AttnParams layout is mirrored in attention.py");
+static_assert(sizeof(AttnParams) == 216, "AttnParams layout is mirrored in attention.py");
 
 struct AttnRow {
   bool ok;
@@ -709,7 +711,6 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
 template <typename KT, int GW, int DPL, int SPLIT, int NST, int MMA, int WIDE = 0>
 __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ? 1 : 3)
     paged_attention_kernel(const AttnParams p) {
-  pdl_enter();  // before the early exits: every block waits and triggers
   constexpr int D = 32 * DPL;
   constexpr int KPW = attn_kpw<KT, DPL>();
   constexpr int LPK = 32 / KPW;  // lanes holding each key's score after the reduction
@@ -739,11 +740,13 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
   const int hg = warp - kw * HG;
   const int g = blockIdx.y;
   const i64 n = blockIdx.z;
-
-  const AttnRow row = attn_row(p, n);
   const int c_begin = SPLIT ? (int)blockIdx.x : 0;
-  const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
-  if (c_begin >= row.n_chunks) return;
+  // p.prewait (FMA path): the row, its page ids and the warp's first tiles of K / V (keys
+  // before the row's own, written by earlier launches) are read before pdl_wait, so their
+  // round trips overlap the previous kernel (attn_prep, which writes q and the row's own key)
+  const bool prewait = !MMA && p.prewait;
+  AttnRow row;
+  if (prewait) row = attn_row(p, n);
 
   float* sm_stage = smem;
   float* sm_qf = sm_stage + nwarps * STAGE_F;  // MMA: uint4 [D / 16][32]
@@ -765,31 +768,8 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
   float* co_rb = co_ra + G;
   float* mg = sm_x;  // SPLIT=1 merge
 
-  if (tid == 0) {
-    sm_bad = !row.ok;
-    sm_chunks = row.n_chunks;  // re-read per chunk (SPLIT=0): one register less across the loop
-  }
-  if (!SPLIT) {
-    for (int idx = tid; idx < G * D; idx += nthreads) run_o[idx] = grp_o[idx] = 0.0f;
-    if (tid < G) {
-      run_m[tid] = grp_m[tid] = -NINFER_INF;
-      run_l[tid] = grp_l[tid] = 0.0f;
-    }
-  }
-  if constexpr (MMA)
-    attn_stage_q_fragments<D>(p, n, g, G, reinterpret_cast<uint4*>(sm_qf), tid, nthreads);
-  __syncthreads();  // sm_bad, the running state and the q fragments are ready
-
-  float q[MMA ? 1 : GW][DPL];
-#pragma unroll
-  for (int h = 0; h < (MMA ? 0 : GW); ++h) {
-    const float* qp = p.q + n * p.q_rs + (i64)(g * G + hg * GW + h) * p.q_hs + lane * DPL;
-#pragma unroll
-    for (int d = 0; d < DPL; ++d) q[h][d] = qp[d];
-  }
   const KT* kbase = static_cast<const KT*>(p.k_pages);
   const KT* vbase = static_cast<const KT*>(p.v_pages);
-  const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
   float* sm_pw = sm_p + warp * 64;  // this warp's p [KPW][4]
   float* wst = sm_stage + warp * STAGE_F;
   const unsigned char* st = reinterpret_cast<const unsigned char*>(wst) + lane * BYTES;
@@ -815,6 +795,58 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
     return bad_tile;
   };
 
+  // prewait: tiles s < pre of the warp's first chunk (tile s = keys t0 + s * stride .. + KPW,
+  // buffer s, one commit group each, s < NST: the tiles the FMA path issues before its first
+  // wait) whose keys all precede the row's own key are issued now
+  int pre = 0;
+  bool pre_bad = false;
+  if (prewait && c_begin < row.n_chunks) {
+    const int key_end = min(row.len, (c_begin + 1) * row.chunk_keys);
+    const int t0 = c_begin * row.chunk_keys + kw * KPW;
+    while (pre < NST && min(t0 + pre * stride + KPW, key_end) <= row.len - 1) ++pre;
+    const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+    int rid[NST];
+#pragma unroll
+    for (int s = 0; s < NST; ++s)  // all lookups first (independent loads)
+      if (s < pre) rid[s] = attn_key_row(p, bt, row.ok, g, t0 + s * stride + lane, key_end,
+                                         lane < KPW);
+#pragma unroll
+    for (int s = 0; s < NST; ++s) {
+      if (s < pre) {
+        if (t0 + s * stride < key_end) pre_bad |= issue(rid[s], s);
+        attn_cp_async_commit();
+      }
+    }
+  }
+  pdl_enter();  // before the early exits: every block waits and triggers
+  if (!prewait) row = attn_row(p, n);
+  const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
+  if (c_begin >= row.n_chunks) return;
+
+  if (tid == 0) {
+    sm_bad = !row.ok;
+    sm_chunks = row.n_chunks;  // re-read per chunk (SPLIT=0): one register less across the loop
+  }
+  if (!SPLIT) {
+    for (int idx = tid; idx < G * D; idx += nthreads) run_o[idx] = grp_o[idx] = 0.0f;
+    if (tid < G) {
+      run_m[tid] = grp_m[tid] = -NINFER_INF;
+      run_l[tid] = grp_l[tid] = 0.0f;
+    }
+  }
+  if constexpr (MMA)
+    attn_stage_q_fragments<D>(p, n, g, G, reinterpret_cast<uint4*>(sm_qf), tid, nthreads);
+  __syncthreads();  // sm_bad, the running state and the q fragments are ready
+
+  float q[MMA ? 1 : GW][DPL];
+#pragma unroll
+  for (int h = 0; h < (MMA ? 0 : GW); ++h) {
+    const float* qp = p.q + n * p.q_rs + (i64)(g * G + hg * GW + h) * p.q_hs + lane * DPL;
+#pragma unroll
+    for (int d = 0; d < DPL; ++d) q[h][d] = qp[d];
+  }
+  const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+
   for (int c = c_begin; c < (SPLIT ? c_end : sm_chunks); ++c) {
     const int key_begin = c * row.chunk_keys;
     const int key_end = min(row.len, key_begin + row.chunk_keys);
@@ -823,93 +855,106 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
       bad = attn_mma_warp<D>(p, bt, row.ok, g, key_begin, key_end, kw, KW, G,
                              reinterpret_cast<const uint4*>(sm_qf), wst, sm_m, sm_l);
     } else {
-      // the warp's running max and sum per head live in its sm_m / sm_l slots (warp-uniform
-      // values; registers are kept for q and acc)
-      float* wm = sm_m + kw * G + hg * GW;
-      float* wl = sm_l + kw * G + hg * GW;
+      // The scores of all GW heads go through one multi-value butterfly: value i = j * GWP + h
+      // (key j, head h; GW = 3 padded to GWP = 4 with zero partials) ends in lanes
+      // i * RL .. i * RL + RL - 1, so lane l holds key jl = l / LPK of head hh = (l / RL) % GWP.
+      // Its lane-bit tree (16, 8, .., 1) is that of a per-head attn_key_sum<KPW>, and the max /
+      // sum over keys are the same xor steps over the key bits, so every score, p, running max
+      // and sum has the bits of one head at a time, with one chain instead of GW. The lanes keep
+      // their head's running max and sum (warp-uniform per head) in registers; sm_m / sm_l get
+      // them at the chunk end.
+      constexpr int GWP = GW == 3 ? 4 : GW;
+      constexpr int V = KPW * GWP;
+      constexpr int RL = 32 / V;  // lanes per value
+      static_assert(V <= 32 && (GWP & (GWP - 1)) == 0, "one butterfly holds every head's keys");
+      const int hh = (lane / RL) % GWP;
+      float m_run = -NINFER_INF, l_run = 0.0f;
       float acc[GW][DPL];
 #pragma unroll
-      for (int h = 0; h < GW; ++h) {
-        if (lane == 0) {
-          wm[h] = -NINFER_INF;
-          wl[h] = 0.0f;
-        }
+      for (int h = 0; h < GW; ++h)
 #pragma unroll
         for (int d = 0; d < DPL; ++d) acc[h][d] = 0.0f;
-      }
-      __syncwarp();
       // software pipeline over a ring of NST buffers: tile i's copies land while tiles
       // i-NST+1 .. i-1 are computed (NST - 1 tiles in flight); page ids are looked up one tile
       // before their copies are issued. The order of the arithmetic does not depend on NST.
+      // Tiles s < done were issued before pdl_wait (buffer s, their groups committed first).
       int t0 = key_begin + kw * KPW;
+      const int done = c == c_begin ? pre : 0;
+      if (c == c_begin) bad |= pre_bad;
       {
         int rid0[NST - 1];
 #pragma unroll
         for (int s = 0; s < NST - 1; ++s)  // all lookups first (independent loads)
-          rid0[s] = attn_key_row(p, bt, row.ok, g, t0 + s * stride + lane, key_end, lane < KPW);
+          if (s >= done)
+            rid0[s] = attn_key_row(p, bt, row.ok, g, t0 + s * stride + lane, key_end, lane < KPW);
 #pragma unroll
         for (int s = 0; s < NST - 1; ++s) {
-          if (t0 + s * stride < key_end) bad |= issue(rid0[s], s);
-          attn_cp_async_commit();
+          if (s >= done) {
+            if (t0 + s * stride < key_end) bad |= issue(rid0[s], s);
+            attn_cp_async_commit();
+          }
         }
       }
-      int rid_next =
-          attn_key_row(p, bt, row.ok, g, t0 + (NST - 1) * stride + lane, key_end, lane < KPW);
+      bool issued = done == NST;  // the first iteration's tile (NST - 1) is in flight already
+      int rid_next = issued ? 0
+          : attn_key_row(p, bt, row.ok, g, t0 + (NST - 1) * stride + lane, key_end, lane < KPW);
       for (int b = 0; t0 < key_end; t0 += stride, b = b + 1 == NST ? 0 : b + 1) {
         // buffer b - 1 (mod NST) was read by the previous tile (synced at the loop end)
-        if (t0 + (NST - 1) * stride < key_end) bad |= issue(rid_next, b == 0 ? NST - 1 : b - 1);
-        attn_cp_async_commit();
+        if (!issued) {
+          if (t0 + (NST - 1) * stride < key_end) bad |= issue(rid_next, b == 0 ? NST - 1 : b - 1);
+          attn_cp_async_commit();
+        }
+        issued = false;
         rid_next = attn_key_row(p, bt, row.ok, g, t0 + NST * stride + lane, key_end, lane < KPW);
         attn_cp_async_wait<NST - 1>();  // this lane's copies of buffer b have landed
         __syncwarp();             // ... and every lane's (bf16 D=32 copies in lane pairs)
         const unsigned char* kb = st + b * BUF_B;
         const unsigned char* vb = kb + KPW * KEY_B;
-        // K of the tile to f32 once, then per head: KPW partial dots, reduced over the lanes,
-        // online softmax over the tile, acc *= corr
-        float kf[KPW][DPL];
+        // per (key, head): the lane's partial dot (K converted to f32, fmaf over its dims)
+        float part[V];
 #pragma unroll
         for (int j = 0; j < KPW; ++j) {
           Lane kj;
           kj.load_shared(kb + j * KEY_B);
+          float kf[DPL];
 #pragma unroll
-          for (int d = 0; d < DPL; ++d) kf[j][d] = kj.get(d);
+          for (int d = 0; d < DPL; ++d) kf[d] = kj.get(d);
+#pragma unroll
+          for (int h = 0; h < GWP; ++h) {
+            float dot = 0.0f;
+            if (h < GW) {
+#pragma unroll
+              for (int d = 0; d < DPL; ++d) dot = fmaf(q[h][d], kf[d], dot);
+            }
+            part[j * GWP + h] = dot;
+          }
         }
+        // reduced over the lanes, online softmax over the tile per head, acc *= corr
+        float s = attn_key_sum<V>(part, lane);
+        s = t0 + jl < key_end ? __fmul_rn(s, p.scale_log2) : -NINFER_INF;
+        float tmax = s;
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1)
+          tmax = fmaxf(tmax, __shfl_xor_sync(ATTN_FULL, tmax, o));
+        const float m_new = fmaxf(m_run, tmax);
+        // uniform per head; corr = 1 (exp2f(0)) when the max is unchanged, and x * 1 is exact
+        const bool moved = m_new != m_run;
+        const float corr = moved ? exp2f(m_run - m_new) : 1.0f;  // 0 on the first tile
+        const float pj = exp2f(s - m_new);
+        float psum = pj;
+#pragma unroll
+        for (int o = LPK; o < 32; o <<= 1)
+          psum = __fadd_rn(psum, __shfl_xor_sync(ATTN_FULL, psum, o));
+        l_run = fmaf(l_run, corr, psum);
+        m_run = m_new;
+        if ((lane & (RL - 1)) == 0 && hh < GW) sm_pw[jl * 4 + hh] = pj;
+        const unsigned moved_mask = __ballot_sync(ATTN_FULL, moved);
 #pragma unroll
         for (int h = 0; h < GW; ++h) {
-          float part[KPW];
+          const float ch = __shfl_sync(ATTN_FULL, corr, h * RL);  // lane h * RL: key 0, head h
+          if ((moved_mask >> (h * RL)) & 1u) {
 #pragma unroll
-          for (int j = 0; j < KPW; ++j) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int d = 0; d < DPL; ++d) dot = fmaf(q[h][d], kf[j][d], dot);
-            part[j] = dot;
-          }
-          float s = attn_key_sum<KPW>(part, lane);
-          s = t0 + jl < key_end ? __fmul_rn(s, p.scale_log2) : -NINFER_INF;
-          float tmax = s;
-#pragma unroll
-          for (int o = LPK; o < 32; o <<= 1)
-            tmax = fmaxf(tmax, __shfl_xor_sync(ATTN_FULL, tmax, o));
-          const float m_old = wm[h], l_old = wl[h];
-          const float m_new = fmaxf(m_old, tmax);
-          // warp-uniform; corr = 1 (exp2f(0)) when the max is unchanged, and x * 1 is exact
-          const bool moved = m_new != m_old;
-          const float corr = moved ? exp2f(m_old - m_new) : 1.0f;  // 0 on the first tile
-          const float pj = exp2f(s - m_new);
-          float psum = pj;
-#pragma unroll
-          for (int o = LPK; o < 32; o <<= 1)
-            psum = __fadd_rn(psum, __shfl_xor_sync(ATTN_FULL, psum, o));
-          const float l_new = fmaf(l_old, corr, psum);
-          __syncwarp();  // every lane has read wm[h], wl[h]
-          if (lane == 0) {
-            wm[h] = m_new;
-            wl[h] = l_new;
-          }
-          if ((lane & (LPK - 1)) == 0) sm_pw[jl * 4 + h] = pj;
-          if (moved) {
-#pragma unroll
-            for (int d = 0; d < DPL; ++d) acc[h][d] = __fmul_rn(acc[h][d], corr);
+            for (int d = 0; d < DPL; ++d) acc[h][d] = __fmul_rn(acc[h][d], ch);
           }
         }
         __syncwarp();  // p of every key is in sm_pw
@@ -935,6 +980,10 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
         float* dst = wst + h * D + lane * DPL;
 #pragma unroll
         for (int d = 0; d < DPL; ++d) dst[d] = acc[h][d];
+      }
+      if (lane < GW * RL && (lane & (RL - 1)) == 0) {  // key 0 of head hh < GW
+        sm_m[kw * G + hg * GW + hh] = m_run;
+        sm_l[kw * G + hg * GW + hh] = l_run;
       }
     }  // FMA path
 

@@ -52,6 +52,8 @@ PIPELINE_BUFFERS = 2  # K/V buffers per warp (NST in attention.cu): one tile in 
 _MMA_DPL = (2, 4, 8)  # head dims of the MMA variant (bf16 pages; 64, 128, 256)
 _MMA_GW = 8  # the MMA variant's GW: one head group of up to 8 heads (G = q_heads / kv_heads)
 MMA = envs.attention_mma()
+# NINFER_ATTN_PREWAIT (read once at import): honour past_kv_ready (see paged_attention)
+PREWAIT = envs.attn_prewait()
 # NINFER_ATTN_WIDE (read once at import): the FMA kernel's blocks of GW >= 2 heads per warp take
 # 8 warps (twice the key warps, one block per SM) instead of 4 (`wide_blocks`); other bits than
 # the 4-warp blocks (another key-warp split), the same for every call of a model. None (unset):
@@ -99,8 +101,9 @@ _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "
                  ("num_pages", "i32"), ("page_size", "i32"), ("kv_heads", "i32"),
                  ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
-                 ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"))
-assert _ATTN.itemsize == 208
+                 ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"),
+                 ("prewait", "i32"))
+assert _ATTN.itemsize == 216
 
 
 def chunk_keys(length: int) -> int:
@@ -269,7 +272,8 @@ def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, 
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
-                    workspace: AttentionWorkspace | None = None, gate=None) -> None:
+                    workspace: AttentionWorkspace | None = None, gate=None,
+                    past_kv_ready: bool = False) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
     q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided); pages
@@ -291,6 +295,13 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     attention * sigmoid(gate), with elementwise.cu SigmoidMul's expression in every write of a
     final output element, so bitwise `paged_attention` followed by `sigmoid_mul`. Every kernel
     variant (FMA, MMA, TMA) and both launch modes support it.
+
+    past_kv_ready: the caller guarantees that every row's keys before its own position, its
+    row_seq / row_pos and the block tables were written before the kernel launched just before
+    this one started (decode: one row per sequence, only the row's own key written in this
+    step, the index arrays copied from the host). The FMA kernel then reads them, and copies
+    the first tiles of K / V, before its PDL wait (the same results; a wrong promise reads
+    stale keys).
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
@@ -353,7 +364,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     bt_cols=block_tables.shape[1], max_chunks=max_chunks, head_groups=hg,
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
-                    else -1, stages=TMA_STAGES if tma else 0)
+                    else -1, stages=TMA_STAGES if tma else 0,
+                    prewait=int(past_kv_ready and PREWAIT))
     fn = get_function(SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem

@@ -44,13 +44,17 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, *,
-                    workspace=None, gate=None) -> None:
+                    workspace=None, gate=None, past_kv_ready: bool = False) -> None:
     """Causal attention of q[n] (f32[N, A, D], rows/heads strided) over keys 0..row_pos[n] of
     its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous.
 
     gate: optional f32[N, A, D] (rows/heads strided, last axis contiguous, e.g. the gate half
     of an interleaved per-head [q_h | gate_h] projection): out = attention * sigmoid(gate),
-    bitwise `paged_attention` then `sigmoid_mul` on either backend (one launch less)."""
+    bitwise `paged_attention` then `sigmoid_mul` on either backend (one launch less).
+
+    past_kv_ready (CUDA; ignored on the CPU): the caller promises that each row's keys before
+    its own position and the index arrays were complete before the previous kernel started
+    (decode steps: one row per sequence), so the kernel may read them early (same results)."""
     backend = backend_of(q, k_pages, v_pages, block_tables, row_seq, row_pos, out,
                          *(() if gate is None else (gate,)))
     _, hkv, _, d = _pages("paged_attention", k_pages, v_pages)
@@ -66,4 +70,4 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
         check.array("paged_attention", "gate", gate, check.F32, (n, heads, d), check.Layout.ROWS)
     check.kernels(backend, "attention").paged_attention(
         q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, gate=gate,
-        **check.scratch(backend, workspace=workspace))
+        **check.scratch(backend, workspace=workspace, past_kv_ready=past_kv_ready or None))

@@ -82,12 +82,12 @@ class _Kv:
             self._k64, self._v64 = ref.pages_f64(self.kp), ref.pages_f64(self.vp)
         return ref.paged_attention(q, self._k64, self._v64, self.bt, row_seq, row_pos, scale)
 
-    def run(self, q_d, row_seq, row_pos, scale, out=None, workspace=None):
+    def run(self, q_d, row_seq, row_pos, scale, out=None, workspace=None, **kw):
         n, heads, d = q_d.shape
         out = poisoned((n, heads, d)) if out is None else out
         katt.paged_attention(q_d, self.kp_d, self.vp_d, self.bt_d, dev(np.asarray(row_seq,
                              np.int32)), dev(np.asarray(row_pos, np.int32)), scale, out,
-                             workspace=workspace)
+                             workspace=workspace, **kw)
         return out
 
 
@@ -187,6 +187,73 @@ def test_paged_attention_bitwise_batch_invariance(rng, monkeypatch, heads, hkv, 
     monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
     loop = kv.run(q, row_seq, row_pos, scale)
     assert_same_bits(loop, batch, "loop mode vs split mode")
+
+
+# G = 1, 2, 3 (GW 1 / 3 / 2 heads per warp), 4, 5, 6, 8 (8-warp blocks); f32 and bf16 pages
+@pytest.mark.parametrize("heads,hkv,d,bf16", [(4, 4, 64, True), (8, 4, 128, False),
+                                              (6, 2, 256, True), (16, 4, 256, True),
+                                              (10, 2, 64, True), (12, 2, 128, False),
+                                              (16, 2, 256, True), (16, 2, 256, False)])
+@pytest.mark.parametrize("split", [True, False])
+def test_past_kv_ready_same_bits(rng, monkeypatch, heads, hkv, d, bf16, split):
+    """past_kv_ready (the first K / V tiles read before the PDL wait) changes no bit: decode
+    rows (one per sequence) whose own key falls at every place of a tile, a warp's tile pair
+    and a chunk (first / last key of a tile, lengths 1..9, 31..33, 63..65, several chunks and
+    merge groups), an invalid row (NaN), with and without the output gate; split and loop
+    mode; and within float64 tolerance."""
+    monkeypatch.setattr(katt, "MMA", False)
+    if not split:
+        monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
+    lengths = [1, 2, 7, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 96, 127, 129, 1025, 4097, 9000]
+    kv = _Kv(rng, lengths, hkv, d, bf16)
+    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
+    row_seq[-1] = len(lengths) + 5  # an invalid row: NaN in both
+    row_pos = np.array(lengths + [3], np.int32) - 1
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
+    scale = d ** -0.5
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
+    for g in (None, gate):
+        plain = kv.run(q, row_seq, row_pos, scale, workspace=ws, gate=g)
+        early = kv.run(q, row_seq, row_pos, scale, workspace=ws, gate=g, past_kv_ready=True)
+        assert_same_bits(early, plain, f"past_kv_ready, gate {g is not None}")
+        assert np.isnan(host(early)[-1]).all() and np.isfinite(host(early)[:-1]).all()
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    want = kv.oracle(host(q)[:-1], row_seq[:-1], row_pos[:-1], scale)
+    got = kv.run(q[:-1], row_seq[:-1], row_pos[:-1], scale, workspace=ws, past_kv_ready=True)
+    assert_close(got, want, _tol(bf16, heads, hkv, d))
+
+
+@pytest.mark.parametrize("heads,hkv,d", [(16, 4, 256), (16, 2, 256), (6, 2, 128)])
+def test_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, heads, hkv, d):
+    """The row's own key is written by the kernel launched just before (kv_write, PDL): with
+    past_kv_ready the attention still reads it after its wait. The slot starts as NaN, so an
+    early read of it would make the row NaN; the result matches the oracle on the new key."""
+    monkeypatch.setattr(katt, "MMA", False)
+    lengths = [1, 8, 9, 33, 64, 65, 1025, 3000]
+    kv = _Kv(rng, lengths, hkv, d, True)
+    row_seq = np.arange(len(lengths), dtype=np.int32)
+    row_pos = np.array(lengths, np.int32) - 1
+    n = len(lengths)
+    kp, vp = kv.kp.copy(), kv.vp.copy()
+    for s, pos in enumerate(row_pos):  # the own key's slot: NaN bits
+        page, slot = kv.bt[s, pos // kv.page_size], pos % kv.page_size
+        kp[page, :, slot] = vp[page, :, slot] = 0x7FC0
+    kv.kp_d, kv.vp_d = dev(kp), dev(vp)
+    k_new, v_new = randn(rng, (n, hkv, d)), randn(rng, (n, hkv, d))
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
+    seq_d, pos_d = dev(row_seq), dev(row_pos)
+    for _ in range(3):
+        katt.kv_write(dev(k_new), dev(v_new), kv.kp_d, kv.vp_d, kv.bt_d, seq_d, pos_d)
+        got = kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, past_kv_ready=True)
+        kv.kp_d[...] = dev(kp)  # NaN again for the next round
+        kv.vp_d[...] = dev(vp)
+    kv.kp, kv.vp = ref.kv_write(k_new, v_new, kp, vp, kv.bt, row_seq, row_pos)
+    kv._k64 = None
+    assert np.isfinite(host(got)).all()
+    assert_close(got, kv.oracle(host(q), row_seq, row_pos, d ** -0.5), TOL)
 
 
 @pytest.mark.parametrize("split", [True, False])

@@ -297,6 +297,7 @@ class Qwen35Forward:
             ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
                                 ctx.row_pos, d ** -0.5, attn,
                                 gate=q_and_gate[:, :, d:] if fuse_gate else None,
+                                past_kv_ready=ctx.decode_only,
                                 **self.kws.kw(self.kws.attention))
         if not fuse_gate:
             ops.sigmoid_mul(flat, gate.reshape(n, a * d), gated)
