@@ -24,11 +24,12 @@
 //       shared with cp.async (a lane copies its own bytes; keys that are not valid read as zero)
 //       while the previous tiles are computed, so every warp has NST - 1 tiles in flight;
 //       NST changes no arithmetic (the same bits for every NST);
-//     - scores (base 2: scale_log2 = scale * log2 e): K converted to f32 once, per head KPW
-//       partial dots (fmaf over the lane's dims) reduced over the 32 lanes by one multi-value
-//       butterfly (log2(KPW) halving-exchange steps, then xor steps), which leaves key
-//       j = lane / (32 / KPW) in each lane; online softmax over the tile (xor max / sum over the
-//       key bits; acc *= corr, skipped when the max did not move since x * 1 is exact);
+//     - scores (base 2: scale_log2 = scale * log2 e): K converted to f32, per (key, head) a
+//       partial dot (fmaf over the lane's dims), all of them reduced over the 32 lanes by one
+//       multi-value butterfly (halving-exchange steps, then xor steps; per value the lane-bit
+//       tree 16, 8, .., 1, as one head's alone), which leaves key j = lane / (32 / KPW) of one
+//       head in each lane; online softmax over the tile (xor max / sum over the key bits; acc
+//       *= corr, skipped when the max did not move since x * 1 is exact);
 //     - p_j to shared memory, then for j ascending: acc[h][d] = fmaf(p[h][j], v[j][d], acc).
 //   At the chunk end the KW warp states are merged in warp order (factor
 //   f_w = exp2(m_w - max_w m_w)) into the chunk partial (m_c, l_c, o_c).
@@ -68,8 +69,10 @@
 //   chunks, partials, merges and gate with the K / V rows streamed by bulk copies into a
 //   shared-memory ring; see its comment block at the end of this file.
 //
-// All kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` is
-// the first statement, before any early exit.
+// All kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` comes
+// before any early exit and before any read of memory an earlier kernel of the step may write.
+// Only paged_attention_kernel with p.prewait (past_kv_ready) reads before it: the row, its page
+// ids and K / V of keys before the row's own.
 #include "bulk_copy.cuh"
 #include "common.cuh"
 #include "ldmatrix.cuh"
