@@ -3,7 +3,8 @@
 # worktree of the branch, carried in the run's `carry`): both precompile in parallel (one shared
 # kernel cache, so only the modules that differ compile twice), then for each shape in AB_SHAPES
 # the two trees' `ninfer-bench decode --batch 1,8` runs alternate AB_ROUNDS times (A, B, A, B).
-# Optional AB_TESTS="file[::-k expr] ..." runs those GPU test files in the other tree first.
+# Optional AB_TESTS="file[::expr] ..." runs those GPU test files (expr: their -k expression, no
+# spaces) in the other tree first.
 # Env: AB_TREE (required: the other tree, relative to this checkout), AB_SHAPES (default 9b),
 # AB_ROUNDS (2), AB_SIDES (the runs of a round, default "a b"; a side may add settings:
 # "a a:NINFER_X=0+NINFER_Y=1 b"), DECODE_LIMIT (120 s per run), TEST_LIMIT (200 s per file).

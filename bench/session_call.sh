@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: precompile, decode A/B runs, GPU test files, the model oracle, kernel
-# benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...", TESTS="file[::-k expr] ...",
+# benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...",
+# TESTS="file[::expr] ..." (expr: the -k expression, no spaces),
 # MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
 # KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b; PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
 # also precompile the kernels those settings select, in parallel with the default set, so the
