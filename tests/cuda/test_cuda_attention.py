@@ -202,6 +202,7 @@ def test_past_kv_ready_same_bits(rng, monkeypatch, heads, hkv, d, bf16, split):
     merge groups), an invalid row (NaN), with and without the output gate; split and loop
     mode; and within float64 tolerance."""
     monkeypatch.setattr(katt, "MMA", False)
+    monkeypatch.setattr(katt, "PREWAIT", True)  # whatever NINFER_ATTN_PREWAIT says
     if not split:
         monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
     lengths = [1, 2, 7, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 96, 127, 129, 1025, 4097, 9000]
@@ -231,6 +232,7 @@ def test_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, heads,
     past_kv_ready the attention still reads it after its wait. The slot starts as NaN, so an
     early read of it would make the row NaN; the result matches the oracle on the new key."""
     monkeypatch.setattr(katt, "MMA", False)
+    monkeypatch.setattr(katt, "PREWAIT", True)
     lengths = [1, 8, 9, 33, 64, 65, 1025, 3000]
     kv = _Kv(rng, lengths, hkv, d, True)
     row_seq = np.arange(len(lengths), dtype=np.int32)
