@@ -168,6 +168,11 @@ __device__ __forceinline__ AttnRow attn_row(const AttnParams& p, i64 n) {
   return r;
 }
 
+// Row n's block-table row (row 0's for an invalid row, whose keys are never looked up as valid).
+__device__ __forceinline__ const int* attn_row_table(const AttnParams& p, const AttnRow& row) {
+  return p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+}
+
 // Keys per warp tile: a lane stages KPW * DPL * sizeof(KT) <= 128 bytes of K (and of V) per
 // tile, KPW <= 8 (8 for bf16 D <= 256; 4 for f32 D = 256).
 template <typename KT, int DPL>
@@ -807,7 +812,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
     const int key_end = min(row.len, (c_begin + 1) * row.chunk_keys);
     const int t0 = c_begin * row.chunk_keys + kw * KPW;
     while (pre < NST && min(t0 + pre * stride + KPW, key_end) <= row.len - 1) ++pre;
-    const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+    const int* bt = attn_row_table(p, row);
     int rid[NST];
 #pragma unroll
     for (int s = 0; s < NST; ++s)  // all lookups first (independent loads)
@@ -848,7 +853,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 #pragma unroll
     for (int d = 0; d < DPL; ++d) q[h][d] = qp[d];
   }
-  const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+  const int* bt = attn_row_table(p, row);
 
   for (int c = c_begin; c < (SPLIT ? c_end : sm_chunks); ++c) {
     const int key_begin = c * row.chunk_keys;
@@ -1178,7 +1183,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
   if (warp == ATTN_TMA_CONS) {  // producer
     const unsigned long long policy = l2_evict_first_policy();
-    const int* bt = p.block_tables + (i64)(row.ok ? row.seq : 0) * p.bt_rs;
+    const int* bt = attn_row_table(p, row);
     const int cp = lane & 7;  // this lane's row pair (lanes 0..7: K, 8..15: V)
     const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
     const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
