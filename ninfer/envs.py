@@ -239,6 +239,14 @@ def attn_gate_fused() -> bool:
     return _flag("NINFER_ATTN_GATE_FUSED", True)
 
 
+def kernel_timeline() -> bool:
+    """NINFER_KERNEL_TIMELINE (default off; "1" turns it on): a diagnostic build of every CUDA
+    module in which each block's pdl_wait records the global timer before and after the wait
+    (common.cuh, bench/timeline.py); launches are logged by name and geometry. Slower; for
+    measurement only. Read once, at import of the loader."""
+    return _flag("NINFER_KERNEL_TIMELINE", False)
+
+
 def pdl() -> bool:
     """NINFER_PDL (default on; "0" turns it off): the decode step's small kernels (norms, GDN
     decode, attention, elementwise, MoE routing) are launched with programmatic dependent launch

@@ -37,6 +37,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 BASE_OPTIONS = ("--std=c++17",) + (
     ("-DNINFER_PDL_TRIGGER_FIRST=1",) if envs.pdl_trigger_first() else ())
 _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
+# NINFER_KERNEL_TIMELINE (diagnostic): every module is built with pdl_wait's timer records
+# (common.cuh) and every launch is logged (`timeline_launches`, `timeline_records`).
+_TIMELINE = envs.kernel_timeline()
+_LAUNCHES: list[tuple[str, tuple, tuple, int]] = []
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity hash: looked up on every launch
@@ -125,7 +129,7 @@ class _ModuleCache:
         code = expand_source(source.path())
         digest = hashlib.sha256(code.encode()).hexdigest()[:16]
         # CuPy adds -arch=sm_XY of the current device itself (a second -arch would conflict).
-        options = BASE_OPTIONS + source.options
+        options = BASE_OPTIONS + source.options + _timeline_options(source)
         # The digest line makes CuPy's cache key change whenever an inlined header changes.
         code = f"// ninfer {source.file} {digest}\n{code}"
         start = time.perf_counter()
@@ -161,6 +165,9 @@ class _ModuleCache:
     def records(self) -> list[CompileRecord]:
         return list(self._records)
 
+    def modules(self) -> list[tuple[KernelSource, object]]:
+        return [(source, module) for (source, _), module in self._modules.items()]
+
 
 _CACHE = _ModuleCache()
 
@@ -177,6 +184,52 @@ def precompile(*sources: KernelSource) -> None:
     device_id = cupy.cuda.runtime.getDevice()
     for source in sources:
         _CACHE._module(source, device_id)
+
+
+def timeline_module_id(file: str) -> int:
+    """The id a timeline build compiles into `file`'s records: its index among the package's
+    .cu files (sorted), the same in every process."""
+    return sorted(p.name for p in PACKAGE_DIR.glob("*.cu")).index(file)
+
+
+def _timeline_options(source: KernelSource) -> tuple[str, ...]:
+    if not _TIMELINE:
+        return ()
+    return ("-DNINFER_TIMELINE=1", f"-DNINFER_MODULE_ID={timeline_module_id(source.file)}")
+
+
+def timeline_reset(*, launches: bool = True) -> None:
+    """Zero every compiled module's timeline record count and (`launches`) the launch log
+    (timeline build only)."""
+    import cupy
+
+    if not _TIMELINE:
+        raise RuntimeError("timeline_reset needs NINFER_KERNEL_TIMELINE=1 (set before import)")
+    if launches:
+        _LAUNCHES.clear()
+    for _, module in _CACHE.modules():
+        count = cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_timeline_count"))
+        count.fill(0)
+
+
+def timeline_records() -> dict[str, np.ndarray]:
+    """Per compiled module file: its timeline records, uint64 [n, 4] (common.cuh: timer before
+    and after pdl_wait, packed ids, dynamic shared memory), after a synchronize."""
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+    out = {}
+    for source, module in _CACHE.modules():
+        count = cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_timeline_count"))
+        n = min(int(count.get()[0]), 16384)  # common.cuh NINFER_TIMELINE_CAP
+        buf = cupy.ndarray((16384, 4), np.uint64, memptr=module.get_global("ninfer_timeline"))
+        out[source.file] = buf[:n].get()
+    return out
+
+
+def timeline_launches() -> list[tuple[str, tuple, tuple, int]]:
+    """(name, grid, block, shared memory bytes) of every launch since `timeline_reset`."""
+    return list(_LAUNCHES)
 
 
 def compile_records() -> list[CompileRecord]:
@@ -196,6 +249,8 @@ def launch(fn, grid, block, args, shared_mem: int = 0, *, name: str = "",
     if pdl and _PDL and _pdl_device():
         launch_dependent(fn, grid, block, args, shared_mem, name=name)
         return
+    if _TIMELINE:
+        _LAUNCHES.append((name, tuple(grid), tuple(block), shared_mem))
     fn(tuple(grid), tuple(block), args, shared_mem=shared_mem)
     if _DEBUG_SYNC:
         _debug_sync(name or getattr(fn, "name", "kernel"))
@@ -279,6 +334,8 @@ def launch_dependent(fn, grid, block, args, shared_mem: int = 0, *, name: str = 
     import cupy
     from cuda.bindings import driver
 
+    if _TIMELINE:
+        _LAUNCHES.append((name, tuple(grid), tuple(block), shared_mem))
     config = _pdl_config(grid, block, shared_mem, cupy.cuda.get_current_stream().ptr)
     held = [_arg_bytes(a) for a in args]  # alive until the launch has copied them
     ptrs = np.array([b.ctypes.data for b in held], dtype=np.uint64)  # void*[] -> each argument

@@ -29,9 +29,51 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+// NINFER_TIMELINE (envs.kernel_timeline; a diagnostic build, bench/timeline.py): thread 0 of
+// every block that calls pdl_wait appends one record to its module's `ninfer_timeline` buffer:
+// the global timer (ns) before and after the wait, then [module id (8 bits) | SM (8) | blocks
+// (16) | threads per block (16) | block index (16)], then the dynamic shared memory bytes. The
+// wait's return is when the previous kernel completed: consecutive kernels' wait returns
+// measure each link of a captured step as it runs.
+#if defined(NINFER_TIMELINE) && NINFER_TIMELINE
+#define NINFER_TIMELINE_CAP 16384
+__device__ unsigned long long ninfer_timeline[4 * NINFER_TIMELINE_CAP];
+__device__ unsigned int ninfer_timeline_count;
+__device__ __forceinline__ unsigned long long timeline_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void timeline_record(unsigned long long before,
+                                                unsigned long long after) {
+  if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+  unsigned smid, smem;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
+  const unsigned i = atomicAdd(&ninfer_timeline_count, 1u);
+  if (i >= NINFER_TIMELINE_CAP) return;
+  const unsigned long long blocks = gridDim.x * gridDim.y * gridDim.z;
+  const unsigned long long block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  ninfer_timeline[4 * i] = before;
+  ninfer_timeline[4 * i + 1] = after;
+  ninfer_timeline[4 * i + 2] = ((unsigned long long)(NINFER_MODULE_ID & 0xff) << 56) |
+                               ((unsigned long long)(smid & 0xff) << 48) |
+                               ((blocks & 0xffff) << 32) |
+                               ((unsigned long long)(blockDim.x * blockDim.y * blockDim.z & 0xffff)
+                                << 16) |
+                               (block & 0xffff);
+  ninfer_timeline[4 * i + 3] = smem;
+}
+#endif
 __device__ __forceinline__ void pdl_wait() {
+#if defined(NINFER_TIMELINE) && NINFER_TIMELINE
+  const unsigned long long before = timeline_now();
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(NINFER_TIMELINE) && NINFER_TIMELINE
+  timeline_record(before, timeline_now());
 #endif
 }
 // NINFER_PDL_TRIGGER_FIRST (envs.pdl_trigger_first): trigger, then wait. Still safe: a kernel's

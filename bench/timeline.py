@@ -1,0 +1,148 @@
+"""Where a captured decode step's time goes, link by link (diagnostic; H200).
+
+Every kernel of the decode step calls `pdl_wait` (common.cuh) before it reads what the kernel
+before it wrote. In the timeline build (NINFER_KERNEL_TIMELINE=1, which `main` sets before
+ninfer's loader is imported) thread 0 of every block records the global timer before and after
+that wait. A
+kernel's wait returns when its predecessor has completed, so the time from one kernel's release
+(its first block's wait return) to the next kernel's release is that kernel's link of the chain:
+its work after the wait plus the completion hand-off. Records before the wait say how early the
+blocks were resident (the PDL overlap).
+
+    python3 -m bench.timeline --shape 35b-a3b --batch 1 [--context 1024] [--top 40]
+
+Runs the decode step eagerly once to log its launches (name, grid, block, shared memory: the
+instances' fingerprints), replays the captured graph a few times, then once more with the
+records on, and prints every kernel instance in release order (link us, how long before its
+release the first block was resident, the spread of its blocks' releases) and the links summed
+per kernel name. Kernels whose blocks do not call pdl_wait on thread 0 leave no record; their
+time falls into the link before them. The build is slower than the normal one (an atomic per
+block): read the links relative to each other and to the step they add up to.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+from bench.shapes import SHAPES, resolve
+
+
+def _fingerprint(blocks: int, threads: int, smem: int) -> tuple[int, int, int]:
+    return blocks & 0xFFFF, threads & 0xFFFF, smem
+
+
+def instances(records: dict[str, np.ndarray], launches) -> list[dict]:
+    """Kernel instances of one replay: the records grouped by fingerprint (blocks, threads per
+    block, dynamic shared memory), each group split into as many instances as the launch log has
+    launches of that fingerprint, at the largest gaps between the blocks' wait returns."""
+    names: dict[tuple, list[str]] = defaultdict(list)
+    for name, grid, block, smem in launches:
+        names[_fingerprint(int(np.prod(grid)), int(np.prod(block)), smem)].append(name or "?")
+    rows = defaultdict(list)
+    for file, recs in records.items():
+        for before, after, meta, smem in recs.tolist():
+            key = _fingerprint((meta >> 32) & 0xFFFF, (meta >> 16) & 0xFFFF, int(smem))
+            rows[key].append((after, before, file))
+    out = []
+    for key, recs in rows.items():
+        recs.sort()
+        expected = max(1, len(names.get(key, ())))
+        after = np.array([r[0] for r in recs], dtype=np.int64)
+        gaps = np.diff(after)
+        cuts = sorted(np.argsort(gaps)[::-1][: expected - 1] + 1) if len(recs) > 1 else []
+        label = "|".join(sorted(set(names.get(key, [f"? {recs[0][2]}"]))))
+        for part in np.split(np.arange(len(recs)), cuts):
+            if len(part) == 0:
+                continue
+            t_after = after[part]
+            t_before = np.array([recs[i][1] for i in part], dtype=np.int64)
+            out.append(dict(name=label, blocks=len(part), release=int(t_after.min()),
+                            resident=int(t_before.min()), last=int(t_after.max()),
+                            key=key))
+    out.sort(key=lambda r: r["release"])
+    for a, b in zip(out, out[1:]):
+        a["link"] = b["release"] - a["release"]
+    if out:
+        out[-1]["link"] = out[-1]["last"] - out[-1]["release"]
+    return out
+
+
+def report(inst: list[dict], top: int) -> str:
+    if not inst:
+        return "no records (was the build a timeline build?)"
+    t0 = inst[0]["release"]
+    lines = [f"{'at us':>8} {'link us':>8} {'lead us':>8} {'spread':>7} {'blocks':>6}  kernel"]
+    for r in inst:
+        lines.append(f"{(r['release'] - t0) / 1e3:8.2f} {r['link'] / 1e3:8.2f} "
+                     f"{(r['release'] - r['resident']) / 1e3:8.2f} "
+                     f"{(r['last'] - r['release']) / 1e3:7.2f} {r['blocks']:6d}  {r['name']}")
+    total = (inst[-1]["release"] + inst[-1]["link"] - t0) / 1e3
+    per = defaultdict(lambda: [0, 0.0])
+    for r in inst:
+        per[r["name"]][0] += 1
+        per[r["name"]][1] += r["link"] / 1e3
+    lines.append(f"\nstep (first release to last record): {total:.1f} us, {len(inst)} instances")
+    lines.append(f"{'sum us':>9} {'count':>6} {'mean us':>8}  kernel")
+    for name, (count, s) in sorted(per.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"{s:9.1f} {count:6d} {s / count:8.2f}  {name}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.timeline", description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", default="35b-a3b", help=f"one of {', '.join(SHAPES)}")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--top", type=int, default=40, help="kernel names in the summary")
+    parser.add_argument("--rows", action="store_true", help="also print every instance")
+    args = parser.parse_args(argv)
+    os.environ["NINFER_KERNEL_TIMELINE"] = "1"  # before ninfer's loader is imported
+
+    import cupy as cp
+
+    from bench.model import _build, decode_rows, shape_config
+    from ninfer.kernels_cuda import _loader
+    from ninfer.models.qwen3_5.random_params import random_parameters
+
+    if not _loader._TIMELINE:
+        raise SystemExit("bench.timeline: the kernel loader was imported before the timeline "
+                         "switch was set; run it as `python3 -m bench.timeline`")
+    shape = resolve(args.shape)
+    cfg, _, _ = shape_config(shape, args.context + 1)
+    params = random_parameters(cfg, xp=cp, seed=1)
+    device, backend = _build(cfg, params, args.batch, args.context, prefill_chunk=64)
+    backend.capture_graphs()
+    rng = np.random.default_rng(2)
+    with decode_rows(backend, cfg, args.batch, args.context, rng):
+        with device.activate():
+            _loader.timeline_reset()
+            backend._decode_body(args.batch)  # the launch log of one step
+            device.synchronize()
+            launches = _loader.timeline_launches()
+            graph = backend.graphs[args.batch]
+            for _ in range(5):
+                graph.launch(device.stream)
+            device.synchronize()
+            _loader.timeline_reset(launches=False)
+            graph.launch(device.stream)
+            device.synchronize()
+            records = _loader.timeline_records()
+    inst = instances(records, launches)
+    stamps = np.unique(np.concatenate([r[:, :2].ravel() for r in records.values()] or [[0]]))
+    step = int(np.diff(stamps).min()) if len(stamps) > 1 else 0
+    print(f"{shape.name} B={args.batch} context {args.context}: {len(launches)} launches per "
+          f"step, {sum(len(r) for r in records.values())} block records, timer step {step} ns")
+    text = report(inst, args.top)
+    if not args.rows:
+        text = text[text.index("\nstep"):]
+    print(text)
+    backend.destroy_graphs()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""bench/timeline.py's grouping of pdl_wait records into kernel instances and links (synthetic
+records; the timeline build itself runs on the GPU only)."""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.timeline import instances, report
+
+
+def _rec(before, after, blocks, threads, block, smem=0, sm=0, module=3):
+    meta = (module << 56) | (sm << 48) | (blocks << 32) | (threads << 16) | block
+    return [before, after, meta, smem]
+
+
+def test_instances_split_a_fingerprint_at_its_largest_gaps_and_measure_links():
+    rng = np.random.default_rng()
+    # a step: gemv (4 blocks) -> norm (1 block) -> gemv (4 blocks) -> norm; the two gemvs
+    # share a fingerprint, as do the norms; blocks release within ~100 ns, out of order
+    t = 1_000_000
+    gemv = [(0, 4, 544), (5_000, 4, 544)]  # (release offset ns, blocks, threads)
+    norm = [(3_000, 1, 256), (9_000, 1, 256)]
+    recs_linear, recs_norm = [], []
+    for off, blocks, threads in gemv:
+        for b in rng.permutation(blocks):
+            recs_linear.append(_rec(t + off - 2_000, t + off + int(rng.integers(0, 100)),
+                                    blocks, threads, int(b), smem=181_760))
+    for off, blocks, threads in norm:
+        recs_norm.append(_rec(t + off - 500, t + off + 20, blocks, threads, 0, module=9))
+    records = {"linear.cu": np.array(recs_linear, np.uint64),
+               "norm.cu": np.array(recs_norm, np.uint64)}
+    launches = [("linear_tma", (4, 1), (544,), 181_760), ("rms_norm", (1,), (256,), 0)] * 2
+    inst = instances(records, launches)
+    assert [r["name"] for r in inst] == ["linear_tma", "rms_norm", "linear_tma", "rms_norm"]
+    assert [r["blocks"] for r in inst] == [4, 1, 4, 1]
+    links = [r["link"] for r in inst[:-1]]
+    # release to the next release: 3000 - (first block of gemv 0), 2000 - 20 + (gemv 1's first)
+    assert abs(links[0] - 3_000) < 150 and abs(links[2] - 4_000) < 150, links
+    assert abs(links[1] - 2_000) < 150, links
+    assert all(r["release"] - r["resident"] >= 480 for r in inst)
+    text = report(inst, top=5)
+    assert "linear_tma" in text and "rms_norm" in text and "4 instances" in text
+
+
+def test_records_of_an_unlogged_fingerprint_keep_their_module_name():
+    records = {"gdn_decode.cu": np.array([_rec(10, 20, 2, 128, 0), _rec(11, 22, 2, 128, 1)],
+                                         np.uint64)}
+    inst = instances(records, [])
+    assert len(inst) == 1 and inst[0]["blocks"] == 2 and "gdn_decode.cu" in inst[0]["name"]
