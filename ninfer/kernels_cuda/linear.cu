@@ -24,11 +24,16 @@
 // the weights streamed by bulk copies into a shared-memory ring; batch invariant, another k
 // pairing than the two above.
 //
+// linear_tma_swiglu_route_kernel<SK, CONS, XS, J>: linear_tma_kernel<1, ...> on all blocks but
+// the last, which runs the MoE routing (moe_route.cuh) on the router logits meanwhile (moe.py
+// route_with_swiglu; see below).
+//
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
 #include "bulk_copy.cuh"
 #include "gemv.cuh"
 #include "mma_gemv.cuh"
+#include "moe_route.cuh"
 
 struct GemvParams {
   const void* w;
@@ -258,9 +263,10 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
 // tile: at N = 8 and K > 5 SK the per-tile x reads cost as much L2 traffic as the weights. Each
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
-template <int SWIGLU, int SK, int CONS, int XS, int TG>
-__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
+// The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
+template <int SWIGLU, int SK, int CONS, int XS, int TG>
+__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
@@ -275,7 +281,6 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
   const int tiles = (p.m + TILE - 1) / TILE;
   const int stages = (p.k + SK - 1) / SK;
   const int n0 = blockIdx.y * 8;
-  const int G = gridDim.x;
   // PDL (linear.py GEMV_PDL): the next GEMV may start as soon as every block of this one runs;
   // it then streams its weights while this one finishes (its consumers wait below)
   pdl_launch_dependents();
@@ -421,6 +426,62 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const Ge
       parity ^= 1;
     }
   }
+}
+#endif
+
+template <int SWIGLU, int SK, int CONS, int XS, int TG>
+__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
+#if BULK_COPY_OK
+  linear_tma_body<SWIGLU, SK, CONS, XS, TG>(p, gridDim.x);
+#else
+  __trap();
+#endif
+}
+
+// The routing half of linear_tma_swiglu_route_kernel (moe.py route_with_swiglu).
+struct TmaRouteParams {
+  GemvParams gemv;      // the SwiGLU GEMV (linear_tma_kernel<1, ...>'s params)
+  const float* logits;  // [N, >= experts], rows logits_rs apart (written by the kernel before)
+  float* w_out;         // routing weights [N, top_k], rows w_out_rs apart
+  int* ids_out;         // routing ids [N, top_k], contiguous
+  int* group_expert;    // the grouping of ids_out (moe_group_block)
+  int* group_pairs;
+  int* num_groups;
+  i64 logits_rs, w_out_rs;
+  int experts, top_k, chunk, pad;
+};
+static_assert(sizeof(TmaRouteParams) == 144, "TmaRouteParams layout is mirrored in linear.py");
+
+// linear_tma_swiglu_route_kernel<SK, CONS, XS, J> (N <= 8: one column tile): blocks 0..G-1
+// (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1> on q.gemv (the MoE layer's
+// shared expert gate_up + SwiGLU; each tile computed exactly as that kernel computes it), and
+// the last block runs moe_route_group_kernel<J> on q.logits (the router's output, complete at
+// pdl_wait) with that kernel's warps (max(N, pairs / 32), rows w, w + warps, ...; the rest of
+// the block exits), grouping synchronised by a named barrier; bitwise both kernels' outputs,
+// in one launch. The routing's dependent chain then runs beside the GEMV instead of as a link
+// of its own.
+template <int SK, int CONS, int XS, int J>
+__global__ void __launch_bounds__(32 * (CONS + 1), 1)
+    linear_tma_swiglu_route_kernel(const __grid_constant__ TmaRouteParams q) {
+#if BULK_COPY_OK
+  const int G = gridDim.x - 1;
+  if (blockIdx.x < G) {
+    linear_tma_body<1, SK, CONS, XS, 1>(q.gemv, G);
+    return;
+  }
+  pdl_launch_dependents();  // as the GEMV blocks do: the next kernel waits for this grid
+  const int n_rows = q.gemv.n, n_pairs = n_rows * q.top_k;
+  const int warps = max(n_rows, (n_pairs + 31) >> 5);  // <= CONS + 1 (linear.py)
+  if ((int)threadIdx.x >= 32 * warps) return;
+  pdl_wait();
+  int* s_ids = reinterpret_cast<int*>(tma_smem);
+  const int lane = threadIdx.x & 31;
+  for (int n = threadIdx.x >> 5; n < n_rows; n += warps)
+    moe_route_row<J>(q.logits + n * q.logits_rs, q.experts, q.top_k, lane,
+                     q.w_out + n * q.w_out_rs, q.ids_out + n * q.top_k, s_ids + n * q.top_k);
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * warps) : "memory");
+  moe_group_block<true>(s_ids, n_pairs, q.chunk, q.group_expert, q.group_pairs, q.num_groups,
+                        32 * warps);
 #else
   __trap();
 #endif

@@ -31,6 +31,7 @@ from ninfer.kernels_cuda._loader import (KernelSource, current_device, get_funct
 GEMV_MAX_ROWS = 8
 TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 * 1024
 TMA_X_STAGES = envs.gemv_tma_x_stages()  # NINFER_GEMV_TMA_X_STAGES: the largest XS used
+TMA_ROUTE_CONSUMERS = 16  # linear_tma_swiglu_route_kernel's instances (the default consumers)
 MAX_SPLITS = 8
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 
@@ -44,11 +45,26 @@ SOURCE = KernelSource("linear.cu", tuple(
     + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}>" for tg in envs.TMA_TILE_GROUPS if tg > 1
        for sw in (0, 1)]
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1>" for xs in range(1, TMA_MAX_X_STAGES + 1)
-       for sw in (0, 1)]))
-GEMV_PARAMS = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"),
-                       ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
-                       ("n", "i32"), ("splits", "i32"))
+       for sw in (0, 1)]
+    + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
+       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]))
+_GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
+                ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
+GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
 assert GEMV_PARAMS.itemsize == 64
+ROUTE_PARAMS = C.struct(*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
+                        ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
+                        ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"),
+                        ("top_k", "i32"), ("chunk", "i32"), ("pad", "i32"))
+assert ROUTE_PARAMS.itemsize == 144
+# linear_tma_swiglu_route_kernel (moe.route_with_swiglu, NINFER_MOE_ROUTE_SWIGLU): the MoE
+# routing on an extra block of the shared expert's gate_up launch. H200 35B-A3B decode, same
+# machine, 3 rounds, B = 1 / 8 ms: 2.799-2.820 / 7.613-7.640 with it, 2.896-2.899 / 7.705-7.713
+# with the routing launch of its own. The routing block must run the routing kernel's geometry:
+# with moe_route_row<16> and the grouping over all 17 warps it was neutral (2.894-2.902).
+ROUTE_MAX_ROWS = 8  # one column tile
+ROUTE_MAX_EXPERTS = 512  # moe_route_row<8> up to 256 experts, <16> up to 512
+ROUTE_MAX_PAIRS = 32 * (TMA_ROUTE_CONSUMERS + 1)  # moe_group_block over the routing block
 
 def k_splits(k: int) -> int:
     """Warps (K ranges) per output element: a function of K only (batch invariance)."""
@@ -220,6 +236,53 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     else:
         launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
                shared_mem=smem, name=name)
+
+
+def tma_swiglu_route_ok(x, gate_up, experts: int, top_k: int) -> bool:
+    """Whether `launch_tma_swiglu_route` takes these operands: what `linear_swiglu` runs on
+    linear_tma_kernel with the default geometry (bf16 [2I, K] with 16-byte aligned rows, K a
+    multiple of 16, sm_90, TMA_SK = 1024 and 16 consumers: the instances), 1..ROUTE_MAX_ROWS rows,
+    E <= ROUTE_MAX_EXPERTS and N * top_k <= ROUTE_MAX_PAIRS."""
+    n, k = x.shape
+    w, kind = C.weight_array(gate_up, "gate_up")
+    return (1 <= n <= ROUTE_MAX_ROWS and w.ndim == 2 and w.shape[1] == k and w.shape[0] % 2 == 0
+            and w.shape[0] > 0 and GEMV_TMA and tma_ok(k) and TMA_SK == 1024
+            and TMA_CONSUMERS == TMA_ROUTE_CONSUMERS and 1 <= experts <= ROUTE_MAX_EXPERTS
+            and n * top_k <= ROUTE_MAX_PAIRS
+            and _mma_ok(w, kind, C.row_stride(w, "gate_up"), x, C.row_stride(x, "x")))
+
+
+def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out, ids_out,
+                            group_expert, group_pairs, num_groups, chunk: int) -> None:
+    """linear_tma_swiglu_route_kernel on operands that passed `tma_swiglu_route_ok`: act_out
+    f32 [N, I] = silu(x @ gate^T) * (x @ up^T) (gate_up = [gate; up]) on all blocks but the last,
+    which routes logits f32 [N, E] (rows strided) into weights_out f32 [N, top_k] (rows strided)
+    and ids_out i32 [N, top_k] (contiguous) and groups them (groups of <= chunk pairs) into the
+    group tables; bitwise linear_swiglu and moe.moe_route(..., workspace=)."""
+    n, k = x.shape
+    w, _ = C.weight_array(gate_up, "gate_up")
+    inner = w.shape[0] // 2
+    stages, smem = tma_plan(TMA_SK, TMA_CONSUMERS, TMA_RING_KIB)
+    params = C.pack(ROUTE_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(act_out),
+                    w_rs=C.row_stride(w, "gate_up"), x_rs=C.row_stride(x, "x"),
+                    out_rs=C.row_stride(act_out, "act_out"), m=inner, k=k, n=n, splits=stages,
+                    logits=C.ptr(logits), w_out=C.ptr(weights_out), ids_out=C.ptr(ids_out),
+                    group_expert=C.ptr(group_expert), group_pairs=C.ptr(group_pairs),
+                    num_groups=C.ptr(num_groups), logits_rs=C.row_stride(logits, "logits"),
+                    w_out_rs=C.row_stride(weights_out, "weights_out"),
+                    experts=logits.shape[1], top_k=top_k, chunk=chunk)
+    xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS)
+    j = 8 if logits.shape[1] <= 256 else 16  # moe_route_row<J>: any 32 J >= E, the same bits
+    fn = get_function(SOURCE,
+                      f"linear_tma_swiglu_route_kernel<1024, {TMA_CONSUMERS}, {xs}, {j}>")
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    gemv_blocks = max(1, min(-(-inner // 8), current_device().sm_count - 1))
+    grid, block = (gemv_blocks + 1, 1), (32 * (TMA_CONSUMERS + 1),)
+    if GEMV_PDL:
+        launch_dependent(fn, grid, block, (params,), shared_mem=smem, name="linear_swiglu_route")
+    else:
+        launch(fn, grid, block, (params,), shared_mem=smem, name="linear_swiglu_route")
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,

@@ -32,9 +32,12 @@ from ninfer.kernels_cuda.linear import (
     MMA_ROWS_WARP_SMEM,
     ROWS_PER_BLOCK,
     k_splits,
+    launch_tma_swiglu_route,
+    linear_swiglu,
     mma_splits,
     rows_tile,
     tma_ok,
+    tma_swiglu_route_ok,
 )
 
 GEMV_MAX_ROWS = 32
@@ -186,6 +189,36 @@ def moe_route(logits, top_k: int, weights_out, ids_out, *,
            ((n + warps - 1) // warps,), (32 * warps,), _route_args(logits, top_k, weights_out,
                                                               ids_out), name="moe_route",
            pdl=True)
+
+
+def route_with_swiglu_applies(logits, top_k: int, x, gate_up,
+                              workspace: MoeWorkspace | None) -> bool:
+    """Whether `route_with_swiglu` runs as one launch (linear.tma_swiglu_route_ok, a workspace
+    whose group tables take N * top_k pairs, logits and x with the same rows)."""
+    return (workspace is not None and logits.ndim == 2 and logits.shape[0] == x.shape[0]
+            and route_groups(workspace, x.shape[0] * top_k)
+            and tma_swiglu_route_ok(x, gate_up, logits.shape[1], top_k))
+
+
+def route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_out, *,
+                      workspace: MoeWorkspace) -> None:
+    """`moe_route(logits, top_k, weights_out, ids_out, workspace=workspace)` and
+    `linear_swiglu(x, gate_up, act_out)` (gate_up bf16 [2I, K] = [gate; up], act_out f32
+    [N, I]): bitwise those two, in one launch where `route_with_swiglu_applies` (the routing
+    runs on an extra block of the SwiGLU GEMV), else the two launches."""
+    n, _ = _check_route(logits, top_k, weights_out, ids_out)
+    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    C.require(x.shape[0] == n, "x", f"{x.shape[0]} rows, logits have {n}")
+    if not route_with_swiglu_applies(logits, top_k, x, gate_up, workspace):
+        moe_route(logits, top_k, weights_out, ids_out, workspace=workspace)
+        linear_swiglu(x, gate_up, act_out)
+        return
+    w, _ = C.weight_array(gate_up, "gate_up")
+    C.device_array(act_out, "act_out", dtype=np.float32, ndim=2, shape=(n, w.shape[0] // 2))
+    C.contiguous(ids_out, "ids_out")
+    launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k, weights_out, ids_out,
+                            workspace.group_expert, workspace.group_pairs, workspace.num_groups,
+                            GROUP_STRIDE)
 
 
 def route_groups(ws: MoeWorkspace, pairs: int) -> bool:

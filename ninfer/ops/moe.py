@@ -1,10 +1,11 @@
 """MoE ops: `moe_route` (softmax, top-k, renormalise), `moe_experts` and `moe_block` (the two
-plus the gated shared expert's add; docs/ops.md)."""
+plus the gated shared expert's add), and the CUDA decode path `moe_route_with_swiglu` (the
+routing beside the shared expert's gate_up in one launch; docs/ops.md)."""
 from __future__ import annotations
 
 from ninfer.core.dtypes import DType
 from ninfer.ops import _checks as check
-from ninfer.ops._backend import backend_of
+from ninfer.ops._backend import Backend, backend_of
 
 _ROWS = check.Layout.ROWS
 
@@ -65,6 +66,39 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
         shared_gate=shared_gate, routed=bool(routed),
         **check.scratch(backend, workspace=workspace, batch_invariant=batch_invariant or None))
+
+
+def moe_route_with_swiglu_applies(logits, top_k: int, x, gate_up, *, workspace=None) -> bool:
+    """Whether `moe_route_with_swiglu` runs as one launch for these operands (CUDA; False on
+    the CPU)."""
+    if backend_of(logits, x, gate_up) is not Backend.CUDA:
+        return False
+    return check.kernels(Backend.CUDA, "moe").route_with_swiglu_applies(logits, top_k, x,
+                                                                       gate_up, workspace)
+
+
+def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_out, *,
+                          workspace) -> None:
+    """CUDA-only decode fast path: `moe_route(logits, top_k, weights_out, ids_out,
+    workspace=workspace)` and `linear_swiglu(x, gate_up, act_out)` (the MoE layer's shared
+    expert gate_up: bf16 [2I, H] = [gate; up]; act_out f32 [N, I]), bitwise those two ops'
+    results, in one launch where `moe_route_with_swiglu_applies` (the routing runs on an extra
+    block of the GEMV; else the two launches). ids_out contiguous; workspace: the CUDA
+    MoeWorkspace a following `moe_block(..., routed=True)` reads."""
+    backend = backend_of(logits, weights_out, ids_out, x, gate_up, act_out)
+    if backend is not Backend.CUDA:
+        raise TypeError("moe_route_with_swiglu is a CUDA-only op (the CPU backend runs "
+                        "moe_route, then linear + swiglu)")
+    _check_route("moe_route_with_swiglu", logits, top_k, weights_out, ids_out)
+    n, h = check.array("moe_route_with_swiglu", "x", x, check.F32, (logits.shape[0], None),
+                       _ROWS)
+    i2, _ = check.weight("moe_route_with_swiglu", "gate_up", gate_up, (None, h))
+    if gate_up.dtype is not DType.BFLOAT16 or i2 % 2:
+        raise TypeError(f"moe_route_with_swiglu: gate_up must be bf16 [2I, {h}], got "
+                        f"{gate_up.dtype.value} {gate_up.shape}")
+    check.array("moe_route_with_swiglu", "act_out", act_out, check.F32, (n, i2 // 2))
+    check.kernels(backend, "moe").route_with_swiglu(logits, top_k, weights_out, ids_out, x,
+                                                    gate_up, act_out, workspace=workspace)
 
 
 def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:

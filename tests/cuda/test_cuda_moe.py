@@ -805,3 +805,148 @@ def test_moe_block_routed_graph_replay_equals_eager_unrouted(rng):
                 (w, ids, out, ws.act, ws.group_expert, ws.group_pairs, ws.num_groups),
                 (w, ids, out), eager, ("weights", "ids", "out"),
                 f"routed graph replay vs eager unrouted, n={n}")
+
+
+# The routing on an extra block of the shared expert's gate_up GEMV (moe_route_with_swiglu;
+# linear.cu linear_tma_swiglu_route_kernel): bitwise moe_route(..., workspace=) and
+# linear_swiglu, group tables included.
+
+def _swiglu_route_operands(rng, n, hidden, inter, experts):
+    _, gate_up = weight_pair(rng, (2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
+    x = dev(randn(rng, (n, hidden), 2.0))
+    logits = dev(randn(rng, (n, experts + 1), 2.0))  # [router | shared gate], rows strided
+    return x, gate_up, logits[:, :experts]
+
+
+def _tables(ws, n_pairs):
+    """The group tables' live part: (num_groups, group_expert[:g], group_pairs[:8 g])."""
+    g = int(host(ws.num_groups)[0])
+    assert 1 <= g <= n_pairs, g
+    return (host(ws.num_groups), host(ws.group_expert[:g]),
+            host(ws.group_pairs[:g * kmoe.GROUP_STRIDE]))
+
+
+def _swiglu_route_run(logits, top_k, x, gate_up, *, fused: bool):
+    """(weights, ids, act, tables..., launch names) into poisoned outputs and workspace."""
+    from ninfer.kernels_cuda import linear as klinear
+
+    n, hidden = x.shape
+    inter = gate_up.shape[0] // 2
+    ws = _poisoned_ws(n, top_k, hidden, inter)
+    w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, inter))
+    names = []
+    spied = [(mod, attr, getattr(mod, attr)) for mod in (klinear, kmoe)
+             for attr in ("launch", "launch_dependent") if hasattr(mod, attr)]
+
+    def spy(real):
+        def call(*a, **kw):
+            names.append(kw.get("name"))
+            return real(*a, **kw)
+        return call
+
+    try:
+        for mod, attr, real in spied:
+            setattr(mod, attr, spy(real))
+        if fused:
+            assert ops.moe_route_with_swiglu_applies(logits, top_k, x, gate_up, workspace=ws)
+            ops.moe_route_with_swiglu(logits, top_k, w, ids, x, gate_up, act, workspace=ws)
+        else:
+            ops.moe_route(logits, top_k, w, ids, workspace=ws)
+            ops.linear_swiglu(x, gate_up, act)
+    finally:
+        for mod, attr, real in spied:
+            setattr(mod, attr, real)
+    return (w, ids, act) + _tables(ws, n * top_k), names
+
+
+@pytest.mark.parametrize("hidden,inter,experts,top_k", [
+    (2048, 512, 256, 8),   # 35B-A3B: x in 2 register stages, 64 SwiGLU tiles + the router
+    (1040, 200, 61, 5),    # odd E, top_k and tile counts
+    (64, 24, 16, 4),       # one partial stage
+    (4096, 136, 512, 10),  # E = 512 (moe_route_row<16> exactly), 4 stages
+    (6144, 40, 40, 3),     # K > 5 stages: x read per stage (XS = 0)
+])
+def test_moe_route_with_swiglu_equals_two_ops_bitwise(rng, hidden, inter, experts, top_k):
+    for n in (1, 2, 5, 8):
+        x, gate_up, logits = _swiglu_route_operands(rng, n, hidden, inter, experts)
+        what = f"n={n} H={hidden} I={inter} E={experts} K={top_k}"
+        got, names = _swiglu_route_run(logits, top_k, x, gate_up, fused=True)
+        want, base_names = _swiglu_route_run(logits, top_k, x, gate_up, fused=False)
+        assert names == ["linear_swiglu_route"], (what, names)
+        assert len(base_names) == 2, (what, base_names)
+        assert np.isfinite(host(got[2])).all(), what
+        labels = ("weights", "ids", "act", "num_groups", "group_expert", "group_pairs")
+        for a, b, label in zip(got, want, labels, strict=True):
+            assert_same_bits(a, b, f"{label}: one launch vs two ({what})")
+
+
+def test_moe_route_with_swiglu_vs_float64(rng):
+    """The one-launch outputs against float64 (act at f32 accuracy: x split into bf16 hi + lo)
+    and the reference routing (ids exact, weights at f32 accuracy)."""
+    hidden, inter, experts, top_k, n = 1040, 200, 61, 5, 3
+    x, gate_up, logits = _swiglu_route_operands(rng, n, hidden, inter, experts)
+    (w, ids, act, *_), _ = _swiglu_route_run(logits, top_k, x, gate_up, fused=True)
+    s = bf16_bits_to_f32(host(gate_up.data)).astype(np.float64)
+    gu = host(x).astype(np.float64) @ s.T
+    g, u = gu[:, :inter], gu[:, inter:]
+    assert_close(host(act), g / (1.0 + np.exp(-g)) * u, TOL_F32)
+    exp_w, exp_ids = ref.moe_route(host(logits), top_k)
+    assert np.array_equal(host(ids), exp_ids)
+    assert_close(host(w), exp_w, 1e-6)
+
+
+def test_moe_route_with_swiglu_falls_back_outside_its_shapes(rng):
+    """N = 9 (two column tiles) and E > 512: the two launches, the same contract."""
+    for n, experts, top_k in ((9, 64, 4), (2, 600, 8)):
+        x, gate_up, logits = _swiglu_route_operands(rng, n, 128, 32, experts)
+        ws = _poisoned_ws(n, top_k, 128, 32)
+        assert not ops.moe_route_with_swiglu_applies(logits, top_k, x, gate_up, workspace=ws)
+        w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, 32))
+        ops.moe_route_with_swiglu(logits, top_k, w, ids, x, gate_up, act, workspace=ws)
+        want, _ = _swiglu_route_run(logits, top_k, x, gate_up, fused=False)
+        for a, b, label in zip((w, ids, act), want[:3], ("weights", "ids", "act")):
+            assert_same_bits(a, b, f"{label}: fallback n={n} E={experts}")
+
+
+def test_moe_route_with_swiglu_graph_replay_equals_eager(rng):
+    """Captured in a CUDA graph with the expert stages after it (the decode order), replayed on
+    new inputs: bitwise the eager moe_route + linear_swiglu + moe_block."""
+    from ninfer.core.cuda import DeviceContext
+
+    experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        _, gu_d, _, dn_d = _experts_35b(rng, sub)
+        reps = -(-experts // sub)
+        gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        for n in (1, 8):
+            x, shared_gu, _ = _swiglu_route_operands(rng, n, hidden, inter, experts)
+            logits = dev(randn(rng, (n, experts + 1), 2.0))
+            shared = dev(randn(rng, (n, hidden)))
+            ws = _poisoned_ws(n, top_k, hidden, inter)
+            w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+            act, out = poisoned((n, inter)), poisoned((n, hidden))
+
+            def step():
+                ops.moe_route_with_swiglu(logits[:, :experts], top_k, w, ids, x, shared_gu, act,
+                                          workspace=ws)
+                ops.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out,
+                              shared=shared, shared_gate=logits[:, experts:], workspace=ws,
+                              routed=True)
+
+            def eager():
+                want, _ = _swiglu_route_run(logits[:, :experts], top_k, x, shared_gu,
+                                            fused=False)
+                e_out = poisoned((n, hidden))
+                ew, eids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+                ops.moe_block(x, logits[:, :experts], top_k, gu, dn, ew, eids, e_out,
+                              shared=shared, shared_gate=logits[:, experts:],
+                              workspace=_poisoned_ws(n, top_k, hidden, inter))
+                return [want[0], want[1], want[2], e_out]
+
+            assert_graph_replay_equals_eager(
+                ctx, "moe_route_with_swiglu", step,
+                randn_refill(rng, (x, 2.0), (logits, 2.0), (shared, 1.0)),
+                [w, ids, act, out], [w, ids, act, out], eager,
+                ("weights", "ids", "act", "out"), f"n={n}")

@@ -228,3 +228,35 @@ def test_moe_route_first_equals_route_in_block(tmp_path):
     for a, b in zip(runs[True], runs[False]):
         assert a.tokens == b.tokens
         np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))
+
+
+def test_moe_route_with_swiglu_equals_two_launches(tmp_path, monkeypatch):
+    """NINFER_MOE_ROUTE_SWIGLU (KernelWorkspaces.moe_route_with_swiglu): the MoE layers' routing
+    on an extra block of the shared expert's gate_up launch gives bitwise the logits and tokens
+    of the two launches (decode graphs at several batch sizes), and the captured graphs do hold
+    the one-launch kernel."""
+    from ninfer.kernels_cuda import linear as klinear
+
+    case = build_case(tmp_path, "tiny-moe", dtype="bfloat16")
+    plist = prompts(case.vocab_size, [37, 9, 20], seed=11)
+    runs = {}
+    for fused in (True, False):
+        program = gpu_program(case)
+        backend = program.backend
+        backend.decode_kws.moe_route_with_swiglu = fused
+        names = []
+        real = klinear.launch_dependent
+
+        def spy(*a, **kw):
+            names.append(kw.get("name"))
+            return real(*a, **kw)
+
+        monkeypatch.setattr(klinear, "launch_dependent", spy)
+        backend.destroy_graphs()  # recapture: the graphs hold the order of their capture
+        backend.capture_graphs()
+        monkeypatch.setattr(klinear, "launch_dependent", real)
+        assert ("linear_swiglu_route" in names) is fused, names
+        runs[fused] = generate(program, plist, 16, keep_logits=True)
+    for a, b in zip(runs[True], runs[False]):
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))

@@ -164,3 +164,19 @@ def test_moe_checks(rng):
     with pytest.raises(ValueError, match="down must have shape"):
         moe_experts(randn(rng, (1, H)), gate_up, weight(rng, (E, H, IM + 1), DTYPES[0]),
                     np.array([[0]], np.int32), np.ones((1, 1), np.float32), poisoned((1, H)))
+
+
+def test_moe_route_with_swiglu_is_cuda_only(rng):
+    """The routing-beside-the-shared-gate_up launch is a CUDA decode op: on the CPU
+    `moe_route_with_swiglu_applies` says no and the op raises a TypeError naming what the CPU
+    runs instead."""
+    from ninfer.core.dtypes import DType
+    from ninfer.ops import moe_route_with_swiglu, moe_route_with_swiglu_applies
+
+    n = 2
+    x, logits = randn(rng, (n, H)), randn(rng, (n, E), scale=2.0)
+    gate_up = weight(rng, (2 * IM, H), DType.BFLOAT16)
+    assert not moe_route_with_swiglu_applies(logits, K, x, gate_up)
+    with pytest.raises(TypeError, match="CUDA-only"):
+        moe_route_with_swiglu(logits, K, poisoned((n, K)), poisoned((n, K), np.int32), x,
+                              gate_up, poisoned((n, IM)), workspace=None)

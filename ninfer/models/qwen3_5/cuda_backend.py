@@ -150,7 +150,8 @@ class CudaBackend(BackendStores):
                 gdn_decode_counters=decode_counters(max_batch, cfg.linear_num_key_heads),
                 sample_scratch=cp.empty((max_batch, cfg.vocab_size), np.float32),
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True,
-                fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first)
+                fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first,
+                moe_route_with_swiglu=envs.moe_route_swiglu())
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),

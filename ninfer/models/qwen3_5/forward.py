@@ -91,6 +91,9 @@ class KernelWorkspaces:
     # MoE layers route (moe_route with the `moe` workspace) before the shared expert, then
     # moe_block(routed=True): the routing's latency hides behind the shared expert's GEMVs
     moe_route_first: bool = True
+    # with moe_route_first: the routing runs on an extra block of the shared expert's gate_up
+    # GEMV (one moe_route_with_swiglu launch) where it applies (decode; fused_swiglu)
+    moe_route_with_swiglu: bool = False
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -324,16 +327,29 @@ class Qwen35Forward:
         ops.swiglu(gu, act)
         self._linear(act, down, out)
 
+    def _route_with_swiglu(self, w: MoEParams, logits, x) -> bool:
+        """Whether the routing and the shared expert's gate_up run as one launch: bitwise the
+        moe_route and linear_swiglu launches of the other branch of `_moe`."""
+        return (self.kws.moe_route_with_swiglu and self._fused_swiglu(w.shared_gate_up)
+                and ops.moe_route_with_swiglu_applies(logits, self.cfg.num_experts_per_tok, x,
+                                                      w.shared_gate_up, workspace=self.kws.moe))
+
     def _moe(self, w: MoEParams, x, out) -> None:
         ws, n, e, top_k = self.ws, x.shape[0], self.cfg.num_experts, self.cfg.num_experts_per_tok
         logits = ws.router_logits[:n]  # [router logits | shared-expert gate logit]
         weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
         self._linear(x, w.router_gate, logits)
         routed = self.kws.moe_route_first
-        if routed:  # runs while the shared expert's weights start streaming (PDL)
-            ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
         shared = ws.shared_out[:n]
-        self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
+        if routed and self._route_with_swiglu(w, logits[:, :e], x):
+            act = ws.ffn_act(n, w.shared_gate_up.shape[0] // 2)
+            ops.moe_route_with_swiglu(logits[:, :e], top_k, weights, ids, x, w.shared_gate_up,
+                                      act, workspace=self.kws.moe)
+            self._linear(act, w.shared_down, shared)
+        else:
+            if routed:  # runs while the shared expert's weights start streaming (PDL)
+                ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
+            self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
         ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
                       out, shared=shared, shared_gate=logits[:, e:],
                       batch_invariant=self.kws.batch_invariant, routed=routed,
