@@ -494,6 +494,17 @@ def _experts_35b(rng, experts=24):
     return gu_h, gu_d, dn_h, dn_d
 
 
+def _tiled_experts_35b(rng, experts, sub):
+    """(gate_up, down, gate_up host, down host): `experts` 35B-A3B-shaped bf16 experts on the
+    device whose weights repeat those of `sub` random ones (expert e has expert e % sub's), and
+    the `sub` experts' host Weights for float64 oracles."""
+    gu_h, gu_d, dn_h, dn_d = _experts_35b(rng, sub)
+    reps = -(-experts // sub)
+    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    return gu, dn, gu_h, dn_h
+
+
 def test_moe_block_pdl_on_equals_off(rng, monkeypatch):
     """moe_block with every MoE kernel launched with PDL (sm_90) vs plain launches: bitwise the
     same weights, ids and output (B = 1, 3, 8; 35B-A3B expert shape, 256 experts routed)."""
@@ -501,10 +512,7 @@ def test_moe_block_pdl_on_equals_off(rng, monkeypatch):
 
     experts, top_k, hidden = 256, 8, 2048
     sub = 24  # random weights of 24 experts, tiled: expert e has expert e % 24's weights
-    _, gu_d, _, dn_d = _experts_35b(rng, sub)
-    reps = -(-experts // sub)
-    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    gu, dn, _, _ = _tiled_experts_35b(rng, experts, sub)
     for n in (1, 3, 8):
         x = dev(randn(rng, (n, hidden)))
         logits = dev(randn(rng, (n, experts + 1), 2.0))
@@ -570,10 +578,7 @@ def test_moe_fused_equals_four_launches_35b_shape(rng, n, with_shared):
     float64 oracle (bf16 weights, f32 x)."""
     experts, top_k, hidden = 256, 8, 2048
     sub = 24  # expert e has expert e % 24's weights
-    gu_h, gu_d, dn_h, dn_d = _experts_35b(rng, sub)
-    reps = -(-experts // sub)
-    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    gu, dn, gu_h, dn_h = _tiled_experts_35b(rng, experts, sub)
     x = dev(randn(rng, (n, hidden)))
     logits_h = randn(rng, (n, experts + 1), 2.0)
     if n > 2:
@@ -748,10 +753,7 @@ def test_moe_block_routed_equals_unrouted_35b_shape(rng, monkeypatch):
     path (TMA or rows gate_up, then fused down), B = 2 and 8 the four-launch path (or fused when
     forced)."""
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
-    _, gu_d, _, dn_d = _experts_35b(rng, sub)
-    reps = -(-experts // sub)
-    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    gu, dn, _, _ = _tiled_experts_35b(rng, experts, sub)
     assert dn.shape[2] == inter
     _check_routed(monkeypatch, rng, gu, dn, DType.BFLOAT16, hidden, experts, top_k, (1, 2, 8))
 
@@ -777,10 +779,7 @@ def test_moe_block_routed_graph_replay_equals_eager_unrouted(rng):
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
     ctx = DeviceContext(0)
     with ctx.activate():
-        _, gu_d, _, dn_d = _experts_35b(rng, sub)
-        reps = -(-experts // sub)
-        gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-        dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        gu, dn, _, _ = _tiled_experts_35b(rng, experts, sub)
         for n in (1, 8):
             x = dev(randn(rng, (n, hidden)))
             logits = dev(randn(rng, (n, experts + 1), 2.0))
@@ -916,10 +915,7 @@ def test_moe_route_with_swiglu_graph_replay_equals_eager(rng):
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
     ctx = DeviceContext(0)
     with ctx.activate():
-        _, gu_d, _, dn_d = _experts_35b(rng, sub)
-        reps = -(-experts // sub)
-        gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-        dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        gu, dn, _, _ = _tiled_experts_35b(rng, experts, sub)
         for n in (1, 8):
             x, shared_gu, _ = _swiglu_route_operands(rng, n, hidden, inter, experts)
             logits = dev(randn(rng, (n, experts + 1), 2.0))

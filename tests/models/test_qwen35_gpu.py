@@ -209,25 +209,54 @@ def test_bf16_operands_equal_f32_operands(tmp_path, monkeypatch, preset):
         assert on_conversions == 0
 
 
-def test_moe_route_first_equals_route_in_block(tmp_path):
+def _same_with_switch_on_and_off(monkeypatch, case, configure, launch=None) -> None:
+    """generate() on `case` with a backend switch on and off (`configure(backend, on)`), the
+    graphs recaptured each time (they hold the order of their capture): bitwise the same tokens
+    and logits. `launch`: a launch name the recaptured graphs hold exactly when the switch is
+    on (linear.py and moe.py launches)."""
+    from ninfer.kernels_cuda import linear as klinear
+    from ninfer.kernels_cuda import moe as kmoe
+
+    plist = prompts(case.vocab_size, [37, 9, 20], seed=11)
+    runs = {}
+    for on in (True, False):
+        program = gpu_program(case)
+        backend = program.backend
+        configure(backend, on)
+        names = []
+
+        def spy(real):
+            def call(*a, **kw):
+                names.append(kw.get("name"))
+                return real(*a, **kw)
+            return call
+
+        with monkeypatch.context() as patch:
+            for mod in (klinear, kmoe):
+                for attr in ("launch", "launch_dependent"):
+                    if hasattr(mod, attr):
+                        patch.setattr(mod, attr, spy(getattr(mod, attr)))
+            backend.destroy_graphs()
+            backend.capture_graphs()
+        if launch is not None:
+            assert (launch in names) is on, (launch, on, names)
+        runs[on] = generate(program, plist, 16, keep_logits=True)
+    for a, b in zip(runs[True], runs[False]):
+        assert a.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))
+
+
+def test_moe_route_first_equals_route_in_block(tmp_path, monkeypatch):
     """NINFER_MOE_ROUTE_FIRST (KernelWorkspaces.moe_route_first): the MoE layers' routing run
     before the shared expert (moe_route with the workspace, then moe_block(routed=True)) gives
     bitwise the logits and tokens of the routing inside moe_block, eager prefill and decode
     graphs at several batch sizes."""
-    case = build_case(tmp_path, "tiny-moe", dtype="bfloat16")
-    plist = prompts(case.vocab_size, [37, 9, 20], seed=11)
-    runs = {}
-    for first in (True, False):
-        program = gpu_program(case)
-        backend = program.backend
-        backend.decode_kws.moe_route_first = first
-        backend.prefill_kws.moe_route_first = first
-        backend.destroy_graphs()  # recapture: the graphs hold the order of their capture
-        backend.capture_graphs()
-        runs[first] = generate(program, plist, 16, keep_logits=True)
-    for a, b in zip(runs[True], runs[False]):
-        assert a.tokens == b.tokens
-        np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))
+    def configure(backend, on):
+        backend.decode_kws.moe_route_first = on
+        backend.prefill_kws.moe_route_first = on
+
+    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
+                                 configure)
 
 
 def test_moe_route_with_swiglu_equals_two_launches(tmp_path, monkeypatch):
@@ -235,28 +264,8 @@ def test_moe_route_with_swiglu_equals_two_launches(tmp_path, monkeypatch):
     on an extra block of the shared expert's gate_up launch gives bitwise the logits and tokens
     of the two launches (decode graphs at several batch sizes), and the captured graphs do hold
     the one-launch kernel."""
-    from ninfer.kernels_cuda import linear as klinear
+    def configure(backend, on):
+        backend.decode_kws.moe_route_with_swiglu = on
 
-    case = build_case(tmp_path, "tiny-moe", dtype="bfloat16")
-    plist = prompts(case.vocab_size, [37, 9, 20], seed=11)
-    runs = {}
-    for fused in (True, False):
-        program = gpu_program(case)
-        backend = program.backend
-        backend.decode_kws.moe_route_with_swiglu = fused
-        names = []
-        real = klinear.launch_dependent
-
-        def spy(*a, **kw):
-            names.append(kw.get("name"))
-            return real(*a, **kw)
-
-        monkeypatch.setattr(klinear, "launch_dependent", spy)
-        backend.destroy_graphs()  # recapture: the graphs hold the order of their capture
-        backend.capture_graphs()
-        monkeypatch.setattr(klinear, "launch_dependent", real)
-        assert ("linear_swiglu_route" in names) is fused, names
-        runs[fused] = generate(program, plist, 16, keep_logits=True)
-    for a, b in zip(runs[True], runs[False]):
-        assert a.tokens == b.tokens
-        np.testing.assert_array_equal(np.stack(a.logits), np.stack(b.logits))
+    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
+                                 configure, launch="linear_swiglu_route")
