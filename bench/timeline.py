@@ -14,8 +14,10 @@ blocks were resident (the PDL overlap).
 Runs the decode step eagerly once to log its launches (name, grid, block, shared memory: the
 instances' fingerprints), replays the captured graph a few times, then once more with the
 records on, and prints every kernel instance in release order (link us, how long before its
-release the first block was resident, the spread of its blocks' releases) and the links summed
-per kernel name. Kernels whose blocks do not call pdl_wait on thread 0 leave no record; their
+release the first block was resident, the spread of its blocks' releases, its position in the
+step's launches) and the links summed per kernel name. Instances are matched to the launch log
+in order (`sequence_instances`), or grouped by geometry where the order does not explain them.
+Kernels whose blocks do not call pdl_wait on thread 0 leave no record; their
 time falls into the link before them. The build is slower than the normal one (an atomic per
 block): read the links relative to each other and to the step they add up to.
 """
@@ -35,9 +37,49 @@ def _fingerprint(blocks: int, threads: int, smem: int) -> tuple[int, int, int]:
     return blocks & 0xFFFF, threads & 0xFFFF, smem
 
 
+def _links(out: list[dict]) -> list[dict]:
+    out.sort(key=lambda r: r["release"])
+    for a, b in zip(out, out[1:]):
+        a["link"] = b["release"] - a["release"]
+    if out:
+        out[-1]["link"] = out[-1]["last"] - out[-1]["release"]
+    return out
+
+
+def _instance(name: str, part: list[tuple], key) -> dict:
+    return dict(name=name, blocks=len(part), release=min(r[0] for r in part),
+                resident=min(r[1] for r in part), last=max(r[0] for r in part), key=key)
+
+
+def sequence_instances(records: dict[str, np.ndarray], launches) -> tuple[list[dict], int]:
+    """Kernel instances of one replay, matched to the launch log in order: a kernel's waits
+    return only after every block of the kernel before it has waited and finished, so with the
+    records sorted by wait return each launch's blocks come as one run. Launch j takes the next
+    records of its fingerprint, at most its block count (none: a kernel whose thread 0 does not
+    wait). Returns (instances, records left unmatched; 0 when the log explains them all)."""
+    recs = []
+    for file, arr in records.items():
+        for before, after, meta, smem in arr.tolist():
+            recs.append((after, before, _fingerprint((meta >> 32) & 0xFFFF,
+                                                     (meta >> 16) & 0xFFFF, int(smem)), file))
+    recs.sort()
+    out, i = [], 0
+    for pos, (name, grid, block, smem) in enumerate(launches):
+        blocks = int(np.prod(grid))
+        key = _fingerprint(blocks, int(np.prod(block)), smem)
+        j = i
+        while j < len(recs) and j - i < blocks and recs[j][2] == key:
+            j += 1
+        if j > i:
+            out.append(_instance(name or "?", recs[i:j], key) | {"pos": pos})
+            i = j
+    return _links(out), len(recs) - i
+
+
 def instances(records: dict[str, np.ndarray], launches) -> list[dict]:
-    """Kernel instances of one replay: the records grouped by fingerprint (blocks, threads per
-    block, dynamic shared memory), each group split into as many instances as the launch log has
+    """Kernel instances of one replay without relying on the launch order (the fallback of
+    `sequence_instances`): the records grouped by fingerprint (blocks, threads per block,
+    dynamic shared memory), each group split into as many instances as the launch log has
     launches of that fingerprint, at the largest gaps between the blocks' wait returns."""
     names: dict[tuple, list[str]] = defaultdict(list)
     for name, grid, block, smem in launches:
@@ -56,30 +98,22 @@ def instances(records: dict[str, np.ndarray], launches) -> list[dict]:
         cuts = sorted(np.argsort(gaps)[::-1][: expected - 1] + 1) if len(recs) > 1 else []
         label = "|".join(sorted(set(names.get(key, [f"? {recs[0][2]}"]))))
         for part in np.split(np.arange(len(recs)), cuts):
-            if len(part) == 0:
-                continue
-            t_after = after[part]
-            t_before = np.array([recs[i][1] for i in part], dtype=np.int64)
-            out.append(dict(name=label, blocks=len(part), release=int(t_after.min()),
-                            resident=int(t_before.min()), last=int(t_after.max()),
-                            key=key))
-    out.sort(key=lambda r: r["release"])
-    for a, b in zip(out, out[1:]):
-        a["link"] = b["release"] - a["release"]
-    if out:
-        out[-1]["link"] = out[-1]["last"] - out[-1]["release"]
-    return out
+            if len(part):
+                out.append(_instance(label, [recs[i] for i in part], key))
+    return _links(out)
 
 
 def report(inst: list[dict], top: int) -> str:
     if not inst:
         return "no records (was the build a timeline build?)"
     t0 = inst[0]["release"]
-    lines = [f"{'at us':>8} {'link us':>8} {'lead us':>8} {'spread':>7} {'blocks':>6}  kernel"]
+    lines = [f"{'at us':>8} {'link us':>8} {'lead us':>8} {'spread':>7} {'blocks':>6} "
+             f"{'launch':>6}  kernel"]
     for r in inst:
         lines.append(f"{(r['release'] - t0) / 1e3:8.2f} {r['link'] / 1e3:8.2f} "
                      f"{(r['release'] - r['resident']) / 1e3:8.2f} "
-                     f"{(r['last'] - r['release']) / 1e3:7.2f} {r['blocks']:6d}  {r['name']}")
+                     f"{(r['last'] - r['release']) / 1e3:7.2f} {r['blocks']:6d} "
+                     f"{r.get('pos', -1):6d}  {r['name']}")
     total = (inst[-1]["release"] + inst[-1]["link"] - t0) / 1e3
     per = defaultdict(lambda: [0, 0.0])
     for r in inst:
@@ -131,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             graph.launch(device.stream)
             device.synchronize()
             records = _loader.timeline_records()
-    inst = instances(records, launches)
+    inst, unmatched = sequence_instances(records, launches)
+    if unmatched:  # the log does not explain the records' order: group by geometry instead
+        print(f"{unmatched} records not matched to the launch order; grouping by geometry")
+        inst = instances(records, launches)
     stamps = np.unique(np.concatenate([r[:, :2].ravel() for r in records.values()] or [[0]]))
     step = int(np.diff(stamps).min()) if len(stamps) > 1 else 0
     print(f"{shape.name} B={args.batch} context {args.context}: {len(launches)} launches per "

@@ -46,3 +46,33 @@ def test_records_of_an_unlogged_fingerprint_keep_their_module_name():
                                          np.uint64)}
     inst = instances(records, [])
     assert len(inst) == 1 and inst[0]["blocks"] == 2 and "gdn_decode.cu" in inst[0]["name"]
+
+
+def test_sequence_instances_follow_the_launch_order():
+    """Two GEMVs of one geometry released 300 ns apart (too close for any gap rule) and a
+    launch without records between two norms: every record lands on its launch, in order."""
+    from bench.timeline import sequence_instances
+
+    rng = np.random.default_rng()
+    t = 5_000_000
+    plan = [("linear_tma", 4, 544, 181_760, 0), ("rms_norm", 1, 256, 0, 2_000),
+            ("copy", 3, 128, 0, None), ("linear_tma", 4, 544, 181_760, 2_300),
+            ("linear_tma", 4, 544, 181_760, 2_600), ("rms_norm", 1, 256, 0, 9_000)]
+    recs, launches = [], []
+    for name, blocks, threads, smem, release in plan:
+        launches.append((name, (blocks,), (threads,), smem))
+        if release is None:
+            continue  # a kernel whose thread 0 does not wait: no records
+        for b in rng.permutation(blocks):
+            recs.append(_rec(t + release - 1_000, t + release + int(rng.integers(0, 60)), blocks,
+                             threads, int(b), smem=smem))
+    rng.shuffle(recs)
+    inst, unmatched = sequence_instances({"all.cu": np.array(recs, np.uint64)}, launches)
+    assert unmatched == 0
+    assert [(r["name"], r["pos"], r["blocks"]) for r in inst] == [
+        ("linear_tma", 0, 4), ("rms_norm", 1, 1), ("linear_tma", 3, 4), ("linear_tma", 4, 4),
+        ("rms_norm", 5, 1)]
+    assert abs(inst[2]["link"] - 300) < 80 and abs(inst[3]["link"] - 6_400) < 80
+    # records the log cannot explain are reported, not forced onto launches
+    _, unmatched = sequence_instances({"all.cu": np.array(recs, np.uint64)}, launches[:2])
+    assert unmatched == 9  # the last two GEMVs and norm
