@@ -41,6 +41,7 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 # (common.cuh) and every launch is logged (`timeline_launches`, `timeline_records`).
 _TIMELINE = envs.kernel_timeline()
 _LAUNCHES: list[tuple[str, tuple, tuple, int]] = []
+_TIMELINE_CAP = 16384  # records per module (common.cuh NINFER_TIMELINE_CAP)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity hash: looked up on every launch
@@ -201,15 +202,19 @@ def _timeline_options(source: KernelSource) -> tuple[str, ...]:
 def timeline_reset(*, launches: bool = True) -> None:
     """Zero every compiled module's timeline record count and (`launches`) the launch log
     (timeline build only)."""
-    import cupy
-
     if not _TIMELINE:
         raise RuntimeError("timeline_reset needs NINFER_KERNEL_TIMELINE=1 (set before import)")
     if launches:
         _LAUNCHES.clear()
     for _, module in _CACHE.modules():
-        count = cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_timeline_count"))
-        count.fill(0)
+        _timeline_count(module).fill(0)
+
+
+def _timeline_count(module):
+    """A module's timeline record count (uint32 [1] on the device)."""
+    import cupy
+
+    return cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_timeline_count"))
 
 
 def timeline_records() -> dict[str, np.ndarray]:
@@ -220,9 +225,9 @@ def timeline_records() -> dict[str, np.ndarray]:
     cupy.cuda.get_current_stream().synchronize()
     out = {}
     for source, module in _CACHE.modules():
-        count = cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_timeline_count"))
-        n = min(int(count.get()[0]), 16384)  # common.cuh NINFER_TIMELINE_CAP
-        buf = cupy.ndarray((16384, 4), np.uint64, memptr=module.get_global("ninfer_timeline"))
+        n = min(int(_timeline_count(module).get()[0]), _TIMELINE_CAP)
+        buf = cupy.ndarray((_TIMELINE_CAP, 4), np.uint64,
+                           memptr=module.get_global("ninfer_timeline"))
         out[source.file] = buf[:n].get()
     return out
 

@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1)
   for (int n = threadIdx.x >> 5; n < n_rows; n += warps)
     moe_route_row<J>(q.logits + n * q.logits_rs, q.experts, q.top_k, lane,
                      q.w_out + n * q.w_out_rs, q.ids_out + n * q.top_k, s_ids + n * q.top_k);
-  asm volatile("bar.sync 1, %0;" ::"r"(32 * warps) : "memory");
+  moe_group_sync<true>(32 * warps);  // the routed ids in s_ids
   moe_group_block<true>(s_ids, n_pairs, q.chunk, q.group_expert, q.group_pairs, q.num_groups,
                         32 * warps);
 #else

@@ -226,16 +226,20 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tg = TMA_TILE_GROUP if tile_group is None else tile_group
     if xs or sk != 1024 or consumers != 16:
         tg = 1
-    fn = get_function(SOURCE, f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}>")
+    _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}>",
+               (row_blocks, col_tiles), consumers, params, smem,
+               "linear_swiglu_tma" if swiglu else "linear_tma", pdl)
+
+
+def _start_tma(instance: str, grid, consumers: int, params, smem: int, name: str,
+               pdl: bool | None = None) -> None:
+    """Launch a bulk-copy GEMV instance of SOURCE (consumers + 1 warps per block, `smem` bytes
+    of dynamic shared memory, opted into once) with PDL where `pdl` (None: GEMV_PDL)."""
+    fn = get_function(SOURCE, instance)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
-    name = "linear_swiglu_tma" if swiglu else "linear_tma"
-    if GEMV_PDL if pdl is None else pdl:
-        launch_dependent(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
-                         shared_mem=smem, name=name)
-    else:
-        launch(fn, (row_blocks, col_tiles), (32 * (consumers + 1),), (params,),
-               shared_mem=smem, name=name)
+    start = launch_dependent if (GEMV_PDL if pdl is None else pdl) else launch
+    start(fn, grid, (32 * (consumers + 1),), (params,), shared_mem=smem, name=name)
 
 
 def tma_swiglu_route_ok(x, gate_up, experts: int, top_k: int) -> bool:
@@ -273,16 +277,9 @@ def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out
                     experts=logits.shape[1], top_k=top_k, chunk=chunk)
     xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS)
     j = 8 if logits.shape[1] <= 256 else 16  # moe_route_row<J>: any 32 J >= E, the same bits
-    fn = get_function(SOURCE,
-                      f"linear_tma_swiglu_route_kernel<1024, {TMA_CONSUMERS}, {xs}, {j}>")
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
     gemv_blocks = max(1, min(-(-inner // 8), current_device().sm_count - 1))
-    grid, block = (gemv_blocks + 1, 1), (32 * (TMA_CONSUMERS + 1),)
-    if GEMV_PDL:
-        launch_dependent(fn, grid, block, (params,), shared_mem=smem, name="linear_swiglu_route")
-    else:
-        launch(fn, grid, block, (params,), shared_mem=smem, name="linear_swiglu_route")
+    _start_tma(f"linear_tma_swiglu_route_kernel<{TMA_SK}, {TMA_CONSUMERS}, {xs}, {j}>",
+               (gemv_blocks + 1, 1), TMA_CONSUMERS, params, smem, "linear_swiglu_route")
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
