@@ -110,26 +110,6 @@ def moe_down_prewait() -> bool:
     return _flag("NINFER_MOE_DOWN_PREWAIT", True)
 
 
-def moe_l2_own() -> int:
-    """NINFER_MOE_L2_OWN (default 0): moe_tma_gate_up_kernel's producer prefetches into the L2,
-    before its PDL wait, the weight rows of its block's first N work items (a hint: the same
-    bits for every N). Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_L2_OWN", 0, tuple(range(9)))
-
-
-def moe_l2_down() -> int:
-    """NINFER_MOE_L2_DOWN (default 0): moe_tma_gate_up_kernel's producers prefetch the down
-    stage's expert matrices into the L2: 0 no, 1 before the PDL wait, 2 after the producer's last
-    copy (a hint: the same bits either way). Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_L2_DOWN", 0, (0, 1, 2))
-
-
-def moe_l2_groups() -> int:
-    """NINFER_MOE_L2_GROUPS (default 16): the NINFER_MOE_L2_DOWN prefetch covers the first N
-    expert groups (N down matrices: 2 MiB each at the 35B-A3B shape). Read once, at import."""
-    return _choice("NINFER_MOE_L2_GROUPS", 16, tuple(range(1, 65)))
-
-
 def attn_prewait() -> bool:
     """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
     kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before

@@ -72,12 +72,6 @@ __device__ __forceinline__ unsigned long long l2_evict_first_policy() {
   return pol;
 }
 
-// An L2 prefetch of global [src, src + bytes) (16-byte aligned, bytes a multiple of 16) by the
-// TMA engine: no data returns and nothing waits on it (a hint).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, unsigned bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // `bytes` (multiple of 16) from global `src` to shared `dst` (both 16-byte aligned), counted on
 // `bar`'s transaction count when they land.
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsigned bytes,

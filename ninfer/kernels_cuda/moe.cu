@@ -704,60 +704,11 @@ __device__ __forceinline__ void moe_tma_consume_xr(
   }
 }
 
-// L2 hints of the producer warp (moe.py MoeL2Hints, NINFER_MOE_L2_OWN / NINFER_MOE_L2_DOWN):
-// bulk prefetches only, which return no data, so a group table read before pdl_wait that is not
-// complete yet only prefetches the wrong lines (the copies and the arithmetic never use them).
-// - own_items > 0: before pdl_wait, the weight rows of this block's first own_items work items
-//   (the rows its ring copies will read; the tables are complete there wherever the routing ran
-//   two launches back, as in the model's decode step: route, shared expert, this stage);
-// - down_when 1 (before pdl_wait) / 2 (after the producer's last copy): the next stage's expert
-//   matrices (down + e * down_es, down_span bytes each) of the first max_groups groups, in
-//   MOE_L2_CHUNK pieces dealt round-robin over the blocks' producer lanes, so that the down stage
-//   reads them from the L2 while this stage leaves the HBM partly idle.
-#define MOE_L2_CHUNK 16384
-#define MOE_L2_MAX_GROUPS 1024
-
-__device__ __forceinline__ int moe_l2_groups(const MoeGemvParams& p, int cap) {
-  return max(0, min(__ldcg(p.num_groups), min(cap, MOE_L2_MAX_GROUPS)));
-}
-
-__device__ __forceinline__ void moe_l2_own_items(const MoeGemvParams& p, int tiles, int items_cap,
-                                                 int lane) {
-#if BULK_COPY_OK
-  const int items = moe_l2_groups(p, MOE_L2_MAX_GROUPS) * tiles;
-  const int r = lane & 15;
-  for (int j = 0; j < items_cap; ++j) {
-    const int item = blockIdx.x + j * (int)gridDim.x;
-    if (item >= items) break;
-    const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
-    const int e = __ldcg(p.group_expert + grp);
-    if (lane >= 16 || e < 0 || e >= p.experts || (r & 7) >= min(8, p.m - m0)) continue;
-    const i64 row = r < 8 ? m0 + r : p.up_offset + m0 + r - 8;
-    bulk_prefetch_l2(static_cast<const bf16raw*>(p.w) + (i64)e * p.w_es + row * p.w_rs,
-                     2u * (unsigned)p.k);
-  }
-#endif
-}
-
-__device__ __forceinline__ void moe_l2_down(const MoeGemvParams& p, const char* down, i64 es,
-                                            i64 span, int max_groups, int lane) {
-#if BULK_COPY_OK
-  const i64 per = (span + MOE_L2_CHUNK - 1) / MOE_L2_CHUNK;
-  const i64 total = (i64)moe_l2_groups(p, max_groups) * per;
-  for (i64 c = blockIdx.x + (i64)gridDim.x * lane; c < total; c += (i64)gridDim.x * 32) {
-    const int grp = (int)(c / per);
-    const i64 off = (c - grp * per) * MOE_L2_CHUNK;
-    const int e = __ldcg(p.group_expert + grp);
-    if (e >= 0 && e < p.experts)
-      bulk_prefetch_l2(down + e * es + off, (unsigned)min((i64)MOE_L2_CHUNK, span - off));
-  }
-#endif
-}
-
 template <int XR>
-__global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(
-    const MoeGemvParams p, int sk, int sw, int stages, int pairs, const char* __restrict__ down,
-    i64 down_es, i64 down_span, int own_items, int down_when, int max_groups) {
+__global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
+                                                                          int sk, int sw,
+                                                                          int stages,
+                                                                          int pairs) {
 #if BULK_COPY_OK
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
@@ -782,15 +733,11 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(
     mbar_init_fence();
   }
   __syncthreads();
-  const int tiles = (p.m + 7) >> 3;
-  if (warp == cons) {  // L2 hints (see MoeL2Hints above): before pdl_wait, tables read as hints
-    if (own_items > 0) moe_l2_own_items(p, tiles, own_items, lane);
-    if (down && down_when == 1) moe_l2_down(p, down, down_es, down_span, max_groups, lane);
-  }
   // the group tables, x and act belong to the previous kernels of the step (PDL); its
   // successor waits for this whole grid, so it may launch now
   pdl_wait();
   pdl_launch_dependents();
+  const int tiles = (p.m + 7) >> 3;
   const int items = *p.num_groups * tiles;
   const int G = gridDim.x;
   if (warp == cons) {  // producer
@@ -820,7 +767,6 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(
         ++q;
       }
     }
-    if (down && down_when == 2) moe_l2_down(p, down, down_es, down_span, max_groups, lane);
     return;
   }
   const int g = lane >> 2, t = lane & 3;

@@ -86,22 +86,6 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 # NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
 # it can run, unless a caller says otherwise (the same bits either way).
 TMA_X_REGS = envs.moe_tma_x_regs()
-
-
-@dataclasses.dataclass(frozen=True)
-class L2Hints:
-    """moe_tma_gate_up_kernel's L2 prefetch hints (moe.cu, above the kernel; the same bits for
-    every value): `own_items` of each block's first work items before pdl_wait; the down stage's
-    matrices of the first `max_groups` groups before pdl_wait (`down_when` 1) or after the
-    producer's last copy (2), 0: none."""
-
-    own_items: int = 0
-    down_when: int = 0
-    max_groups: int = 16
-
-
-# NINFER_MOE_L2_OWN / NINFER_MOE_L2_DOWN / NINFER_MOE_L2_GROUPS (read once at import)
-L2_HINTS = L2Hints(envs.moe_l2_own(), envs.moe_l2_down(), envs.moe_l2_groups())
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
@@ -394,7 +378,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
-        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma, dn)
+        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
                     prewait=True)
         return
@@ -529,7 +513,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma and swiglu:
-            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma, dn)
+            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma)
             continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
@@ -558,15 +542,12 @@ def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
 
 
 def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: MoeWorkspace,
-                 tma: TmaPlan | None, dn) -> None:
+                 tma: TmaPlan | None) -> None:
     """The tensor-core gate_up + SwiGLU stage over the groups in `ws` into ws.act:
-    moe_tma_gate_up_kernel with plan `tma` (L2 hints for the down weights `dn` of the next
-    stage), else launch_mma (moe_mma_rows_kernel<1>; bitwise the same)."""
+    moe_tma_gate_up_kernel with plan `tma`, else launch_mma (moe_mma_rows_kernel<1>; bitwise
+    the same)."""
     if tma is not None:
-        hidden = x.shape[1]
-        launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
-                           inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
-                           plan=tma, down=dn)
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
         return
     hidden = x.shape[1]
     launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act, inter,
@@ -574,11 +555,20 @@ def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: Mo
                pairs=pairs)
 
 
+def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,
+                         ws: MoeWorkspace, plan: TmaPlan) -> None:
+    """ws.act[pair, :inter] = silu(gate) * up of every group in `ws` (x rows: the pairs' token
+    rows) by moe_tma_gate_up_kernel."""
+    hidden = x.shape[1]
+    launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
+                       inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
+                       plan=plan)
+
+
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
                        plan: TmaPlan, item_pairs: bool | None = None,
-                       x_regs: bool | None = None, down=None,
-                       hints: L2Hints | None = None) -> None:
+                       x_regs: bool | None = None) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
@@ -588,9 +578,7 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     bits either way). `x_regs`: the consumers hold their x values in registers
     (moe_tma_gate_up_kernel<1>), possible where every pair reads x row 0 (x_by_pair = 0 and
     pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
-    wherever possible when TMA_X_REGS is set (the same bits either way). `hints` (None:
-    L2_HINTS): the producers' L2 prefetches, of the down stage's contiguous [E, H, m] weights
-    `down` where given (the same bits with any hints)."""
+    wherever possible when TMA_X_REGS is set (the same bits either way)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
     C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
@@ -604,14 +592,9 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     if fn.max_dynamic_shared_size_bytes < plan.smem:
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
-    hints = L2_HINTS if hints is None else hints
-    span = 0 if down is None else down.shape[1] * down.shape[2] * down.dtype.itemsize
-    down_when = hints.down_when if span and span % 16 == 0 else 0
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
            (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
-            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs),
-            down if down_when else None, np.int64(span), np.int64(span),
-            np.int32(hints.own_items), np.int32(down_when), np.int32(hints.max_groups)),
+            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 

@@ -166,22 +166,16 @@ def _block(monkeypatch, tma, x, logits, top_k, gu, dn, shared, fused):
     (5, 1040, 200, 61, 5, 7),
 ])
 @pytest.mark.parametrize("fused", [None, True, False])
-@pytest.mark.parametrize("prewait,hints", [
-    (False, kmoe.L2Hints()),
-    (True, kmoe.L2Hints(own_items=8, down_when=1, max_groups=64)),
-    (True, kmoe.L2Hints(own_items=1, down_when=2, max_groups=3)),
-])
+@pytest.mark.parametrize("prewait", [False, True])
 def test_moe_block_tma_on_equals_off(rng, monkeypatch, n, hidden, inter, experts, top_k, sub,
-                                     fused, prewait, hints):
-    """... with the fused down stage's L2 prefetch before its PDL wait (DOWN_PREWAIT) and the
-    TMA gate_up's L2 hints (L2_HINTS: its own rows before pdl_wait, the down matrices before
-    pdl_wait or after the last copy) on or off in the TMA run: the same bits."""
+                                     fused, prewait):
+    """... with the fused down stage's L2 prefetch before its PDL wait (DOWN_PREWAIT) on or off
+    in the TMA run: the same bits."""
     gu, dn = _experts(rng, experts, sub, hidden, inter)
     x = dev(randn(rng, (n, hidden)))
     logits = dev(randn(rng, (n, experts + 1), 2.0))
     shared = dev(randn(rng, (n, hidden))) if n != 2 else None
     monkeypatch.setattr(kmoe, "DOWN_PREWAIT", prewait)
-    monkeypatch.setattr(kmoe, "L2_HINTS", hints)
     on, calls = _block(monkeypatch, True, x, logits, top_k, gu, dn, shared, fused)
     assert calls == 1, "the TMA gate_up did not run"
     monkeypatch.setattr(kmoe, "DOWN_PREWAIT", False)
@@ -220,9 +214,6 @@ def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
                 return w, ids, ws.act[:n * top_k], out
 
             monkeypatch.setattr(kmoe, "MOE_TMA", True)
-            # the L2 hints read the group tables before pdl_wait, here one launch after the
-            # routing writes them: stale reads only prefetch other lines
-            monkeypatch.setattr(kmoe, "L2_HINTS", kmoe.L2Hints(4, 1, 16))
             refill = randn_refill(rng, (x, 1.0), (logits, 2.0), (shared, 1.0))
             assert_graph_replay_equals_eager(
                 ctx, "moe_block_tma", step, refill,
