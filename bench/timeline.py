@@ -47,8 +47,10 @@ def _links(out: list[dict]) -> list[dict]:
 
 
 def _instance(name: str, part: list[tuple], key) -> dict:
+    """One kernel instance from its blocks' records (after, before, ..., module file)."""
     return dict(name=name, blocks=len(part), release=min(r[0] for r in part),
-                resident=min(r[1] for r in part), last=max(r[0] for r in part), key=key)
+                resident=min(r[1] for r in part), last=max(r[0] for r in part), key=key,
+                file=part[0][-1])
 
 
 def sequence_instances(records: dict[str, np.ndarray], launches) -> tuple[list[dict], int]:
@@ -126,6 +128,42 @@ def report(inst: list[dict], top: int) -> str:
     return "\n".join(lines)
 
 
+def phases(inst: list[dict], marks: dict[str, np.ndarray]) -> str:
+    """The phase marks (common.cuh timeline_mark) per kernel name and tag: each mark belongs to
+    the instance of its module with the latest release before it (marks come after their
+    block's wait and before their kernel completes, which precedes the module's next release);
+    per instance the first and the last block's mark, us after the release; means over the
+    instances, with the mean link for comparison."""
+    by_file: dict[str, list[dict]] = defaultdict(list)
+    for r in inst:
+        by_file[r["file"]].append(r)
+    table: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for file, arr in marks.items():
+        rs = sorted(by_file.get(file, []), key=lambda r: r["release"])
+        if not rs or not len(arr):
+            continue
+        releases = np.array([r["release"] for r in rs], dtype=np.int64)
+        per: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for t, meta in arr.tolist():
+            i = int(np.searchsorted(releases, t, side="right")) - 1
+            if i >= 0:
+                per[(i, (meta >> 48) & 0xFF)].append(t)
+        for (i, tag), ts in per.items():
+            table[rs[i]["name"]][tag].append((min(ts) - rs[i]["release"],
+                                              max(ts) - rs[i]["release"], len(ts), rs[i]["link"]))
+    if not table:
+        return "no phase marks"
+    lines = [f"{'kernel':<28} {'tag':>3} {'n':>4} {'blocks':>6} {'first us':>9} {'last us':>8} "
+             f"{'link us':>8}"]
+    for name in sorted(table):
+        for tag in sorted(table[name]):
+            v = np.array(table[name][tag], dtype=np.float64)
+            lines.append(f"{name:<28} {tag:3d} {len(v):4d} {v[:, 2].mean():6.1f} "
+                         f"{v[:, 0].mean() / 1e3:9.2f} {v[:, 1].mean() / 1e3:8.2f} "
+                         f"{v[:, 3].mean() / 1e3:8.2f}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.timeline", description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="35b-a3b", help=f"one of {', '.join(SHAPES)}")
@@ -165,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             graph.launch(device.stream)
             device.synchronize()
             records = _loader.timeline_records()
+            marks = _loader.timeline_marks()
     inst, unmatched = sequence_instances(records, launches)
     if unmatched:  # the log does not explain the records' order: group by geometry instead
         print(f"{unmatched} records not matched to the launch order; grouping by geometry")
@@ -177,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.rows:
         text = text[text.index("\nstep"):]
     print(text)
+    print("\nphase marks (us after the release; first / last block):")
+    print(phases(inst, marks))
     backend.destroy_graphs()
     return 0
 

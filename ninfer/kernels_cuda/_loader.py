@@ -42,6 +42,7 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 _TIMELINE = envs.kernel_timeline()
 _LAUNCHES: list[tuple[str, tuple, tuple, int]] = []
 _TIMELINE_CAP = 16384  # records per module (common.cuh NINFER_TIMELINE_CAP)
+_MARK_CAP = 65536  # phase marks per module (common.cuh NINFER_MARK_CAP)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # identity hash: looked up on every launch
@@ -208,6 +209,7 @@ def timeline_reset(*, launches: bool = True) -> None:
         _LAUNCHES.clear()
     for _, module in _CACHE.modules():
         _timeline_count(module).fill(0)
+        _marks_count(module).fill(0)
 
 
 def _timeline_count(module):
@@ -228,6 +230,27 @@ def timeline_records() -> dict[str, np.ndarray]:
         n = min(int(_timeline_count(module).get()[0]), _TIMELINE_CAP)
         buf = cupy.ndarray((_TIMELINE_CAP, 4), np.uint64,
                            memptr=module.get_global("ninfer_timeline"))
+        out[source.file] = buf[:n].get()
+    return out
+
+
+def _marks_count(module):
+    """A module's phase mark count (common.cuh ninfer_marks_count, uint32 [1] on the device)."""
+    import cupy
+
+    return cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_marks_count"))
+
+
+def timeline_marks() -> dict[str, np.ndarray]:
+    """Per compiled module file: its phase marks (common.cuh timeline_mark), uint64 [n, 2]
+    (timer, packed module / tag / SM / block index), after a synchronize."""
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+    out = {}
+    for source, module in _CACHE.modules():
+        n = min(int(_marks_count(module).get()[0]), _MARK_CAP)
+        buf = cupy.ndarray((_MARK_CAP, 2), np.uint64, memptr=module.get_global("ninfer_marks"))
         out[source.file] = buf[:n].get()
     return out
 

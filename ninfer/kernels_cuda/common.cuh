@@ -64,6 +64,49 @@ __device__ __forceinline__ void timeline_record(unsigned long long before,
                                (block & 0xffff);
   ninfer_timeline[4 * i + 3] = smem;
 }
+// Phase marks (timeline build only; no code otherwise): thread 0 of a block keeps the global
+// timer of up to 8 tagged points of its kernel in shared memory (`timeline_mark(tag)`, tags
+// 0..7; `timeline_marks_begin()` first clears them) and `timeline_marks_flush()` appends the
+// set ones to the module's `ninfer_marks` buffer (one atomic per block, after its last mark):
+// [timer, module id (8 bits) | tag (8) | SM (8) | 0 (8) | block index (32)] (bench/timeline.py
+// prints them per kernel relative to the release).
+#define NINFER_MARK_CAP 65536
+__device__ unsigned long long ninfer_marks[2 * NINFER_MARK_CAP];
+__device__ unsigned int ninfer_marks_count;
+__shared__ unsigned long long ninfer_mark_t[8];
+__device__ __forceinline__ void timeline_marks_begin() {
+  if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+  for (int i = 0; i < 8; ++i) ninfer_mark_t[i] = 0ull;
+}
+__device__ __forceinline__ void timeline_mark(int tag) {
+  if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+  ninfer_mark_t[tag & 7] = timeline_now();
+}
+__device__ __forceinline__ void timeline_marks_flush() {
+  if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+  int n = 0;
+  for (int i = 0; i < 8; ++i) n += ninfer_mark_t[i] != 0ull;
+  const unsigned i0 = atomicAdd(&ninfer_marks_count, (unsigned)n);
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned long long block =
+      blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned k = i0;
+  for (int i = 0; i < 8; ++i) {
+    if (ninfer_mark_t[i] == 0ull) continue;
+    if (k < NINFER_MARK_CAP) {
+      ninfer_marks[2 * k] = ninfer_mark_t[i];
+      ninfer_marks[2 * k + 1] = ((unsigned long long)(NINFER_MODULE_ID & 0xff) << 56) |
+                                ((unsigned long long)i << 48) |
+                                ((unsigned long long)(smid & 0xff) << 40) | (block & 0xffffffffull);
+    }
+    ++k;
+  }
+}
+#else
+__device__ __forceinline__ void timeline_marks_begin() {}
+__device__ __forceinline__ void timeline_mark(int) {}
+__device__ __forceinline__ void timeline_marks_flush() {}
 #endif
 __device__ __forceinline__ void pdl_wait() {
 #if defined(NINFER_TIMELINE) && NINFER_TIMELINE

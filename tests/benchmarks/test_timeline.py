@@ -76,3 +76,31 @@ def test_sequence_instances_follow_the_launch_order():
     # records the log cannot explain are reported, not forced onto launches
     _, unmatched = sequence_instances({"all.cu": np.array(recs, np.uint64)}, launches[:2])
     assert unmatched == 9  # the last two GEMVs and norm
+
+
+def test_phases_assign_marks_to_their_modules_instances():
+    """Marks land on the instance of their module released last before them; per tag the
+    first and last block's offsets after that release are averaged over the instances."""
+    from bench.timeline import phases
+
+    t = 2_000_000
+    inst = [dict(name="gdn_decode", release=t, link=7_000, file="gdn_decode.cu"),
+            dict(name="linear_tma", release=t + 7_000, link=4_000, file="linear.cu"),
+            dict(name="gdn_decode", release=t + 11_000, link=9_000, file="gdn_decode.cu")]
+
+    def mark(time, tag, block):
+        return [time, (5 << 56) | (tag << 48) | block]
+
+    marks = {"gdn_decode.cu": np.array(
+        [mark(t + 1_000, 1, 0), mark(t + 1_400, 1, 1),  # instance 0, tag 1: 1.0 / 1.4 us
+         mark(t + 6_000, 5, 0),                          # instance 0, tag 5: 6.0
+         mark(t + 11_000 + 2_000, 1, 0), mark(t + 11_000 + 2_600, 1, 1),  # instance 1: 2.0 / 2.6
+         mark(t + 11_000 + 8_000, 5, 1)], np.uint64),    # instance 1, tag 5: 8.0
+        "linear.cu": np.zeros((0, 2), np.uint64)}
+    rows = {tuple(line.split()[:2]): line.split() for line in phases(inst, marks).splitlines()[1:]}
+    n, blocks, first, last, link = map(float, rows[("gdn_decode", "1")][2:])
+    assert (n, blocks) == (2, 2) and abs(first - 1.5) < 1e-9 and abs(last - 2.0) < 1e-9
+    assert abs(link - 8.0) < 1e-9
+    n, blocks, first, last, _ = map(float, rows[("gdn_decode", "5")][2:])
+    assert (n, blocks) == (2, 1) and abs(first - 7.0) < 1e-9 and abs(last - 7.0) < 1e-9
+    assert phases(inst, {"linear.cu": np.zeros((0, 2), np.uint64)}) == "no phase marks"
