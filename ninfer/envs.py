@@ -110,13 +110,6 @@ def moe_down_prewait() -> bool:
     return _flag("NINFER_MOE_DOWN_PREWAIT", True)
 
 
-def gdn_late_shift() -> bool:
-    """NINFER_GDN_LATE_SHIFT (default on; "0" turns it off): the fused GDN decode kernel counts
-    its blocks on the conv-state counter with a relaxed atomic read only at the end (the same
-    bits). Read once, at import of the launcher."""
-    return _flag("NINFER_GDN_LATE_SHIFT", True)
-
-
 def attn_prewait() -> bool:
     """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
     kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before

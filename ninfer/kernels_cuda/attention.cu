@@ -287,8 +287,7 @@ __device__ __forceinline__ float attn_fold(float run, float a, float b, float x)
 // Writes the final output elements (n, head, d .. d + K - 1) = v, each times sigmoid(gate) when
 // p.gate is set (sigmoid_mul_f: the bits of paged_attention then sigmoid_mul). The gate loads
 // are all issued before the stores (out may alias gate as far as the compiler knows). Every
-// site that writes a final output element goes through here, or through attn_store_gated4 with
-// the gate values loaded ahead (the split merge's last fold).
+// site that writes a final output element goes through here.
 template <int K>
 __device__ __forceinline__ void attn_store_out(const AttnParams& p, i64 n, int head, int d,
                                                const float (&v)[K]) {
@@ -304,22 +303,6 @@ __device__ __forceinline__ void attn_store_out(const AttnParams& p, i64 n, int h
 #pragma unroll
     for (int k = 0; k < K; ++k) out[k] = v[k];
   }
-}
-
-// attn_store_out<4>'s gate values of (row n, head, dims d..d + 3), loaded ahead (p.gate set).
-__device__ __forceinline__ float4 attn_load_gate4(const AttnParams& p, i64 n, int head, int d) {
-  const float* gp = p.gate + n * p.gate_rs + (i64)head * p.gate_hs + d;
-  return make_float4(gp[0], gp[1], gp[2], gp[3]);
-}
-
-// attn_store_out<4> with the gate values loaded ahead by attn_load_gate4 (the same expression).
-__device__ __forceinline__ void attn_store_gated4(const AttnParams& p, i64 n, int head, int d,
-                                                  const float (&v)[4], float4 gv) {
-  float* out = p.out + n * p.out_rs + (i64)head * p.out_hs + d;
-  out[0] = sigmoid_mul_f(v[0], gv.x);
-  out[1] = sigmoid_mul_f(v[1], gv.y);
-  out[2] = sigmoid_mul_f(v[2], gv.z);
-  out[3] = sigmoid_mul_f(v[3], gv.w);
 }
 
 // Element row (page * Hkv + g) * page_size + slot of `key`; -2: not a key of this tile
@@ -375,15 +358,6 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
   float4 pre0[ATTN_GROUP], pre1[ATTN_GROUP];
   if (tid < items) load(tid, pre0);
   if (tid + nthreads < items) load(tid + nthreads, pre1);
-  // the output gate of those two items (mode != 0), loaded here too: its round trip overlaps
-  // the partials' instead of following the fold (same values, so the same bits)
-  float4 gate0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), gate1 = gate0;
-  const bool early_gate = mode != 0 && p.gate != nullptr;
-  if (early_gate) {
-    if (tid < items) gate0 = attn_load_gate4(p, n, g * G + tid / D4, (tid % D4) * 4);
-    if (tid + nthreads < items)
-      gate1 = attn_load_gate4(p, n, g * G + (tid + nthreads) / D4, ((tid + nthreads) % D4) * 4);
-  }
   for (int hl = warp; hl < G; hl += nwarps) {
     const i64 slot0 = (n * p.q_heads + g * G + hl) * (i64)stride + first;
     const float2 v = lane < count ? __ldcg(reinterpret_cast<const float2*>(src_ml) + slot0 + lane)
@@ -406,7 +380,8 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
     if (lane == 0) mm[hl] = m_all;
   }
   __syncthreads();
-  auto fold = [&](int e, const float4 (&buf)[ATTN_GROUP], bool gated, float4 gate) {
+  if (mode == 2) timeline_mark(7);  // level 2: the partials' round trip and pass 1
+  auto fold = [&](int e, const float4 (&buf)[ATTN_GROUP]) {
     const int hl = e / D4, d4 = e % D4;
     const int head = g * G + hl;
     float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f, l = 0.0f;
@@ -436,18 +411,15 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
         l = attn_fold(0.0f, a, b, l);
       }
       const float v[4] = {o0 / l, o1 / l, o2 / l, o3 / l};
-      if (gated)
-        attn_store_gated4(p, n, head, d4 * 4, v, gate);
-      else
-        attn_store_out<4>(p, n, head, d4 * 4, v);
+      attn_store_out<4>(p, n, head, d4 * 4, v);
     }
   };
-  if (tid < items) fold(tid, pre0, early_gate, gate0);
-  if (tid + nthreads < items) fold(tid + nthreads, pre1, early_gate, gate1);
+  if (tid < items) fold(tid, pre0);
+  if (tid + nthreads < items) fold(tid + nthreads, pre1);
   for (int e = tid + 2 * nthreads; e < items; e += nthreads) {
     float4 buf[ATTN_GROUP];
     load(e, buf);
-    fold(e, buf, false, gate0);
+    fold(e, buf);
   }
 }
 
@@ -735,6 +707,7 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   if (!sm_last) return;
   timeline_mark(5);  // the last group: the count returned
   __threadfence();
+  timeline_mark(0);  // level 2: after its fence
   if (tid == 0) counters[0] = 0;
   attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
   timeline_mark(6);  // level 2 folded: the output stored
@@ -862,7 +835,6 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
   }
   pdl_enter();  // before the early exits: every block waits and triggers
   timeline_marks_begin();  // (phase marks: timeline build only)
-  timeline_mark(0);
   if (!prewait) row = attn_row(p, n);
   const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
   if (c_begin >= row.n_chunks) return;

@@ -63,19 +63,6 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, i64 i) {
   return bf16 ? to_f32(static_cast<const bf16raw*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
-// bf16_flags bit DEC_LATE_SHIFT (gdn_decode.py LATE_SHIFT, NINFER_GDN_LATE_SHIFT): thread 0
-// counts its block on the key head's counter with a relaxed atomic and only warp 0 of the last
-// block, at the end, reads the count and shifts the q/k conv channels (the same values and
-// stores as the acq_rel count and the shift before the RMSNorm; the same bits). Why no fence is
-// needed: a block's conv-state reads have returned before its count is issued (their values
-// fed the conv before the first barrier), and the last block's shift stores depend on the
-// count's value, so no shifted value can reach a read; the next launch follows the kernel
-// boundary. The acq_rel count stalled warp 0 (its acquire orders the partial sums' shared
-// loads after the round trip) before the second barrier: 1.2-3.2 us of the ~8 us link
-// (timeline phase marks, H200, 9B / 27B / 35B-A3B B=1). The relaxed count is issued after the
-// third barrier, where its register does not push the 64-register instance into spills.
-#define DEC_LATE_SHIFT 16
-
 #define DEC_THREADS 512
 #define DEC_WARPS 16
 #define DEC_RPW 8     // state rows per warp (DEC_WARPS * DEC_RPW = 128 >= dk)
@@ -92,9 +79,8 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, i64 i) {
 //   warp 12 + g alone adds the 16 partials of group g in warp order, computes rk delta_j and o_j
 //   and the group's sum of o_j^2, and shares rk delta_j (kd) and the sum (ssq); every thread
 //   then updates its 32 state values. 3 block barriers after the conv;
-// - the conv-state counter: with DEC_LATE_SHIFT (the default) a relaxed count after the third
-//   barrier whose value only warp 0 reads, at the end; without it an acq_rel count before the
-//   partial sums whose last-block flag is read before the third barrier.
+// - the last-block flag of the conv-state counter is read only before the second barrier, so the
+//   atomic's round trip overlaps the partial sums.
 struct __align__(16) DecHeadShared {
   float qs[128], ks[128];                          // raw conv outputs of q and k (zero past dk)
   float vs[DEC_GROUPS * DEC_COLS];                 // v channels by column
@@ -265,8 +251,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   __syncthreads();
   timeline_mark(2);
   int prev = 0;
-  const bool late = p.bf16_flags & DEC_LATE_SHIFT;
-  if (t == 0 && !late) {  // every thread's conv-state reads are done (their values were used)
+  if (t == 0) {  // every thread's conv-state reads are done (their values were used above)
     // acq_rel at gpu scope: releases this block's reads (ordered before it by the barrier) to
     // the last block, and acquires the other blocks' for it; no full sequential-consistency
     // fence (membar.gl) on warp 0's path to the next barrier
@@ -304,7 +289,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     }
   }
   __syncthreads();
-  timeline_mark(3);
+  timeline_mark(3);  // after the conv-state count (acq_rel) and the partial sums
   // warp 12 + gi: column sums of group gi (in warp order), rk delta_j, o_j, sum of o_j^2
   float o = 0.0f;
   if (ow) {
@@ -328,12 +313,9 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     const float part = warp_sum(oc < dv ? o * o : 0.0f);
     if (lane == 0) sh.ssq[gi] = part;
   }
-  if (t == 0 && !late) sh.last = prev == group - 1;
+  if (t == 0) sh.last = prev == group - 1;
   __syncthreads();
   timeline_mark(4);
-  // DEC_LATE_SHIFT: relaxed, its value read by warp 0 at the end only (its round trip overlaps
-  // the state update)
-  if (t == 0 && late) prev = atomicAdd(p.counters + n * p.key_heads + kh, 1);
   // ---- state update: S'_ij = d S_ij + k_i (rk delta_j)
   {
     const float4* k4 = reinterpret_cast<const float4*>(sh.ks + row0);
@@ -371,7 +353,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     }
   }
   // ---- the last block of the key head shifts the q/k channels (all blocks have read them)
-  if (!late && sh.last) {  // uniform; written before the second barrier
+  if (sh.last) {  // uniform; written before the second barrier
     if (t == 0) p.counters[n * p.key_heads + kh] = 0;
     if (t < 256 && c >= 0) {
 #pragma unroll
@@ -386,18 +368,6 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     for (int r = 1; r < DEC_GROUPS; ++r) total += sh.ssq[r];
     const float denom = sqrtf(total / (float)dv + p.eps);
     p.out[n * p.out_rs + (i64)h * p.out_hs + oc] = sh.nw[oc] * (o / denom) * silu_f(sh.zv[oc]);
-  }
-  if (late && warp == 0 && __shfl_sync(0xffffffffu, prev, 0) == group - 1) {
-    // DEC_LATE_SHIFT: the last block of the key head shifts the q/k channels with warp 0
-    if (lane == 0) p.counters[n * p.key_heads + kh] = 0;
-    for (int tt = lane; tt < 256; tt += 32) {
-      const int i = tt & 127;
-      if (i >= dk) continue;
-      const int cc = (tt < 128 ? kh * dk : (p.key_heads + kh) * dk) + i;
-#pragma unroll
-      for (int j = 0; j < MAXK; ++j)
-        if (j < keep) cst[(i64)j * p.channels + cc] = qk_win2[j][tt];
-    }
   }
   timeline_mark(5);  // thread 0: its state stores issued
   timeline_marks_flush();

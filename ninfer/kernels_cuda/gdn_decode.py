@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
@@ -43,12 +42,6 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
 assert _PARAMS.itemsize == 224
 MAX_DIM = 128
 THREADS = 512
-# NINFER_GDN_LATE_SHIFT (read once at import; default on): gdn_decode.cu DEC_LATE_SHIFT, the
-# key head's conv-state counter counted with a relaxed atomic whose value only warp 0 of the
-# last block reads, at the end, to shift the q/k channels (instead of an acq_rel count that
-# stalls warp 0 before the second barrier); the same bits.
-LATE_SHIFT = envs.gdn_late_shift()
-_LATE_SHIFT_BIT = 16  # gdn_decode.cu DEC_LATE_SHIFT
 
 
 def decode_counters(max_rows: int, key_heads: int):
@@ -113,7 +106,7 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     b_rs=b_rs, state_ss=ss, z_rs=z_rs, z_hs=z_hs, out_rs=o_rs, out_hs=o_hs,
                     key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, kc=kc,
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
-                    bf16_flags=flags | (_LATE_SHIFT_BIT if LATE_SHIFT else 0))
+                    bf16_flags=flags)
     maxk = next(m for m in _MAXK if kc - 1 <= m)
     fn = get_function(SOURCE, f"{KERNEL}<{maxk}>")
     launch(fn, (value_heads, n), (THREADS,), (params,),
