@@ -25,6 +25,7 @@ import logging
 import re
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +42,9 @@ _INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$', re.MULTILINE)
 # (common.cuh) and every launch is logged (`timeline_launches`, `timeline_records`).
 _TIMELINE = envs.kernel_timeline()
 _LAUNCHES: list[tuple[str, tuple, tuple, int]] = []
-_TIMELINE_CAP = 16384  # records per module (common.cuh NINFER_TIMELINE_CAP)
+# records per module (common.cuh NINFER_TIMELINE_CAP): a 35B-A3B B=1 step writes ~18K into
+# linear.cu's buffer alone, a 27B step ~35K; a replay past the cap drops the rest (warned)
+_TIMELINE_CAP = 131072
 _MARK_CAP = 65536  # phase marks per module (common.cuh NINFER_MARK_CAP)
 
 
@@ -227,7 +230,11 @@ def timeline_records() -> dict[str, np.ndarray]:
     cupy.cuda.get_current_stream().synchronize()
     out = {}
     for source, module in _CACHE.modules():
-        n = min(int(_timeline_count(module).get()[0]), _TIMELINE_CAP)
+        count = int(_timeline_count(module).get()[0])
+        if count > _TIMELINE_CAP:
+            warnings.warn(f"timeline: {source.file} wrote {count} records, {count - _TIMELINE_CAP}"
+                          f" past the buffer's {_TIMELINE_CAP} were dropped", stacklevel=2)
+        n = min(count, _TIMELINE_CAP)
         buf = cupy.ndarray((_TIMELINE_CAP, 4), np.uint64,
                            memptr=module.get_global("ninfer_timeline"))
         out[source.file] = buf[:n].get()
@@ -249,7 +256,12 @@ def timeline_marks() -> dict[str, np.ndarray]:
     cupy.cuda.get_current_stream().synchronize()
     out = {}
     for source, module in _CACHE.modules():
-        n = min(int(_marks_count(module).get()[0]), _MARK_CAP)
+        count = int(_marks_count(module).get()[0])
+        if count > _MARK_CAP:
+            warnings.warn(f"timeline: {source.file} wrote {count} phase marks, "
+                          f"{count - _MARK_CAP} past the buffer's {_MARK_CAP} were dropped",
+                          stacklevel=2)
+        n = min(count, _MARK_CAP)
         buf = cupy.ndarray((_MARK_CAP, 2), np.uint64, memptr=module.get_global("ninfer_marks"))
         out[source.file] = buf[:n].get()
     return out

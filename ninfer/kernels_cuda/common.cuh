@@ -36,7 +36,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // wait's return is when the previous kernel completed: consecutive kernels' wait returns
 // measure each link of a captured step as it runs.
 #if defined(NINFER_TIMELINE) && NINFER_TIMELINE
-#define NINFER_TIMELINE_CAP 16384
+#define NINFER_TIMELINE_CAP 131072  // records per module and replay (4 MiB)
 __device__ unsigned long long ninfer_timeline[4 * NINFER_TIMELINE_CAP];
 __device__ unsigned int ninfer_timeline_count;
 __device__ __forceinline__ unsigned long long timeline_now() {

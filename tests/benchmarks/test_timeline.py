@@ -104,3 +104,16 @@ def test_phases_assign_marks_to_their_modules_instances():
     n, blocks, first, last, _ = map(float, rows[("gdn_decode", "5")][2:])
     assert (n, blocks) == (2, 1) and abs(first - 7.0) < 1e-9 and abs(last - 7.0) < 1e-9
     assert phases(inst, {"linear.cu": np.zeros((0, 2), np.uint64)}) == "no phase marks"
+
+
+def test_record_caps_match_the_device_buffers():
+    """The loader reads back as many records / marks per module as common.cuh's buffers hold
+    (a 35B-A3B step writes ~18K block records into linear.cu's buffer alone)."""
+    import re
+
+    from ninfer.kernels_cuda import _loader
+
+    text = (_loader.PACKAGE_DIR / "common.cuh").read_text()
+    caps = dict(re.findall(r"#define (NINFER_TIMELINE_CAP|NINFER_MARK_CAP) (\d+)", text))
+    assert int(caps["NINFER_TIMELINE_CAP"]) == _loader._TIMELINE_CAP >= 65536
+    assert int(caps["NINFER_MARK_CAP"]) == _loader._MARK_CAP
