@@ -211,60 +211,46 @@ def timeline_reset(*, launches: bool = True) -> None:
     if launches:
         _LAUNCHES.clear()
     for _, module in _CACHE.modules():
-        _timeline_count(module).fill(0)
-        _marks_count(module).fill(0)
+        _count(module, "ninfer_timeline_count").fill(0)
+        _count(module, "ninfer_marks_count").fill(0)
 
 
-def _timeline_count(module):
-    """A module's timeline record count (uint32 [1] on the device)."""
+def _count(module, name: str):
+    """A module's uint32 device counter `name` (common.cuh ninfer_timeline_count /
+    ninfer_marks_count) as a CuPy array of one element."""
     import cupy
 
-    return cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_timeline_count"))
+    return cupy.ndarray((1,), np.uint32, memptr=module.get_global(name))
+
+
+def _read_buffers(buffer: str, count: str, cap: int, width: int, what: str) -> dict:
+    """Per compiled module file: the first min(count, cap) rows of its uint64 [cap, width]
+    device buffer `buffer` (common.cuh), after a synchronize; warns where a replay wrote past
+    the cap (those rows were dropped)."""
+    import cupy
+
+    cupy.cuda.get_current_stream().synchronize()
+    out = {}
+    for source, module in _CACHE.modules():
+        written = int(_count(module, count).get()[0])
+        if written > cap:
+            warnings.warn(f"timeline: {source.file} wrote {written} {what}, {written - cap} "
+                          f"past the buffer's {cap} were dropped", stacklevel=3)
+        buf = cupy.ndarray((cap, width), np.uint64, memptr=module.get_global(buffer))
+        out[source.file] = buf[:min(written, cap)].get()
+    return out
 
 
 def timeline_records() -> dict[str, np.ndarray]:
     """Per compiled module file: its timeline records, uint64 [n, 4] (common.cuh: timer before
     and after pdl_wait, packed ids, dynamic shared memory), after a synchronize."""
-    import cupy
-
-    cupy.cuda.get_current_stream().synchronize()
-    out = {}
-    for source, module in _CACHE.modules():
-        count = int(_timeline_count(module).get()[0])
-        if count > _TIMELINE_CAP:
-            warnings.warn(f"timeline: {source.file} wrote {count} records, {count - _TIMELINE_CAP}"
-                          f" past the buffer's {_TIMELINE_CAP} were dropped", stacklevel=2)
-        n = min(count, _TIMELINE_CAP)
-        buf = cupy.ndarray((_TIMELINE_CAP, 4), np.uint64,
-                           memptr=module.get_global("ninfer_timeline"))
-        out[source.file] = buf[:n].get()
-    return out
-
-
-def _marks_count(module):
-    """A module's phase mark count (common.cuh ninfer_marks_count, uint32 [1] on the device)."""
-    import cupy
-
-    return cupy.ndarray((1,), np.uint32, memptr=module.get_global("ninfer_marks_count"))
+    return _read_buffers("ninfer_timeline", "ninfer_timeline_count", _TIMELINE_CAP, 4, "records")
 
 
 def timeline_marks() -> dict[str, np.ndarray]:
     """Per compiled module file: its phase marks (common.cuh timeline_mark), uint64 [n, 2]
     (timer, packed module / tag / SM / block index), after a synchronize."""
-    import cupy
-
-    cupy.cuda.get_current_stream().synchronize()
-    out = {}
-    for source, module in _CACHE.modules():
-        count = int(_marks_count(module).get()[0])
-        if count > _MARK_CAP:
-            warnings.warn(f"timeline: {source.file} wrote {count} phase marks, "
-                          f"{count - _MARK_CAP} past the buffer's {_MARK_CAP} were dropped",
-                          stacklevel=2)
-        n = min(count, _MARK_CAP)
-        buf = cupy.ndarray((_MARK_CAP, 2), np.uint64, memptr=module.get_global("ninfer_marks"))
-        out[source.file] = buf[:n].get()
-    return out
+    return _read_buffers("ninfer_marks", "ninfer_marks_count", _MARK_CAP, 2, "phase marks")
 
 
 def timeline_launches() -> list[tuple[str, tuple, tuple, int]]:

@@ -44,16 +44,25 @@ __device__ __forceinline__ unsigned long long timeline_now() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+__device__ __forceinline__ unsigned timeline_smid() {
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  return smid;
+}
+// the block's linear index in its grid
+__device__ __forceinline__ unsigned long long timeline_block() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
 __device__ __forceinline__ void timeline_record(unsigned long long before,
                                                 unsigned long long after) {
   if (threadIdx.x | threadIdx.y | threadIdx.z) return;
-  unsigned smid, smem;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const unsigned smid = timeline_smid();
+  unsigned smem;
   asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem));
   const unsigned i = atomicAdd(&ninfer_timeline_count, 1u);
   if (i >= NINFER_TIMELINE_CAP) return;
   const unsigned long long blocks = gridDim.x * gridDim.y * gridDim.z;
-  const unsigned long long block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned long long block = timeline_block();
   ninfer_timeline[4 * i] = before;
   ninfer_timeline[4 * i + 1] = after;
   ninfer_timeline[4 * i + 2] = ((unsigned long long)(NINFER_MODULE_ID & 0xff) << 56) |
@@ -71,34 +80,31 @@ __device__ __forceinline__ void timeline_record(unsigned long long before,
 // [timer, module id (8 bits) | tag (8) | SM (8) | 0 (8) | block index (32)] (bench/timeline.py
 // prints them per kernel relative to the release).
 #define NINFER_MARK_CAP 65536
+#define NINFER_MARK_TAGS 8
 __device__ unsigned long long ninfer_marks[2 * NINFER_MARK_CAP];
 __device__ unsigned int ninfer_marks_count;
-__shared__ unsigned long long ninfer_mark_t[8];
+__shared__ unsigned long long ninfer_mark_t[NINFER_MARK_TAGS];  // 0: not reached
 __device__ __forceinline__ void timeline_marks_begin() {
   if (threadIdx.x | threadIdx.y | threadIdx.z) return;
-  for (int i = 0; i < 8; ++i) ninfer_mark_t[i] = 0ull;
+  for (int i = 0; i < NINFER_MARK_TAGS; ++i) ninfer_mark_t[i] = 0ull;
 }
 __device__ __forceinline__ void timeline_mark(int tag) {
   if (threadIdx.x | threadIdx.y | threadIdx.z) return;
-  ninfer_mark_t[tag & 7] = timeline_now();
+  ninfer_mark_t[tag % NINFER_MARK_TAGS] = timeline_now();
 }
 __device__ __forceinline__ void timeline_marks_flush() {
   if (threadIdx.x | threadIdx.y | threadIdx.z) return;
   int n = 0;
-  for (int i = 0; i < 8; ++i) n += ninfer_mark_t[i] != 0ull;
-  const unsigned i0 = atomicAdd(&ninfer_marks_count, (unsigned)n);
-  unsigned smid;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-  const unsigned long long block =
-      blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  unsigned k = i0;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < NINFER_MARK_TAGS; ++i) n += ninfer_mark_t[i] != 0ull;
+  unsigned k = atomicAdd(&ninfer_marks_count, (unsigned)n);
+  const unsigned long long meta = ((unsigned long long)(NINFER_MODULE_ID & 0xff) << 56) |
+                                  ((unsigned long long)(timeline_smid() & 0xff) << 40) |
+                                  (timeline_block() & 0xffffffffull);
+  for (int i = 0; i < NINFER_MARK_TAGS; ++i) {
     if (ninfer_mark_t[i] == 0ull) continue;
     if (k < NINFER_MARK_CAP) {
       ninfer_marks[2 * k] = ninfer_mark_t[i];
-      ninfer_marks[2 * k + 1] = ((unsigned long long)(NINFER_MODULE_ID & 0xff) << 56) |
-                                ((unsigned long long)i << 48) |
-                                ((unsigned long long)(smid & 0xff) << 40) | (block & 0xffffffffull);
+      ninfer_marks[2 * k + 1] = meta | ((unsigned long long)i << 48);
     }
     ++k;
   }
