@@ -103,6 +103,7 @@ __device__ __forceinline__ void norm_row(const NormParams& p, i64 n, i64 h, int 
       }
     }
   }
+  timeline_mark(1);  // thread 0: its loads returned (phase marks: timeline build only)
   float total = 0.0f;
   if constexpr (VT * 32 == T) {
 #pragma unroll
@@ -113,6 +114,7 @@ __device__ __forceinline__ void norm_row(const NormParams& p, i64 n, i64 h, int 
     total = block_sum(ss[0], scratch);
   }
   const float denom = MODE == 3 ? sqrtf(total + p.eps) : sqrtf(total / (float)p.dim + p.eps);
+  timeline_mark(2);  // the row's sum of squares
 #pragma unroll
   for (int k = 0; k < VT; ++k) {
 #pragma unroll
@@ -161,7 +163,9 @@ __global__ void __launch_bounds__(NORM_THREADS, 1024 / NORM_THREADS)
   static_assert(RB == 1 || (NV > 0 && T <= 1024), "one warp per row needs NV > 0");
   if (MODE != 3)  // the weight is constant: its lines come from HBM while the primary runs
     prefetch_l2_span(p.w, (i64)p.dim * sizeof(WT), threadIdx.x, NORM_THREADS);
+  timeline_marks_begin();
   pdl_enter();  // before the RB > 1 early return: every block waits and triggers
+  timeline_mark(0);
   __shared__ float scratch[32];
   if constexpr (RB == 1) {
     const i64 n = blockIdx.x / p.heads, h = blockIdx.x % p.heads;
@@ -176,5 +180,7 @@ __global__ void __launch_bounds__(NORM_THREADS, 1024 / NORM_THREADS)
     norm_row<WT, OT, MODE, NV, T, T / 32>(p, row / p.heads, row % p.heads, threadIdx.x & 31,
                                           scratch);
   }
+  timeline_mark(3);  // thread 0: its stores issued
+  timeline_marks_flush();
 }
 #undef NORM_THREADS
