@@ -7,15 +7,34 @@
 # also precompile the kernels those settings select, in parallel with the default set, so the
 # decode runs that use them do not compile inside their time limit; DECODE_LIMIT seconds per
 # decode run, default 120). Logs: $OUT/logs.tgz + $OUT/summary.txt.
+# Kernel cache across calls (each call is a fresh machine): SAVE_KCACHE=1 also returns the
+# compiled modules as $OUT/nk.tgz.00, .01, ... (15 MiB parts, at most 60 MiB, else skipped);
+# copy them into .kcache/ (git-ignored) and name .kcache in the next call's `carry`: the
+# precompile then compiles only the modules whose source or options changed. Set it on the
+# last invocation of a call only (each invocation writes its own parts; at most 8 files and
+# 64 MiB come back per call).
 set -u
 cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/session_out}; L=$(mktemp -d /tmp/session_logs.XXXX); mkdir -p "$FINAL"
-trap 'tar czf "$FINAL/logs.tgz" -C "$L" . ; cp "$L/summary.txt" "$FINAL/" 2>/dev/null' EXIT
+save_kcache() {
+  [ "${SAVE_KCACHE:-0}" = 1 ] && [ -d /tmp/nk ] || return 0
+  tar czf /tmp/nk.tgz -C /tmp/nk . 2>/dev/null || return 0
+  if [ "$(stat -c %s /tmp/nk.tgz)" -le $((60 * 1024 * 1024)) ]; then
+    split -b 15m -d /tmp/nk.tgz "$FINAL/nk.tgz."
+  else
+    echo "kernel cache not saved: $(du -h /tmp/nk.tgz | cut -f1) > 60 MiB" >> "$L/summary.txt"
+  fi
+}
+trap 'save_kcache; tar czf "$FINAL/logs.tgz" -C "$L" . ; cp "$L/summary.txt" "$FINAL/" 2>/dev/null' EXIT
 . bench/device_env.sh
 device_env "$L"
 export NINFER_KERNEL_CACHE=/tmp/nk PYTHONUNBUFFERED=1
 T0=$(date +%s)
 note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/summary.txt"; }
+if ls .kcache/nk.tgz.* >/dev/null 2>&1; then  # carried from an earlier call (SAVE_KCACHE=1)
+  mkdir -p /tmp/nk && cat .kcache/nk.tgz.* | tar xzf - -C /tmp/nk \
+    && note "kernel cache carried: $(du -sh /tmp/nk | cut -f1)"
+fi
 python3 -m bench.precompile > "$L/precompile.log" 2>&1 &
 i=0
 for e in ${PRECOMPILE_ENVS:-}; do  # other settings' instances (attention.cu compiles ~2 min)
