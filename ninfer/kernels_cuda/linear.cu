@@ -284,6 +284,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   // PDL (linear.py GEMV_PDL): the next GEMV may start as soon as every block of this one runs;
   // it then streams its weights while this one finishes (its consumers wait below)
   pdl_launch_dependents();
+  timeline_marks_begin();  // (phase marks: timeline build only; thread 0 is a consumer)
   if (threadIdx.x == 0) {
     for (int i = 0; i < (int)STAGES; ++i) {
       mbar_init(full + i, 1);
@@ -333,6 +334,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   // consumers: everything they read (x) or write (out) may belong to the previous kernel in the
   // stream, which may still run under PDL; the producer only reads weights and writes the ring
   pdl_wait();
+  timeline_mark(0);
   const int g = lane >> 2, t = lane & 3;
   const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
@@ -416,6 +418,8 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
       if (tile >= tiles) break;
       mma_store_partials(red[parity], warp, g, t, c[i]);
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
+      if (t0 == (int)blockIdx.x && i == 0) timeline_mark(1);  // first tile: every warp's MMAs
+      timeline_mark(2);  // (the last tile's overwrites it)
       const int m0 = tile * TILE;
       for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
         const int rr = idx >> 3, n = idx & 7;
@@ -426,6 +430,8 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
       parity ^= 1;
     }
   }
+  timeline_mark(3);  // thread 0: its output stores issued
+  timeline_marks_flush();
 }
 #endif
 
