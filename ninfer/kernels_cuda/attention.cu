@@ -834,7 +834,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
     }
   }
   pdl_enter();  // before the early exits: every block waits and triggers
-  timeline_marks_begin();  // (phase marks: timeline build only)
+  const TimelineMarks marks;  // (phase marks: timeline build only)
   if (!prewait) row = attn_row(p, n);
   const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
   if (c_begin >= row.n_chunks) return;
@@ -1071,16 +1071,12 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
       const float v[1] = {sm_bad ? NINFER_NAN : run_o[idx] / run_l[hl]};
       attn_store_out<1>(p, n, g * G + hl, d, v);
     }
-    timeline_marks_flush();
     return;
   }
   timeline_mark(2);  // thread 0: its part of the output or partial stored
-  if (row.n_chunks == 1) {
-    timeline_marks_flush();
-    return;
-  }
+  if (row.n_chunks == 1) return;
+
   attn_split_finish<D>(p, n, g, G, row.n_chunks, c_begin, mg, sm_last);
-  timeline_marks_flush();
 }
 
 // ---------------------------------------------------------------------------------------------

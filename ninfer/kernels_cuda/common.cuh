@@ -96,6 +96,7 @@ __device__ __forceinline__ void timeline_marks_flush() {
   if (threadIdx.x | threadIdx.y | threadIdx.z) return;
   int n = 0;
   for (int i = 0; i < NINFER_MARK_TAGS; ++i) n += ninfer_mark_t[i] != 0ull;
+  if (n == 0) return;
   unsigned k = atomicAdd(&ninfer_marks_count, (unsigned)n);
   const unsigned long long meta = ((unsigned long long)(NINFER_MODULE_ID & 0xff) << 56) |
                                   ((unsigned long long)(timeline_smid() & 0xff) << 40) |
@@ -114,6 +115,12 @@ __device__ __forceinline__ void timeline_marks_begin() {}
 __device__ __forceinline__ void timeline_mark(int) {}
 __device__ __forceinline__ void timeline_marks_flush() {}
 #endif
+// A block's phase marks as a scope: begun where it is declared, flushed on every way out of
+// the scope (the kernels' early returns included). No code outside the timeline build.
+struct TimelineMarks {
+  __device__ __forceinline__ TimelineMarks() { timeline_marks_begin(); }
+  __device__ __forceinline__ ~TimelineMarks() { timeline_marks_flush(); }
+};
 __device__ __forceinline__ void pdl_wait() {
 #if defined(NINFER_TIMELINE) && NINFER_TIMELINE
   const unsigned long long before = timeline_now();

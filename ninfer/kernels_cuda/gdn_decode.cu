@@ -146,7 +146,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   const bool ow = t >= DEC_OUT_T0;  // warps 12-15: reduction and output of column oc
   const int oc = t - DEC_OUT_T0;
 
-  timeline_marks_begin();  // (phase marks: timeline build only)
+  const TimelineMarks marks;  // (phase marks: timeline build only)
   // ---- before pdl_wait: slot, S, weights (no kernel of the step before writes them)
   // thread t: q channel t (t < 128), k channel t - 128 (t < 256), v channel of column t - 256
   // (t < 384); channel -1: none
@@ -370,7 +370,6 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     p.out[n * p.out_rs + (i64)h * p.out_hs + oc] = sh.nw[oc] * (o / denom) * silu_f(sh.zv[oc]);
   }
   timeline_mark(5);  // thread 0: its state stores issued
-  timeline_marks_flush();
 }
 
 // MAXK 3 (kc <= 4): 2 blocks of 512 threads per SM (<= 64 registers; nvcc sm_90: 64, no

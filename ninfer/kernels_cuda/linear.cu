@@ -284,7 +284,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   // PDL (linear.py GEMV_PDL): the next GEMV may start as soon as every block of this one runs;
   // it then streams its weights while this one finishes (its consumers wait below)
   pdl_launch_dependents();
-  timeline_marks_begin();  // (phase marks: timeline build only; thread 0 is a consumer)
+  const TimelineMarks marks;  // (phase marks: timeline build only; thread 0 is a consumer)
   if (threadIdx.x == 0) {
     for (int i = 0; i < (int)STAGES; ++i) {
       mbar_init(full + i, 1);
@@ -431,7 +431,6 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
     }
   }
   timeline_mark(3);  // thread 0: its output stores issued
-  timeline_marks_flush();
 }
 #endif
 

@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(NORM_THREADS, 1024 / NORM_THREADS)
   static_assert(RB == 1 || (NV > 0 && T <= 1024), "one warp per row needs NV > 0");
   if (MODE != 3)  // the weight is constant: its lines come from HBM while the primary runs
     prefetch_l2_span(p.w, (i64)p.dim * sizeof(WT), threadIdx.x, NORM_THREADS);
-  timeline_marks_begin();
+  const TimelineMarks marks;  // (phase marks: timeline build only)
   pdl_enter();  // before the RB > 1 early return: every block waits and triggers
   timeline_mark(0);
   __shared__ float scratch[32];
@@ -181,6 +181,5 @@ __global__ void __launch_bounds__(NORM_THREADS, 1024 / NORM_THREADS)
                                           scratch);
   }
   timeline_mark(3);  // thread 0: its stores issued
-  timeline_marks_flush();
 }
 #undef NORM_THREADS
