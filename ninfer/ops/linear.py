@@ -48,10 +48,18 @@ def linear_swiglu(x, gate_up, out) -> None:
     backend = backend_of(x, gate_up, out)
     if backend is not Backend.CUDA:
         raise TypeError("linear_swiglu is a CUDA-only op (the CPU backend uses linear + swiglu)")
-    n, k = check.array("linear_swiglu", "x", x, check.F32, (None, None), check.Layout.ROWS)
-    m2, _ = check.weight("linear_swiglu", "gate_up", gate_up, (None, k))
-    if gate_up.dtype is not DType.BFLOAT16 or m2 % 2:
-        raise TypeError(f"linear_swiglu: gate_up must be bf16 [2I, {k}], got "
-                        f"{gate_up.dtype.value} {gate_up.shape}")
-    check.array("linear_swiglu", "out", out, check.F32, (n, m2 // 2))
+    check_swiglu_operands("linear_swiglu", x, gate_up, out)
     check.kernels(backend, "linear").linear_swiglu(x, gate_up, out)
+
+
+def check_swiglu_operands(op: str, x, gate_up, out, *, rows: int | None = None,
+                          out_name: str = "out") -> None:
+    """The operands of a fused gate_up + SwiGLU (`linear_swiglu`, `moe_route_with_swiglu`):
+    x f32 [N, K] (rows strided; N = `rows` when given), gate_up a bf16 Weight [2I, K] =
+    [gate; up], out f32 [N, I]."""
+    n, k = check.array(op, "x", x, check.F32, (rows, None), check.Layout.ROWS)
+    m2, _ = check.weight(op, "gate_up", gate_up, (None, k))
+    if gate_up.dtype is not DType.BFLOAT16 or m2 % 2:
+        raise TypeError(f"{op}: gate_up must be bf16 [2I, {k}], got "
+                        f"{gate_up.dtype.value} {gate_up.shape}")
+    check.array(op, out_name, out, check.F32, (n, m2 // 2))

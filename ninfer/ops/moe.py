@@ -6,6 +6,7 @@ from __future__ import annotations
 from ninfer.core.dtypes import DType
 from ninfer.ops import _checks as check
 from ninfer.ops._backend import Backend, backend_of
+from ninfer.ops.linear import check_swiglu_operands
 
 _ROWS = check.Layout.ROWS
 
@@ -90,13 +91,8 @@ def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, 
         raise TypeError("moe_route_with_swiglu is a CUDA-only op (the CPU backend runs "
                         "moe_route, then linear + swiglu)")
     _check_route("moe_route_with_swiglu", logits, top_k, weights_out, ids_out)
-    n, h = check.array("moe_route_with_swiglu", "x", x, check.F32, (logits.shape[0], None),
-                       _ROWS)
-    i2, _ = check.weight("moe_route_with_swiglu", "gate_up", gate_up, (None, h))
-    if gate_up.dtype is not DType.BFLOAT16 or i2 % 2:
-        raise TypeError(f"moe_route_with_swiglu: gate_up must be bf16 [2I, {h}], got "
-                        f"{gate_up.dtype.value} {gate_up.shape}")
-    check.array("moe_route_with_swiglu", "act_out", act_out, check.F32, (n, i2 // 2))
+    check_swiglu_operands("moe_route_with_swiglu", x, gate_up, act_out, rows=logits.shape[0],
+                          out_name="act_out")
     check.kernels(backend, "moe").route_with_swiglu(logits, top_k, weights_out, ids_out, x,
                                                     gate_up, act_out, workspace=workspace)
 
