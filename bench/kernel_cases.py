@@ -33,21 +33,26 @@ def _peer(measure: Measure, ctx: BenchContext, make) -> Measure:
 
 
 def linear_decode(ctx: BenchContext, cp) -> list[Measure]:
-    from ninfer.kernels_cuda.linear import linear
+    """The decode GEMVs at N = 1 and 8 with an f32 x and, where the bf16-x GEMV takes the weight
+    (NINFER_GEMV_BF16_X, the decode default), a bf16 x."""
+    from ninfer.kernels_cuda.linear import gemv_takes_bf16, linear
 
     out = []
     for name, m, k in ctx.shape.decode_gemvs():
         copies = ctx.copies(m * k * 2)
         ws = [Weight(bf16_random(cp, (m, k)), DType.BFLOAT16) for _ in range(copies)]
         for n in (1, 8):
-            x = f32_random(cp, (n, k))
-            y = cp.empty((n, m), dtype=cp.float32)
-            ms = ctx.time(lambda i: linear(x, ws[i % copies], y))
-            meas = Measure("linear", f"{name} [{m}x{k}] N={n}", ms,
-                           bytes=m * k * 2 + n * k * 4 + n * m * 4)
             xb = bf16_random(cp, (n, k), 1.0)
-            out.append(_peer(meas, ctx, lambda: (
-                peers.cublas_gemm(cp, m, n, k, ws[0].data, xb, y), "cuBLAS bf16 gemmEx")))
+            y = cp.empty((n, m), dtype=cp.float32)
+            xs = [("", f32_random(cp, (n, k)), 4)]
+            if gemv_takes_bf16(ws[0]):
+                xs.append((" bf16 x", xb, 2))
+            for label, x, x_bytes in xs:
+                ms = ctx.time(lambda i: linear(x, ws[i % copies], y))
+                meas = Measure("linear", f"{name} [{m}x{k}] N={n}{label}", ms,
+                               bytes=m * k * 2 + n * k * x_bytes + n * m * 4)
+                out.append(_peer(meas, ctx, lambda: (
+                    peers.cublas_gemm(cp, m, n, k, ws[0].data, xb, y), "cuBLAS bf16 gemmEx")))
     return out
 
 

@@ -151,6 +151,15 @@ TMA_X_STAGES = (0, 4, 5)
 TMA_TILE_GROUPS = (1, 2, 4)
 
 
+def gemv_bf16_x() -> bool:
+    """NINFER_GEMV_BF16_X (default on; "0" turns it off): the decode GEMVs that run
+    linear_tma_kernel read x as bf16 bits, written so by the op before them (the norms, the GDN
+    decode, the paged attention, the fused SwiGLU): half the bytes of x, one mma per k16 step.
+    Rounds the decode activations that feed GEMVs to bf16, as the prefill GEMMs round theirs;
+    "0" keeps them f32 (split into bf16 hi + lo terms). Read once, at import of the launcher."""
+    return _flag("NINFER_GEMV_BF16_X", True)
+
+
 def gemv_pdl() -> bool:
     """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.

@@ -193,10 +193,10 @@ def contiguous(x, name: str):
     return x
 
 
-def per_head(x, name: str, n=None, heads=None, dim=None) -> tuple[int, int]:
-    """(row, head) element strides of an f32 [N, heads, dim] operand with a contiguous last axis
-    (None extents match anything)."""
-    device_array(x, name, dtype=np.float32, ndim=3, shape=(n, heads, dim))
+def per_head(x, name: str, n=None, heads=None, dim=None, dtype=np.float32) -> tuple[int, int]:
+    """(row, head) element strides of a `dtype` (default f32) [N, heads, dim] operand with a
+    contiguous last axis (None extents match anything)."""
+    device_array(x, name, dtype=dtype, ndim=3, shape=(n, heads, dim))
     st = inner_contiguous(x, name, 1)
     return st[0], st[1]
 

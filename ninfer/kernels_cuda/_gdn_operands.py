@@ -43,9 +43,11 @@ def matrix_rs(x, name, n, m) -> int:
     return C.row_stride(x, name)
 
 
-def heads_view(x, name: str, n: int, heads=None, dim=None) -> tuple[int, int]:
-    """Check f32[N, heads, dim] with a contiguous last axis; return (row, head) strides."""
-    C.device_array(x, name, dtype=np.float32, ndim=3, shape=(n, heads, dim))
+def heads_view(x, name: str, n: int, heads=None, dim=None,
+               dtype=np.float32) -> tuple[int, int]:
+    """Check `dtype`[N, heads, dim] (default f32) with a contiguous last axis; return (row,
+    head) strides."""
+    C.device_array(x, name, dtype=dtype, ndim=3, shape=(n, heads, dim))
     st = C.inner_contiguous(x, name, 1)
     return st[0], st[1]
 

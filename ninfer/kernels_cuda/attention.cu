@@ -147,6 +147,7 @@ struct AttnParams {
   int stages;       // ring stages of paged_attention_tma_kernel (2..ATTN_TMA_MAX_STAGES)
   int prewait;      // 1: every row's keys before its own position were written before this
                     // launch (decode: one row per sequence); see paged_attention_kernel
+  int out_bf16;     // 1: out holds bf16 bits (each final value rounded to nearest even)
 };
 static_assert(sizeof(AttnParams) == 216, "AttnParams layout is mirrored in attention.py");
 
@@ -285,23 +286,34 @@ __device__ __forceinline__ float attn_fold(float run, float a, float b, float x)
 }
 
 // Writes the final output elements (n, head, d .. d + K - 1) = v, each times sigmoid(gate) when
-// p.gate is set (sigmoid_mul_f: the bits of paged_attention then sigmoid_mul). The gate loads
-// are all issued before the stores (out may alias gate as far as the compiler knows). Every
-// site that writes a final output element goes through here.
+// p.gate is set (sigmoid_mul_f: the bits of paged_attention then sigmoid_mul), as f32 or, when
+// p.out_bf16, as bf16 bits (rounded to nearest even). The gate loads are all issued before the
+// stores (out may alias gate as far as the compiler knows). Every site that writes a final
+// output element goes through here.
 template <int K>
 __device__ __forceinline__ void attn_store_out(const AttnParams& p, i64 n, int head, int d,
                                                const float (&v)[K]) {
-  float* out = p.out + n * p.out_rs + (i64)head * p.out_hs + d;
+  const i64 at = n * p.out_rs + (i64)head * p.out_hs + d;
+  float y[K];
   if (p.gate) {
     const float* gp = p.gate + n * p.gate_rs + (i64)head * p.gate_hs + d;
     float gv[K];
 #pragma unroll
     for (int k = 0; k < K; ++k) gv[k] = gp[k];
 #pragma unroll
-    for (int k = 0; k < K; ++k) out[k] = sigmoid_mul_f(v[k], gv[k]);
+    for (int k = 0; k < K; ++k) y[k] = sigmoid_mul_f(v[k], gv[k]);
   } else {
 #pragma unroll
-    for (int k = 0; k < K; ++k) out[k] = v[k];
+    for (int k = 0; k < K; ++k) y[k] = v[k];
+  }
+  if (p.out_bf16) {
+    bf16raw* out = reinterpret_cast<bf16raw*>(p.out) + at;
+#pragma unroll
+    for (int k = 0; k < K; ++k) out[k] = f32_to_bf16(y[k]);
+  } else {
+    float* out = p.out + at;
+#pragma unroll
+    for (int k = 0; k < K; ++k) out[k] = y[k];
   }
 }
 

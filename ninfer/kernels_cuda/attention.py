@@ -102,7 +102,7 @@ _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "
                  ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
                  ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"),
-                 ("prewait", "i32"))
+                 ("prewait", "i32"), ("out_bf16", "i32"))
 assert _ATTN.itemsize == 216
 
 
@@ -276,7 +276,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     past_kv_ready: bool = False) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
-    q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided); pages
+    q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided) or its bf16 bits
+    (uint16: each final value rounded to nearest even; the x of a bf16-x GEMV); pages
     [P,Hkv,page_size,D] f32 or bf16, 16-byte aligned. Query head h uses KV head h // (A // Hkv).
     D must be 32, 64, 128 or 256; A // Hkv in 1..8 (`head_layout`). An invalid row_seq /
     row_pos or page id makes that row's output NaN (other rows are unaffected).
@@ -308,7 +309,9 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     C.device_array(q, "q", ndim=3)
     n, q_heads = q.shape[0], q.shape[1]
     q_rs, q_hs = C.per_head(q, "q", n, q_heads, dim)
-    o_rs, o_hs = C.per_head(out, "out", n, q_heads, dim)
+    out_bf16 = getattr(out, "dtype", None) == np.uint16
+    o_rs, o_hs = C.per_head(out, "out", n, q_heads, dim,
+                            dtype=np.uint16 if out_bf16 else np.float32)
     g_ptr = g_rs = g_hs = 0
     if gate is not None:
         g_rs, g_hs = C.per_head(gate, "gate", n, q_heads, dim)
@@ -365,7 +368,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
-                    prewait=int(past_kv_ready and PREWAIT))
+                    prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
     fn = get_function(SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem

@@ -55,7 +55,7 @@ struct DecodeParams {
   i64 qkv_rs, conv_w_rs, conv_ss, a_rs, b_rs, state_ss, z_rs, z_hs, out_rs, out_hs;
   int key_heads, value_heads, dk, dv, kc, channels;
   float eps, l2_eps, q_scale;
-  int bf16_flags;  // bit 0 conv_w, 1 a_log, 2 dt_bias, 3 norm_w
+  int bf16_flags;  // bit 0 conv_w, 1 a_log, 2 dt_bias, 3 norm_w, 4 out (DEC_OUT_BF16)
 };
 static_assert(sizeof(DecodeParams) == 224, "DecodeParams layout is mirrored in gdn_decode.py");
 
@@ -63,6 +63,7 @@ __device__ __forceinline__ float load_any(const void* p, bool bf16, i64 i) {
   return bf16 ? to_f32(static_cast<const bf16raw*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
+#define DEC_OUT_BF16 16  // bf16_flags: out holds bf16 bits (the f32 value rounded to nearest even)
 #define DEC_THREADS 512
 #define DEC_WARPS 16
 #define DEC_RPW 8     // state rows per warp (DEC_WARPS * DEC_RPW = 128 >= dk)
@@ -367,7 +368,12 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
 #pragma unroll
     for (int r = 1; r < DEC_GROUPS; ++r) total += sh.ssq[r];
     const float denom = sqrtf(total / (float)dv + p.eps);
-    p.out[n * p.out_rs + (i64)h * p.out_hs + oc] = sh.nw[oc] * (o / denom) * silu_f(sh.zv[oc]);
+    const float y = sh.nw[oc] * (o / denom) * silu_f(sh.zv[oc]);
+    const i64 at = n * p.out_rs + (i64)h * p.out_hs + oc;
+    if (p.bf16_flags & DEC_OUT_BF16)
+      reinterpret_cast<bf16raw*>(p.out)[at] = f32_to_bf16(y);
+    else
+      p.out[at] = y;
   }
   timeline_mark(5);  // thread 0: its state stores issued
 }

@@ -41,6 +41,7 @@ _PARAMS = C.struct(*[(f, "ptr") for f in (
     ("eps", "f32"), ("l2_eps", "f32"), ("q_scale", "f32"), ("bf16_flags", "i32"))
 assert _PARAMS.itemsize == 224
 MAX_DIM = 128
+OUT_BF16 = 16  # DEC_OUT_BF16 of bf16_flags
 THREADS = 512
 
 
@@ -58,8 +59,10 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     conv_weight [C,Kc]; conv_state f32[S,Kc-1,C] and state f32[S,Hv,dk,dv] slot-strided and
     updated in place at slots[n]; a, b f32[N,Hv] rows strided; a_log, dt_bias [Hv];
     z f32[N,Hv,dv] rows strided; norm_weight [dv]; out f32[N,Hv,dv] = gated RMSNorm of the
-    delta-rule output. `counters`: int32[>= N*Hk] zeros (decode_counters); allocated per call
-    when None (not capturable). Rows must use distinct slots. dk, dv <= 128.
+    delta-rule output, or uint16 (bf16 bits of that f32 value, rounded to nearest even; the x
+    of a bf16-x GEMV), rows and heads strided, last axis contiguous. `counters`: int32[>= N*Hk]
+    zeros (decode_counters); allocated per call when None (not capturable). Rows must use
+    distinct slots. dk, dv <= 128.
     Launched with programmatic dependent launch (the kernel waits before reading qkv, a, b, z,
     the conv state or the counters and before any write; it reads slots, state and weights
     before): the kernel just before it in the stream must not write `state` or `slots` (two
@@ -82,7 +85,9 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     a_rs = O.matrix_rs(a, "a", n, value_heads)
     b_rs = O.matrix_rs(b, "b", n, value_heads)
     z_rs, z_hs = O.heads_view(z, "z", n, value_heads, dv)
-    o_rs, o_hs = O.heads_view(out, "out", n, value_heads, dv)
+    out_bf16 = getattr(out, "dtype", None) == np.uint16
+    o_rs, o_hs = O.heads_view(out, "out", n, value_heads, dv,
+                              dtype=np.uint16 if out_bf16 else np.float32)
     C.contiguous(C.device_array(slots, "slots", dtype=np.int32, shape=(n,)), "slots")
     small = []
     for arr, name, size in ((a_log, "a_log", value_heads), (dt_bias, "dt_bias", value_heads),
@@ -97,7 +102,7 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     C.device_array(counters, "counters", dtype=np.int32, ndim=1)
     C.require(counters.size >= n * key_heads, "counters", f"needs >= {n * key_heads} entries")
     flags = sum(1 << i for i, kind in enumerate([wk] + [k for _, k in small])
-                if kind is C.WKind.BF16)
+                if kind is C.WKind.BF16) | (OUT_BF16 if out_bf16 else 0)
     params = C.pack(_PARAMS, qkv=C.ptr(qkv), conv_w=C.ptr(w), conv_state=C.ptr(conv_state),
                     a=C.ptr(a), b=C.ptr(b), a_log=C.ptr(small[0][0]), dt_bias=C.ptr(small[1][0]),
                     state=C.ptr(state), slots=C.ptr(slots), z=C.ptr(z),

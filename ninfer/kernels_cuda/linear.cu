@@ -20,9 +20,9 @@
 // linear_mma_kernel with the weight tile read row-contiguously and staged through shared memory;
 // bitwise the same results.
 //
-// linear_tma_kernel<SWIGLU, SK, CONS, XS, TG> (the default on sm_90 for K % 16 == 0; see below):
-// the weights streamed by bulk copies into a shared-memory ring; batch invariant, another k
-// pairing than the two above.
+// linear_tma_kernel<SWIGLU, SK, CONS, XS, TG, IO> (the default on sm_90 for K % 16 == 0; see
+// below): the weights streamed by bulk copies into a shared-memory ring; batch invariant, another
+// k pairing than the two above. IO picks the element types of x and out (f32 or bf16 bits).
 //
 // linear_tma_swiglu_route_kernel<SK, CONS, XS, J>: linear_tma_kernel<1, ...> on all blocks but
 // the last, which runs the MoE routing (moe_route.cuh) on the router logits meanwhile (moe.py
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
   } while (PERSIST && tile < tiles);
 }
 
-// linear_tma_kernel<SWIGLU, SK, CONS, XS, TG> (sm_90, K % 16 == 0, bf16 weights with 16-byte
+// linear_tma_kernel<SWIGLU, SK, CONS, XS, TG, IO> (sm_90, K % 16 == 0, bf16 weights with 16-byte
 // aligned rows, x rows 8-byte aligned; NINFER_GEMV_TMA): the tensor-core GEMV with the weights
 // streamed by bulk copies (bulk_copy.cuh) into a ring of shared-memory stages, so the bytes in
 // flight are bounded by the ring, not by registers. Block = CONS consumer warps + 1 producer warp,
@@ -238,6 +238,13 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 // its x fragments of all XS stages once, into registers, and reuses them for every tile (no x reads
 // per tile: at N = 8 they cost as much L2 traffic as the weights); the same values and mma order as
 // XS = 0, so bitwise the same results.
+// IO (bit flags): TMA_IO_X_BF16: x holds bf16 bits (2 bytes per element instead of 4: at N = 8
+// every block reads all of x, which costs as much as the weights at small M), multiplied by one
+// mma per k16 step; the same bits as an f32 x holding those values (its lo term is then 0, and
+// adding exact zero products leaves every partial sum as it was). TMA_IO_OUT_BF16: out holds
+// bf16 bits, the f32 result rounded to nearest even (the operand of a bf16-x GEMV after it).
+#define TMA_IO_X_BF16 1
+#define TMA_IO_OUT_BF16 2
 #define TMA_MAX_STAGES 16
 // dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
 // MmaPartials<CONS>, the ring (linear.py tma_smem mirrors this)
@@ -246,15 +253,17 @@ __host__ __device__ constexpr int tma_pitch(int sk) { return 2 * sk + 16; }
 extern __shared__ __align__(128) unsigned char tma_smem[];
 
 // One k16 step: A fragment from the stage at shared address `a` (this lane's ldmatrix row)
-// times x[row][k + 2t .. + 1], x[row][k + 8 + 2t .. + 1] already split into bf16 hi + lo
-// (mma_gemv.cuh split_bf16x2): xf = {hi(x0), hi(x1), lo(x0), lo(x1)}; the hi product first.
-__device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[4],
-                                               float (&c)[4]) {
+// times x[row][k + 2t .. + 1], x[row][k + 8 + 2t .. + 1] as bf16x2 words: XW = 4, an f32 x
+// split into bf16 hi + lo (mma_gemv.cuh split_bf16x2), xf = {hi(x0), hi(x1), lo(x0), lo(x1)},
+// the hi product first; XW = 2, a bf16 x, xf = {x0, x1}.
+template <int XW>
+__device__ __forceinline__ void tma_step(unsigned a, const unsigned (&xf)[XW], float (&c)[4]) {
+  static_assert(XW == 2 || XW == 4, "bf16x2 words per k16 step");
   uint4 f;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(f.x), "=r"(f.y), "=r"(f.z), "=r"(f.w) : "r"(a) : "memory");
   mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[0], xf[1]);
-  mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[2], xf[3]);
+  if constexpr (XW == 4) mma_bf16_16816(c, f.x, f.y, f.z, f.w, xf[2], xf[3]);
 }
 
 // TG > 1 (XS = 0 only): a block walks its row tiles in groups of TG (tiles t0 + i gridDim.x,
@@ -265,13 +274,15 @@ __device__ __forceinline__ void tma_step_split(unsigned a, const unsigned (&xf)[
 // same bits.
 #if BULK_COPY_OK
 // The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
-template <int SWIGLU, int SK, int CONS, int XS, int TG>
+template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
 __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
   static_assert(WK % 16 == 0 && 2 * TMA_MAX_STAGES * 8 <= TMA_BAR_BYTES, "geometry");
   static_assert(TG >= 1 && (XS == 0 || TG == 1), "tile groups read x per stage (XS = 0)");
+  constexpr bool XB = (IO & TMA_IO_X_BF16) != 0;
+  constexpr int XW = XB ? 2 : 4;  // bf16x2 words of x per k16 step (tma_step)
   const unsigned STAGES = (unsigned)p.splits;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   mbar_t* full = reinterpret_cast<mbar_t*>(tma_smem);
@@ -336,13 +347,26 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   pdl_wait();
   timeline_mark(0);
   const int g = lane >> 2, t = lane & 3;
-  const float* xrow = p.x + (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
+  // this lane's x elements (f32, or bf16 bits when XB) at k = 2t + warp WK of its row
+  const i64 xofs = (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
+  const float* xrow = p.x + xofs;
+  const bf16raw* xrow_b = reinterpret_cast<const bf16raw*>(p.x) + xofs;
   // this lane's ldmatrix row: matrices 0..3 = (rows 0-7 | 8-15) x (k .. k+7 | k+8 .. k+15)
   const unsigned lofs = ((lane & 7) + 8 * ((lane >> 3) & 1)) * PITCH + 16 * (lane >> 4);
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
   constexpr int XN = XS > 0 ? XS : 1;
-  unsigned xf[XN][WK / 16][4];
-  if (XS > 0) {
+  unsigned xf[XN][WK / 16][XW];
+  if constexpr (XS > 0 && XB) {
+#pragma unroll
+    for (int s = 0; s < XN; ++s)
+#pragma unroll
+      for (int j = 0; j < WK / 16; ++j) {
+        const bool in = s * SK + warp * WK + 16 * j < p.k;
+        const unsigned* src = reinterpret_cast<const unsigned*>(xrow_b + s * SK + 16 * j);
+        xf[s][j][0] = in ? __ldg(src) : 0u;
+        xf[s][j][1] = in ? __ldg(src + 4) : 0u;
+      }
+  } else if constexpr (XS > 0) {
     // every x load is issued before any is used (predicated, no branches), then split
     float2 xv[XN][WK / 16][2];
 #pragma unroll
@@ -358,8 +382,8 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
     for (int s = 0; s < XN; ++s)
 #pragma unroll
       for (int j = 0; j < WK / 16; ++j) {
-        split_bf16x2(xv[s][j][0].x, xv[s][j][0].y, xf[s][j][0], xf[s][j][2]);
-        split_bf16x2(xv[s][j][1].x, xv[s][j][1].y, xf[s][j][1], xf[s][j][3]);
+        split_bf16x2(xv[s][j][0].x, xv[s][j][0].y, xf[s][j][0], xf[s][j][XW - 2]);
+        split_bf16x2(xv[s][j][1].x, xv[s][j][1].y, xf[s][j][1], xf[s][j][XW - 1]);
       }
   }
   unsigned q = 0;
@@ -378,24 +402,28 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
         const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
 #pragma unroll
         for (int j = 0; j < WK / 16; ++j)
-          if (j < steps) tma_step_split(a + 32 * j, xf[s][j], c[0]);
+          if (j < steps) tma_step<XW>(a + 32 * j, xf[s][j], c[0]);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + slot);
       }
       q += stages;
     }
     for (int s = 0; s < (XS > 0 ? 0 : stages); ++s) {
-      // this stage's x fragments, split once for the group's tiles (as tma_step splits them)
+      // this stage's x fragments, read (and split) once for the group's tiles
       const float* xk = xrow + s * SK;
       const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
-      unsigned xs[WK / 16][4];
+      unsigned xs[WK / 16][XW];
 #pragma unroll
       for (int j = 0; j < WK / 16; ++j) {
-        if (j < steps) {
+        if (XB && j < steps) {
+          const unsigned* src = reinterpret_cast<const unsigned*>(xrow_b + s * SK + 16 * j);
+          xs[j][0] = __ldg(src);
+          xs[j][1] = __ldg(src + 4);
+        } else if (j < steps) {
           const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
           const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
-          split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][2]);
-          split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][3]);
+          split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][XW - 2]);
+          split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][XW - 1]);
         }
       }
 #pragma unroll
@@ -406,7 +434,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
         const unsigned a = ring_s + slot * STAGE;
 #pragma unroll
         for (int j = 0; j < WK / 16; ++j)
-          if (j < steps) tma_step_split(a + 32 * j, xs[j], c[i]);
+          if (j < steps) tma_step<XW>(a + 32 * j, xs[j], c[i]);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty + slot);
         ++q;
@@ -423,9 +451,14 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
       const int m0 = tile * TILE;
       for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
         const int rr = idx >> 3, n = idx & 7;
-        if (m0 + rr < p.m && n0 + n < p.n)
-          p.out[(i64)(n0 + n) * p.out_rs + m0 + rr] =
-              mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+        if (m0 + rr < p.m && n0 + n < p.n) {
+          const i64 o = (i64)(n0 + n) * p.out_rs + m0 + rr;
+          const float v = mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
+          if constexpr ((IO & TMA_IO_OUT_BF16) != 0)
+            reinterpret_cast<bf16raw*>(p.out)[o] = f32_to_bf16(v);
+          else
+            p.out[o] = v;
+        }
       }
       parity ^= 1;
     }
@@ -434,10 +467,10 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
 }
 #endif
 
-template <int SWIGLU, int SK, int CONS, int XS, int TG>
+template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
-  linear_tma_body<SWIGLU, SK, CONS, XS, TG>(p, gridDim.x);
+  linear_tma_body<SWIGLU, SK, CONS, XS, TG, IO>(p, gridDim.x);
 #else
   __trap();
 #endif
@@ -458,7 +491,7 @@ struct TmaRouteParams {
 static_assert(sizeof(TmaRouteParams) == 144, "TmaRouteParams layout is mirrored in linear.py");
 
 // linear_tma_swiglu_route_kernel<SK, CONS, XS, J> (N <= 8: one column tile): blocks 0..G-1
-// (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1> on q.gemv (the MoE layer's
+// (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1, 0> on q.gemv (the MoE layer's
 // shared expert gate_up + SwiGLU; each tile computed exactly as that kernel computes it), and
 // the last block runs moe_route_group_kernel<J> on q.logits (the router's output, complete at
 // pdl_wait) with that kernel's warps (max(N, pairs / 32), rows w, w + warps, ...; the rest of
@@ -471,7 +504,7 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1)
 #if BULK_COPY_OK
   const int G = gridDim.x - 1;
   if (blockIdx.x < G) {
-    linear_tma_body<1, SK, CONS, XS, 1>(q.gemv, G);
+    linear_tma_body<1, SK, CONS, XS, 1, 0>(q.gemv, G);
     return;
   }
   pdl_launch_dependents();  // as the GEMV blocks do: the next kernel waits for this grid

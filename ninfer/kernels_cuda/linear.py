@@ -33,6 +33,13 @@ TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 
 TMA_X_STAGES = envs.gemv_tma_x_stages()  # NINFER_GEMV_TMA_X_STAGES: the largest XS used
 TMA_ROUTE_CONSUMERS = 16  # linear_tma_swiglu_route_kernel's instances (the default consumers)
 MAX_SPLITS = 8
+# linear_tma_kernel's IO flags (linear.cu): x as bf16 bits; out as bf16 bits
+TMA_IO_X_BF16, TMA_IO_OUT_BF16 = 1, 2
+# the (SWIGLU, IO) pairs with bf16 operands that have instances (default geometry only): bf16 x
+# into an f32 out, and the fused SwiGLU's bf16 x into a bf16 activation
+TMA_BF16_IO = ((0, TMA_IO_X_BF16), (1, TMA_IO_X_BF16), (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16))
+# NINFER_GEMV_BF16_X (read once at import): decode GEMVs on linear_tma_kernel take x as bf16 bits
+GEMV_BF16_X = envs.gemv_bf16_x()
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 
 SOURCE = KernelSource("linear.cu", tuple(
@@ -40,12 +47,12 @@ SOURCE = KernelSource("linear.cu", tuple(
      for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1)]
     + ["linear_mma_kernel<0>", "linear_mma_kernel<1>", "f32_to_bf16_kernel"]
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1>" for sk in envs.TMA_STAGE_K
+    + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1, 0>" for sk in envs.TMA_STAGE_K
        for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}>" for tg in envs.TMA_TILE_GROUPS if tg > 1
-       for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1>" for xs in range(1, TMA_MAX_X_STAGES + 1)
-       for sw in (0, 1)]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
+       for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO) if tg > 1 or io]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
+       for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
     + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
        for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
@@ -204,14 +211,15 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
                 x_regs: bool = True, pdl: bool | None = None,
-                tile_group: int | None = None) -> None:
+                tile_group: int | None = None, io: int = 0) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
     `x_regs`: the x fragments in registers where an instance exists (tma_x_stages; bitwise the
     same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL).
     `tile_group`: row tiles walked in lockstep when x is read per stage (None: TMA_TILE_GROUP;
-    bitwise the same results)."""
+    bitwise the same results). `io`: linear_tma_kernel's IO flags (TMA_IO_X_BF16: x holds bf16
+    bits; TMA_IO_OUT_BF16: out does); nonzero needs the default geometry."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
@@ -226,7 +234,9 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     tg = TMA_TILE_GROUP if tile_group is None else tile_group
     if xs or sk != 1024 or consumers != 16:
         tg = 1
-    _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}>",
+    if io:
+        assert sk == 1024 and consumers == 16 and (int(swiglu), io) in TMA_BF16_IO, (sk, io)
+    _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, {io}>",
                (row_blocks, col_tiles), consumers, params, smem,
                "linear_swiglu_tma" if swiglu else "linear_tma", pdl)
 
@@ -321,21 +331,58 @@ def linear_swiglu(x, gate_up, out) -> None:
     """out f32[N, I] = silu(x @ gate^T) * (x @ up^T), gate_up bf16 [2I, K] = [gate; up].
 
     One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
-    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x.
+    invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x. Where
+    `gemv_takes_bf16(gate_up)`: x may be bf16 bits (uint16, 16-byte aligned rows; the result of
+    the f32 x holding those values) and so may `out` (uint16: the f32 result rounded to nearest
+    even).
     """
-    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    bf16_x, bf16_out = _is_bf16(x), _is_bf16(out)
+    C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
     n, k = x.shape
     w, kind = C.weight_array(gate_up, "gate_up")
     C.require(w.ndim == 2 and w.shape[1] == k and w.shape[0] % 2 == 0, "gate_up",
               f"shape {w.shape}, expected [2I, {k}]")
     inner = w.shape[0] // 2
-    C.device_array(out, "out", dtype=np.float32, ndim=2, shape=(n, inner))
+    C.device_array(out, "out", dtype=np.uint16 if bf16_out else np.float32, ndim=2,
+                   shape=(n, inner))
     x_rs, w_rs, out_rs = C.row_stride(x, "x"), C.row_stride(w, "gate_up"), C.row_stride(out, "out")
     C.require(_mma_ok(w, kind, w_rs, x, x_rs), "gate_up",
               "needs bf16 weights and 16-byte aligned rows of gate_up and x")
+    if bf16_x or bf16_out:
+        C.require(gemv_takes_bf16(gate_up), "x" if bf16_x else "out",
+                  "bf16 operands need the bf16-x GEMV (NINFER_GEMV_BF16_X=1, sm_90, K % 16 == 0)")
+        C.require(bf16_x, "out", "a bf16 SwiGLU output needs a bf16 x")
     if n == 0 or inner == 0:
         return
+    if bf16_x:
+        io = TMA_IO_X_BF16 | (TMA_IO_OUT_BF16 if bf16_out else 0)
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, io=io)
+        return
     _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
+
+
+def _is_bf16(a) -> bool:
+    return getattr(a, "dtype", None) == np.uint16
+
+
+def gemv_takes_bf16(weight) -> bool:
+    """Whether the GEMV (`linear` with few rows or batch invariant, `linear_swiglu`) takes x as
+    bf16 bits for this weight: NINFER_GEMV_BF16_X, and linear_tma_kernel with its default
+    geometry runs it (bf16 [M, K] weight with 16-byte aligned rows, K % 16 == 0, sm_90)."""
+    w, kind = C.weight_array(weight, "weight")
+    return (GEMV_BF16_X and GEMV_TMA and TMA_SK == 1024 and TMA_CONSUMERS == 16
+            and kind is C.WKind.BF16 and w.ndim == 2 and tma_ok(w.shape[1]) and C.aligned(w)
+            and w.strides[0] % 16 == 0)
+
+
+def takes_bf16_x(n: int, weight, batch_invariant: bool = False) -> bool:
+    """Whether `linear` with n rows accepts x as bf16 bits (uint16, C-contiguous, or rows
+    16-byte aligned on the GEMV): the cuBLAS path with bf16 weights (which rounds an f32 x to
+    exactly those bits: the same `out`), or the bf16-x GEMV (`gemv_takes_bf16`: `out` is that
+    of the f32 x holding the same values)."""
+    if takes_cublas(n, batch_invariant):
+        return C.weight_array(weight, "weight")[1] is C.WKind.BF16
+    return gemv_takes_bf16(weight)
 
 
 def takes_cublas(n: int, batch_invariant: bool) -> bool:
@@ -346,13 +393,15 @@ def takes_cublas(n: int, batch_invariant: bool) -> bool:
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
 
-    x: f32 (rows strided), or bf16 bits (uint16, C-contiguous) when the call takes the cuBLAS
-    path with bf16 weights (`takes_cublas`), which rounds an f32 x to exactly those bits.
+    x: f32 (rows strided), or bf16 bits (uint16) where `takes_bf16_x`: C-contiguous on the
+    cuBLAS path with bf16 weights (`takes_cublas`), which rounds an f32 x to exactly those
+    bits; 16-byte aligned rows on the bf16-x GEMV, whose `out` is that of the f32 x holding
+    the same values.
     `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of an f32 x on the
     cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
     kernel for any N.
     """
-    bf16_x = getattr(x, "dtype", None) == np.uint16
+    bf16_x = _is_bf16(x)
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
     n, k = x.shape
     w, kind = C.weight_array(weight, "weight")
@@ -362,15 +411,22 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
     x_rs, w_rs, out_rs = C.row_stride(x, "x"), C.row_stride(w, "weight"), C.row_stride(out, "out")
     cublas = takes_cublas(n, batch_invariant)
     if bf16_x:
-        C.require(kind is C.WKind.BF16 and cublas, "x",
+        C.require(takes_bf16_x(n, weight, batch_invariant), "x",
                   f"bf16 x is read only by the cuBLAS path (bf16 weights, N > {GEMV_MAX_ROWS}, "
-                  f"not batch invariant); got {kind.name} weights, N = {n}, "
+                  f"not batch invariant) or the bf16-x GEMV (NINFER_GEMV_BF16_X=1, bf16 "
+                  f"weights, K % 16 == 0, sm_90); got {kind.name} weights, N = {n}, "
                   f"batch_invariant={batch_invariant}")
-        C.contiguous(x, "x")
+        if cublas:
+            C.contiguous(x, "x")
+        else:
+            C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x", "needs 16-byte aligned rows")
     if n == 0 or m == 0:
         return
     if k == 0:
         out.fill(0)
+        return
+    if not cublas and bf16_x:
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, io=TMA_IO_X_BF16)
         return
     if not cublas:
         launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)

@@ -46,7 +46,9 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, *,
                     workspace=None, gate=None, past_kv_ready: bool = False) -> None:
     """Causal attention of q[n] (f32[N, A, D], rows/heads strided) over keys 0..row_pos[n] of
-    its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous.
+    its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous,
+    or on CUDA its bf16 bits (uint16: each value rounded to nearest even; the x of a bf16-x
+    GEMV, `ops.linear.reads_bf16_x`).
 
     gate: optional f32[N, A, D] (rows/heads strided, last axis contiguous, e.g. the gate half
     of an interleaved per-head [q_h | gate_h] projection): out = attention * sigmoid(gate),
@@ -65,7 +67,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
                          f"{hkv} KV heads")
     _rows("paged_attention", block_tables, row_seq, row_pos, n)
     check.scalar("paged_attention", "scale", scale)
-    check.array("paged_attention", "out", out, check.F32, (n, heads, d))
+    check.f32_or_bf16("paged_attention", "out", out, backend, (n, heads, d))
     if gate is not None:
         check.array("paged_attention", "gate", gate, check.F32, (n, heads, d), check.Layout.ROWS)
     check.kernels(backend, "attention").paged_attention(

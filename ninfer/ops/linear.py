@@ -12,12 +12,21 @@ def supports(weight_dtype: DType) -> bool:
 
 
 def reads_bf16_x(rows: int, weight, *, batch_invariant: bool = False) -> bool:
-    """Whether `linear` with `rows` rows and this weight rounds x to bf16 (nearest even) before
-    multiplying: CUDA, bf16 weight, the cuBLAS path. Exactly then x may be passed as those bf16
-    bits (uint16) instead, with bitwise the same `out`."""
+    """Whether `linear` with `rows` rows and this weight takes x as bf16 bits (uint16): CUDA, a
+    bf16 weight, and either the cuBLAS path (which rounds an f32 x to exactly those bits: the
+    same `out`) or the bf16-x GEMV (NINFER_GEMV_BF16_X; `out` is that of the f32 x holding the
+    same values). Where it holds, the op producing x may write it as bf16."""
     if weight.dtype is not DType.BFLOAT16 or backend_of(weight) is not Backend.CUDA:
         return False
-    return check.kernels(Backend.CUDA, "linear").takes_cublas(rows, batch_invariant)
+    return check.kernels(Backend.CUDA, "linear").takes_bf16_x(rows, weight, batch_invariant)
+
+
+def swiglu_reads_bf16_x(gate_up) -> bool:
+    """Whether `linear_swiglu` with this gate_up takes x (and writes out) as bf16 bits: CUDA, and
+    the bf16-x GEMV takes it (NINFER_GEMV_BF16_X)."""
+    if gate_up.dtype is not DType.BFLOAT16 or backend_of(gate_up) is not Backend.CUDA:
+        return False
+    return check.kernels(Backend.CUDA, "linear").gemv_takes_bf16(gate_up)
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
@@ -33,8 +42,9 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
     m, _ = check.weight("linear", "weight", weight, (None, k))
     if x.dtype == check.BF16_BITS and not reads_bf16_x(n, weight, batch_invariant=batch_invariant):
         raise TypeError(f"linear: a bf16 x needs the cuBLAS path (bf16 weight, more rows than "
-                        f"the GEMV takes, not batch invariant); got a {weight.dtype.value} "
-                        f"weight, {n} rows, batch_invariant={batch_invariant}")
+                        f"the GEMV takes, not batch invariant) or the bf16-x GEMV "
+                        f"(NINFER_GEMV_BF16_X=1); got a {weight.dtype.value} weight, {n} rows, "
+                        f"batch_invariant={batch_invariant}")
     check.array("linear", "out", out, check.F32, (n, m))
     check.kernels(backend, "linear").linear(x, weight, out,
                                             **check.scratch(backend, workspace=workspace,
@@ -44,22 +54,32 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
 def linear_swiglu(x, gate_up, out) -> None:
     """CUDA-only decode fast path: out[N, I] = silu(x @ gate^T) * (x @ up^T) in one launch, with
     gate_up a bf16 Weight [2I, K] = [gate; up]. Bitwise equal to `linear` into [N, 2I] followed
-    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows."""
+    by `swiglu`; meant for few rows (decode): it streams the weights once per 8 rows. Where
+    `swiglu_reads_bf16_x(gate_up)`, x may be bf16 bits (uint16, C-contiguous) and then so may
+    out (the f32 result rounded to nearest even)."""
     backend = backend_of(x, gate_up, out)
     if backend is not Backend.CUDA:
         raise TypeError("linear_swiglu is a CUDA-only op (the CPU backend uses linear + swiglu)")
-    check_swiglu_operands("linear_swiglu", x, gate_up, out)
+    check_swiglu_operands("linear_swiglu", x, gate_up, out,
+                          bf16=x.dtype == check.BF16_BITS or out.dtype == check.BF16_BITS)
     check.kernels(backend, "linear").linear_swiglu(x, gate_up, out)
 
 
 def check_swiglu_operands(op: str, x, gate_up, out, *, rows: int | None = None,
-                          out_name: str = "out") -> None:
+                          out_name: str = "out", bf16: bool = False) -> None:
     """The operands of a fused gate_up + SwiGLU (`linear_swiglu`, `moe_route_with_swiglu`):
     x f32 [N, K] (rows strided; N = `rows` when given), gate_up a bf16 Weight [2I, K] =
-    [gate; up], out f32 [N, I]."""
-    n, k = check.array(op, "x", x, check.F32, (rows, None), check.Layout.ROWS)
+    [gate; up], out f32 [N, I]. `bf16`: x bf16 bits [N, K] (C-contiguous) and out f32 or bf16
+    bits [N, I], which `swiglu_reads_bf16_x(gate_up)` must allow."""
+    x_dtype = check.BF16_BITS if bf16 else check.F32
+    layout = check.Layout.CONTIGUOUS if bf16 else check.Layout.ROWS
+    n, k = check.array(op, "x", x, x_dtype, (rows, None), layout)
     m2, _ = check.weight(op, "gate_up", gate_up, (None, k))
     if gate_up.dtype is not DType.BFLOAT16 or m2 % 2:
         raise TypeError(f"{op}: gate_up must be bf16 [2I, {k}], got "
                         f"{gate_up.dtype.value} {gate_up.shape}")
-    check.array(op, out_name, out, check.F32, (n, m2 // 2))
+    out_dtype = out.dtype if bf16 and out.dtype == check.BF16_BITS else check.F32
+    check.array(op, out_name, out, out_dtype, (n, m2 // 2))
+    if bf16 and not swiglu_reads_bf16_x(gate_up):
+        raise TypeError(f"{op}: bf16 operands need the bf16-x GEMV (NINFER_GEMV_BF16_X=1, a CUDA "
+                        f"sm_90 device, K % 16 == 0)")

@@ -126,7 +126,10 @@ def test_linear_bf16_x_equals_f32_x(rng, n, k, m):
     assert_same_bits(got, want, f"linear n={n} k={k} m={m}")
 
 
-def test_linear_bf16_x_needs_the_cublas_path(rng):
+def test_linear_bf16_x_needs_the_cublas_path(rng, monkeypatch):
+    """Without NINFER_GEMV_BF16_X only the cuBLAS path reads a bf16 x (the bf16-x GEMV has its
+    own tests: test_cuda_gemv_bf16_x.py)."""
+    monkeypatch.setattr(klinear, "GEMV_BF16_X", False)
     k, m = 64, 40
     _, w16 = weight_pair(rng, (m, k), DType.BFLOAT16)
     _, w32 = weight_pair(rng, (m, k), DType.FLOAT32)

@@ -54,6 +54,16 @@ def bf16_any_case(request, tmp_path_factory):
                       dtype="bfloat16")
 
 
+@pytest.fixture(params=[False, True], ids=["f32-x", "bf16-x"])
+def gemv_bf16_x(request, monkeypatch):
+    """Both settings of NINFER_GEMV_BF16_X (read by the backend when it is built): with it, the
+    decode GEMVs read bf16 activations written by the ops before them."""
+    from ninfer.kernels_cuda import linear as klinear
+
+    monkeypatch.setattr(klinear, "GEMV_BF16_X", request.param)
+    return request.param
+
+
 def test_fp32_prompt_logits_match_transformers(fp32_case):
     program = gpu_program(fp32_case)
     (prompt,) = prompts(fp32_case.vocab_size, [50], seed=1)
@@ -74,10 +84,13 @@ def test_fp32_greedy_matches_transformers(fp32_case):
     assert gen.tokens == out[0, len(prompt):].tolist()
 
 
-def test_bf16_greedy_64_matches_exact_reference(bf16_case):
+def test_bf16_greedy_64_matches_exact_reference(bf16_case, gemv_bf16_x):
     """bf16 weights, fp32 compute: the exact reference is HF in fp32 on the same bf16 weights
-    (HF in bf16 also rounds every activation; see test_qwen35_cpu_bf16.py for that tolerance)."""
+    (HF in bf16 also rounds every activation; see test_qwen35_cpu_bf16.py for that tolerance).
+    With bf16 decode activations (gemv_bf16_x) the GEMV inputs are rounded as the prefill's
+    cuBLAS GEMMs round them."""
     program = gpu_program(bf16_case)
+    assert program.backend.decode_kws.bf16_operands is gemv_bf16_x
     (prompt,) = prompts(bf16_case.vocab_size, [13], seed=3)
     (gen,) = generate(program, [prompt], 64, keep_logits=True)
     hf = hf_on_gpu(bf16_case, "float32")
@@ -85,12 +98,32 @@ def test_bf16_greedy_64_matches_exact_reference(bf16_case):
         out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=64,
                           do_sample=False, eos_token_id=None, pad_token_id=0,
                           output_logits=True, return_dict_in_generate=True)
-    assert gen.tokens == out.sequences[0, len(prompt):].tolist()
+    ref_tokens = out.sequences[0, len(prompt):].tolist()
     ref = torch.stack([s[0] for s in out.logits]).float().cpu().numpy()
-    assert rel_err(np.stack(gen.logits), ref) < 2e-2
+    if not gemv_bf16_x:
+        assert gen.tokens == ref_tokens
+        assert rel_err(np.stack(gen.logits), ref) < 2e-2
+        return
+    # bf16 decode activations (every GEMV input rounded, as HF in bf16 and our prefill GEMMs
+    # round them; HF-bf16 itself moves these tiny models' logits by 4-17%, see
+    # test_qwen35_cpu_bf16.py): the same tokens until a near-tie of the exact reference, logits
+    # within 4e-2 up to there. A near-tie as in test_qwen35_cpu_bf16.py: the reference's margin
+    # between its token and ours is below twice our largest logit deviation at that step.
+    # H200, 2026-11-30: 32 steps agree, rel err 2.19e-2, then a margin of 2.8e-2 logit stds.
+    same = next((i for i, (a, b) in enumerate(zip(gen.tokens, ref_tokens)) if a != b), 64)
+    err = rel_err(np.stack(gen.logits[:same]), ref[:same])
+    print(f"bf16-x: tokens agree for {same} of 64 steps, logits rel err {err:.3e}")
+    assert same >= 16 and err < 4e-2
+    if same < 64:
+        step, ours = ref[same], np.asarray(gen.logits[same])
+        margin = abs(step[ref_tokens[same]] - step[gen.tokens[same]])
+        deviation = np.abs(ours - step).max()
+        print(f"bf16-x: first difference at step {same}: reference margin {margin:.3e}, "
+              f"our largest deviation {deviation:.3e}")
+        assert margin < 2 * deviation, f"step {same}: not a near-tie"
 
 
-def test_batched_equals_single_and_graph_equals_eager(bf16_any_case):
+def test_batched_equals_single_and_graph_equals_eager(bf16_any_case, gemv_bf16_x):
     program = gpu_program(bf16_any_case)
     plist = prompts(bf16_any_case.vocab_size, [3, 17, 30, 9], seed=4)
     sp = SamplingParams(temperature=0.9, top_p=0.95, seed=7)
@@ -178,8 +211,12 @@ def test_bf16_operands_equal_f32_operands(tmp_path, monkeypatch, preset):
     """Prefill GEMM inputs written as bf16 by their producers (norms, SwiGLU, gates) give
     bitwise the logits and tokens of f32 inputs converted before cuBLAS: full and partial
     32-token chunks (dense: the prefill graphs, chunks padded to 32 or 16 rows; MoE: eager,
-    partial chunks of <= 8 rows on the f32 GEMV), and the scoring path (lm_head on cuBLAS)."""
+    partial chunks of <= 8 rows on the f32 GEMV), and the scoring path (lm_head on cuBLAS).
+    With NINFER_GEMV_BF16_X the GEMV reads a bf16 x instead of an f32 one (rounding it): that
+    is not this contract, so it is off here (the bf16-x GEMV has its own tests)."""
     from ninfer.kernels_cuda import linear as klinear
+
+    monkeypatch.setattr(klinear, "GEMV_BF16_X", False)
 
     conversions = []
     to_bf16 = klinear.to_bf16

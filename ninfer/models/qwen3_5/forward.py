@@ -19,7 +19,7 @@ import numpy as np
 from ninfer import ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
-from ninfer.ops.linear import reads_bf16_x
+from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -68,11 +68,13 @@ class KernelWorkspaces:
     one `gdn_decode_fused` op; `chunked_gdn_prefill`: multi-token segments use the chunkwise
     (WY) delta rule instead of the token-by-token recurrence; `fused_attention_prep`: q/k norms,
     rope, the KV write and the gate copy of an attention layer run as one `attn_prep` op;
-    `bf16_operands`: where a linear rounds its x to bf16 anyway (`ops.linear.reads_bf16_x`: the
-    CUDA cuBLAS path), the op producing x writes those bf16 bits into the Workspace's
-    `operand_bf16` (which must exist) instead of f32: bitwise the same results, without the
-    conversion launch and with half the bytes written. `gdn_chunk_precision`: the chunked
-    prefill's `Precision` (kernels_cuda.gdn_chunk; None: the launcher's default).
+    `bf16_operands`: where a linear takes its x as bf16 bits (`ops.linear.reads_bf16_x`), the
+    op producing x writes them into the Workspace's `operand_bf16` (which must exist) instead
+    of f32. On the CUDA cuBLAS path, which rounds x to bf16 anyway, that gives bitwise the same
+    results without the conversion launch; on the bf16-x GEMV (NINFER_GEMV_BF16_X: decode) it
+    rounds the activations to bf16, as the prefill GEMMs do, and halves the x bytes every GEMV
+    block reads. `gdn_chunk_precision`: the chunked prefill's `Precision`
+    (kernels_cuda.gdn_chunk; None: the launcher's default).
     """
 
     attention: object = None
@@ -163,7 +165,7 @@ class Qwen35Forward:
         ops.rms_norm(h, p.layers[0].input_norm, cfg.rms_norm_eps, x, zero_centered=True)
         for i, layer in enumerate(p.layers):
             self._mixer(i, layer, x, out, ctx)
-            x = self._normed(n, self._ffn_input(layer.ffn))
+            x = self._ffn_normed(n, layer.ffn)
             ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
             self._ffn(layer.ffn, x, out)
             if i + 1 < len(p.layers):
@@ -185,24 +187,32 @@ class Qwen35Forward:
                    **self.kws.kw(self.kws.linear_bf16))
 
     # -- where linear inputs are written -------------------------------------------------------
-    def _x_buffer(self, rows: int, width: int, weight, f32_buffer):
-        """The buffer the producer of `linear(x, weight)`'s x writes: the bf16 operand buffer
-        when that linear rounds x to bf16 anyway (same result bits), else `f32_buffer`.
-        `weight` None: x has other readers, which need f32."""
-        if (weight is not None and self.kws.bf16_operands
-                and reads_bf16_x(rows, weight, batch_invariant=self.kws.batch_invariant)):
-            return self.ws.operand_bf16(rows, width)
-        return f32_buffer
+    def _x_buffer(self, rows: int, width: int, weight, f32_buffer, *, swiglu: bool = False,
+                  bf16_buffer=None):
+        """The buffer the producer of `linear(x, weight)`'s x (`linear_swiglu` where `swiglu`)
+        writes: a bf16 operand buffer (`bf16_buffer`, default the Workspace's `operand_bf16`)
+        when that linear takes x as bf16 bits, else `f32_buffer`. `weight` None: x has other
+        readers, which need f32."""
+        if weight is None or not self.kws.bf16_operands:
+            return f32_buffer
+        if swiglu:
+            reads = swiglu_reads_bf16_x(weight)
+        else:
+            reads = reads_bf16_x(rows, weight, batch_invariant=self.kws.batch_invariant)
+        if not reads:
+            return f32_buffer
+        return self.ws.operand_bf16(rows, width) if bf16_buffer is None else bf16_buffer
 
-    def _normed(self, rows: int, weight):
-        return self._x_buffer(rows, self.cfg.hidden_size, weight, self.ws.normed[:rows])
+    def _normed(self, rows: int, weight, *, swiglu: bool = False):
+        return self._x_buffer(rows, self.cfg.hidden_size, weight, self.ws.normed[:rows],
+                              swiglu=swiglu)
 
-    def _ffn_input(self, w: DenseMLPParams | MoEParams):
-        """The weight of the one linear reading the FFN input, or None: an MoE input also feeds
-        the router, the experts and the shared expert; the fused SwiGLU reads f32."""
-        if isinstance(w, DenseMLPParams) and not self._fused_swiglu(w.gate_up):
-            return w.gate_up
-        return None
+    def _ffn_normed(self, rows: int, w: DenseMLPParams | MoEParams):
+        """The buffer of the FFN input: f32 for an MoE layer (its input also feeds the router,
+        the experts and the shared expert), else what its gate_up projection reads."""
+        if isinstance(w, MoEParams):
+            return self.ws.normed[:rows]
+        return self._normed(rows, w.gate_up, swiglu=self._fused_swiglu(w.gate_up))
 
     def _fused_swiglu(self, gate_up) -> bool:
         return self.kws.fused_swiglu and gate_up.dtype is DType.BFLOAT16
@@ -226,12 +236,12 @@ class Qwen35Forward:
         b, a = proj[:, c + vd: c + vd + hv], proj[:, c + vd + hv:]
 
         if self.kws.fused_gdn_decode and ctx.decode_only:
-            y = ws.gdn_normed[:n]
+            y = self._x_buffer(n, vd, w.out_proj, ws.gdn_normed[:n].reshape(n, vd))
             ops.gdn_decode_fused(qkv, w.conv, self.states.conv_view(g_idx), a, b, w.a_log,
                                  w.dt_bias, self.states.rec_view(g_idx), ctx.seg_slots,
-                                 z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps, y,
-                                 counters=self.kws.gdn_decode_counters)
-            self._linear(y.reshape(n, vd), w.out_proj, out)
+                                 z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps,
+                                 y.reshape(n, hv, dv), counters=self.kws.gdn_decode_counters)
+            self._linear(y, w.out_proj, out)
             return
         u = ws.conv_out[:n]
         ops.gdn_conv(qkv, w.conv, self.states.conv_view(g_idx), ctx.seg_starts, ctx.seg_slots, u)
@@ -275,10 +285,10 @@ class Qwen35Forward:
         flat = attn.reshape(n, a * d)
         gated = self._x_buffer(n, a * d, w.o_proj, flat)  # in place when f32
         # paged_attention applies the output gate itself (bitwise attention then sigmoid_mul;
-        # one launch less) when o_proj reads the f32 attention output; it reads the gate half
+        # one launch less) and writes o_proj's x (f32 or bf16 bits); it reads the gate half
         # of q_and_gate directly (heads interleaved [q_h | gate_h]), the bits attn_prep copies
         flash = self.flash_prefill and ctx.prefill_segment is not None
-        fuse_gate = self.kws.fused_attention_gate and not flash and gated is flat
+        fuse_gate = self.kws.fused_attention_gate and not flash
         if self.kws.fused_attention_prep:
             ops.attn_prep(q_and_gate, k, v, w.q_norm, w.k_norm, cfg.rms_norm_eps, ctx.positions,
                           self.inv_freq, self.freq_axis, q_hat, gate, k_pages, v_pages,
@@ -298,7 +308,8 @@ class Qwen35Forward:
                                         d ** -0.5, attn, segment=ctx.prefill_segment_dev)
         else:
             ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
-                                ctx.row_pos, d ** -0.5, attn,
+                                ctx.row_pos, d ** -0.5, gated.reshape(n, a, d) if fuse_gate
+                                else attn,
                                 gate=q_and_gate[:, :, d:] if fuse_gate else None,
                                 past_kv_ready=ctx.decode_only,
                                 **self.kws.kw(self.kws.attention))
@@ -318,6 +329,9 @@ class Qwen35Forward:
         inner = gate_up.shape[0] // 2
         if self._fused_swiglu(gate_up):
             act = self.ws.ffn_act(n, inner)
+            if x.dtype == np.uint16:  # a bf16 x: the activation too where down reads it
+                act = self._x_buffer(n, inner, down, act,
+                                     bf16_buffer=self.ws.ffn_act_bf16(n, inner))
             ops.linear_swiglu(x, gate_up, act)
             self._linear(act, down, out)
             return

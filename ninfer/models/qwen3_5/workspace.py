@@ -42,7 +42,8 @@ class Workspace:
 
     `xp` is numpy (CPU backend) or cupy (CUDA backend). All float buffers are float32.
     `bf16_operands`: also allocate `operand_bf16`, where the producer of a linear's x writes it
-    as bf16 bits when the linear rounds x to bf16 anyway (CUDA prefill GEMMs).
+    as bf16 bits when the linear takes x so (CUDA: the prefill GEMMs, and the decode GEMVs
+    under NINFER_GEMV_BF16_X).
     """
 
     def __init__(self, cfg: Qwen35Config, max_rows: int, max_logit_rows: int, xp=np,
@@ -97,6 +98,12 @@ class Workspace:
     def ffn_act(self, rows: int, width: int):
         """Contiguous [rows, width] buffer of the SwiGLU activation."""
         return self._ffn_act[: rows * width].reshape(rows, width)
+
+    def ffn_act_bf16(self, rows: int, width: int):
+        """Contiguous uint16 [rows, width] buffer (bf16 bits) of the SwiGLU activation, in the
+        storage of `ffn_act` (never live at the same time): the fused SwiGLU's output when its
+        x is in `operand_bf16`."""
+        return self._ffn_act.view(np.uint16)[: rows * width].reshape(rows, width)
 
     @property
     def has_bf16_operands(self) -> bool:

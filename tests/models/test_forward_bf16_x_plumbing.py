@@ -1,0 +1,153 @@
+"""Where the decode forward writes bf16 operands (NINFER_GEMV_BF16_X), checked on the CPU by
+recording the ops `Qwen35Forward` calls instead of running them: with every bf16 GEMV taking a
+bf16 x, each linear / linear_swiglu of a dense decode step reads uint16 bits written by the op
+just before it (the norms, the fused GDN decode, the gated paged attention, the fused SwiGLU),
+the attention's output gate stays fused (no sigmoid_mul), and the SwiGLU output and its x live
+in different buffers. Without the flag nothing is uint16. An MoE layer's input stays f32 (the
+router, the experts and the shared expert read it)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ninfer.core.dtypes import DType
+from ninfer.core.kv_pool import PagedKVPool
+from ninfer.core.state_image import StateImageStorage
+from ninfer.models.qwen3_5 import forward as fwd_mod
+from ninfer.models.qwen3_5.config import Qwen35Config
+from ninfer.models.qwen3_5.cpu_backend import state_image_layout
+from ninfer.models.qwen3_5.random_params import random_parameters
+from ninfer.models.qwen3_5.workspace import Workspace
+from ninfer.testing.checkpoints import TINY_DENSE, TINY_MOE
+
+
+@dataclasses.dataclass
+class Call:
+    op: str
+    args: tuple
+    kwargs: dict
+
+
+class OpRecorder:
+    """Stands in for `ninfer.ops` inside forward.py: every op call is recorded, none runs."""
+
+    def __init__(self):
+        self.calls: list[Call] = []
+
+    def __getattr__(self, name):
+        def record(*args, **kwargs):
+            self.calls.append(Call(name, args, kwargs))
+        return record
+
+
+def _reads_bf16(rows, weight, **_) -> bool:  # ops.linear.reads_bf16_x
+    return weight.dtype is DType.BFLOAT16
+
+
+def _swiglu_reads_bf16(gate_up) -> bool:  # ops.linear.swiglu_reads_bf16_x
+    return gate_up.dtype is DType.BFLOAT16
+
+
+def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3):
+    arch = "Qwen3_5MoeForCausalLM" if "num_experts" in preset else "Qwen3_5ForCausalLM"
+    cfg = Qwen35Config.from_hf(dict(preset), architecture=arch)
+    params = random_parameters(cfg, dtype=DType.BFLOAT16)
+    kv = PagedKVPool(len(cfg.full_attention_layers), 8, cfg.num_key_value_heads, 16,
+                     cfg.head_dim, DType.FLOAT32)
+    states = StateImageStorage(state_image_layout(cfg), rows + 1)
+    ws = Workspace(cfg, rows, rows, bf16_operands=True)
+    kws = fwd_mod.KernelWorkspaces(fused_gdn_decode=True, fused_attention_prep=True,
+                                   fused_swiglu=True, bf16_operands=True)
+    recorder = OpRecorder()
+    monkeypatch.setattr(fwd_mod, "ops", recorder)
+    # the CUDA answers under NINFER_GEMV_BF16_X (with it off: only cuBLAS rows, none here)
+    monkeypatch.setattr(fwd_mod, "reads_bf16_x",
+                        _reads_bf16 if bf16_x else lambda *a, **k: False)
+    monkeypatch.setattr(fwd_mod, "swiglu_reads_bf16_x",
+                        _swiglu_reads_bf16 if bf16_x else lambda *a, **k: False)
+    forward = fwd_mod.Qwen35Forward(cfg, params, ws, kv, states, kernel_ws=kws)
+    idx = np.arange(rows, dtype=np.int32)
+    ctx = fwd_mod.StepContext(ids=idx, positions=np.zeros((3, rows), np.int32), row_slot=idx,
+                              row_pos=idx, seg_starts=np.arange(rows + 1, dtype=np.int32),
+                              seg_slots=idx, block_tables=np.zeros((rows + 1, 4), np.int32),
+                              logit_rows=slice(0, rows))
+    assert ctx.decode_only
+    forward(ctx)
+    return cfg, recorder.calls
+
+
+def _x_of(call: Call):
+    return call.args[0]
+
+
+# the ops that write a linear's x, and their `out` argument's position
+_OUT_ARG = {"rms_norm": 3, "add_rms_norm": 4, "gdn_decode_fused": 12, "paged_attention": 7,
+            "linear_swiglu": 2}
+
+
+def _written(call: Call):
+    return call.args[_OUT_ARG[call.op]]
+
+
+def test_dense_decode_writes_every_gemv_x_as_bf16(monkeypatch):
+    cfg, calls = _record_decode_step(monkeypatch, TINY_DENSE, bf16_x=True)
+    names = [c.op for c in calls]
+    assert "sigmoid_mul" not in names and "swiglu" not in names
+    readers = [i for i, c in enumerate(calls) if c.op in ("linear", "linear_swiglu")]
+    # per layer: the mixer's input projection and output projection, gate_up, down; + lm_head
+    assert len(readers) == 4 * cfg.num_hidden_layers + 1
+    for i in readers:
+        call = calls[i]
+        x = _x_of(call)
+        assert x.dtype == np.uint16, f"{call.op} #{i} reads {x.dtype}"
+        producer = calls[i - 1]
+        if producer.op not in _OUT_ARG:
+            raise AssertionError(f"{call.op} #{i}: x not written by the op before it")
+        written = _written(producer).reshape(x.shape)
+        assert written.dtype == np.uint16
+        assert np.shares_memory(written, x) and written.shape == x.shape, (
+            f"{call.op} #{i} does not read what {producer.op} wrote")
+    attention = [c for c in calls if c.op == "paged_attention"]
+    assert attention and all(c.kwargs["gate"] is not None for c in attention)
+    for c in calls:
+        if c.op == "linear_swiglu":
+            x, out = c.args[0], c.args[2]
+            assert out.dtype == np.uint16 and not np.shares_memory(x, out)
+        if c.op == "linear":
+            assert c.args[2].dtype == np.float32  # GEMV outputs stay f32 (residual, logits)
+
+
+def test_without_the_flag_nothing_is_bf16(monkeypatch):
+    _, calls = _record_decode_step(monkeypatch, TINY_DENSE, bf16_x=False)
+    for c in calls:
+        for a in (*c.args, *c.kwargs.values()):
+            assert getattr(a, "dtype", None) != np.uint16, f"{c.op} got a uint16 operand"
+    attention = [c for c in calls if c.op == "paged_attention"]
+    assert attention and all(c.kwargs["gate"] is not None for c in attention)
+
+
+def test_moe_input_stays_f32(monkeypatch):
+    _, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True)
+    for c in calls:
+        if c.op in ("moe_block", "moe_route_with_swiglu"):
+            x = c.args[0] if c.op == "moe_block" else c.args[4]
+            assert x.dtype == np.float32, c.op
+    # the mixers' projections still read bf16
+    mixers = [c for c in calls if c.op == "linear" and c.args[0].dtype == np.uint16]
+    assert mixers
+    # an add_rms_norm into an MoE layer writes f32
+    moe_norms = [calls[i] for i, c in enumerate(calls[1:], 1)
+                 if c.op == "linear" and calls[i - 1].op == "add_rms_norm"
+                 and c.args[0].dtype == np.float32]
+    assert moe_norms
+
+
+@pytest.mark.parametrize("preset", [TINY_DENSE, TINY_MOE])
+def test_recorded_ops_name_real_ops(monkeypatch, preset):
+    """The recorder only sees names `ninfer.ops` exports (a misspelt op would pass above)."""
+    import ninfer.ops as real_ops
+    _, calls = _record_decode_step(monkeypatch, preset, bf16_x=True)
+    missing = {c.op for c in calls} - set(real_ops.__all__)
+    assert not missing, missing
