@@ -303,8 +303,9 @@ def gemv_tma_consumers() -> int:
 
 def gemv_tma_x_stages() -> int:
     """NINFER_GEMV_TMA_X_STAGES (default 4; 0, 4 or 5): linear_tma_kernel keeps the activation
-    fragments in registers when K needs at most this many 1024-k stages (0: never). 5 covers
-    27B's K = 5120, but those instances spill at the 96-register cap of 17 warps; with 4 they
+    fragments of an f32 x in registers when K needs at most this many 1024-k stages (0: never,
+    for a bf16 x too; a bf16 x otherwise takes up to 5, see linear.tma_x_stages). 5 covers
+    27B's K = 5120, but the f32 instances spill at the 96-register cap of 17 warps; with 4 they
     read x per stage in tile groups instead (H200, same machine, 27B B=1 / B=8 14.834 / 17.221
     ms against 15.047 / 17.273 with 5). Read once, at import of the launcher."""
     return _choice("NINFER_GEMV_TMA_X_STAGES", 4, TMA_X_STAGES)

@@ -194,11 +194,16 @@ def tma_plan(sk: int, consumers: int, ring_kib: int) -> tuple[int, int]:
     return stages, 256 + 2 * consumers * 16 * 8 * 4 + stages * stage
 
 
-def tma_x_stages(k: int, sk: int, consumers: int) -> int:
+def tma_x_stages(k: int, sk: int, consumers: int, *, bf16_x: bool = False) -> int:
     """XS of the linear_tma_kernel instance for K: the stages per tile when the x fragments fit
-    in registers (instances for sk = 1024 with 16 consumers, K <= 5120), else 0."""
+    in registers (instances for sk = 1024 with 16 consumers, K <= 5120), else 0. Up to
+    TMA_X_STAGES stages for an f32 x; a bf16 x holds half the fragment registers, so it takes
+    every instance (5 stages: 72 registers, no spills) unless TMA_X_STAGES is 0. H200, 27B
+    decode with bf16 x, B=1 / B=8 ms, 5 vs 4 stages, two rounds on one machine: 14.354 / 16.107
+    vs 14.504 / 16.346, 14.344 / 16.100 vs 14.477 / 16.308."""
     stages = -(-k // sk)
-    return stages if sk == 1024 and consumers == 16 and stages <= TMA_X_STAGES else 0
+    limit = (TMA_MAX_X_STAGES if TMA_X_STAGES else 0) if bf16_x else TMA_X_STAGES
+    return stages if sk == 1024 and consumers == 16 and stages <= limit else 0
 
 
 def tma_ok(k: int) -> bool:
@@ -230,7 +235,7 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
     params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
                     out_rs=out_rs, m=m, k=k, n=n, splits=stages)
-    xs = tma_x_stages(k, sk, consumers) if x_regs else 0
+    xs = tma_x_stages(k, sk, consumers, bf16_x=bool(io & TMA_IO_X_BF16)) if x_regs else 0
     tg = TMA_TILE_GROUP if tile_group is None else tile_group
     if xs or sk != 1024 or consumers != 16:
         tg = 1

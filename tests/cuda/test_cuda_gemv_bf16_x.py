@@ -88,6 +88,10 @@ def _tma(x_d, w_d, *, swiglu, io=0, x_regs=True, tile_group=None, row_blocks=Non
     (2048, False, 1), (2048, False, 2), (6144 + 48, True, 4), (12288, True, 2),  # per stage
 ])
 def test_bf16_x_equals_f32_x_of_the_same_values(rng, swiglu, k, x_regs, tile_group):
+    """(A bf16 x keeps its fragments in registers up to 5 stages, K = 5120 included; the f32 x
+    it is compared with reads them per stage there.)"""
+    if x_regs and k <= 5 * 1024:
+        assert klinear.tma_x_stages(k, 1024, 16, bf16_x=True) == -(-k // 1024)
     m = 147 if swiglu else 301  # odd: a partial row tile
     w_d = _weight(rng, 2 * m if swiglu else m, k)
     w_h = bf16_bits_to_f32(host(w_d))
