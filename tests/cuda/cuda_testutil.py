@@ -194,6 +194,20 @@ def assert_attention_graph_replay(ctx, rng, name: str, k_pages, v_pages, block_t
     assert not host(workspace.counters).any()
 
 
+def random_block_tables(rng, lengths, page_size: int, num_pages: int,
+                        max_pages: int) -> np.ndarray:
+    """Block tables int32 [len(lengths), max_pages] of distinct random pages (of num_pages)
+    covering each sequence's length; -1 past them."""
+    perm = rng.permutation(num_pages)
+    bt = np.full((len(lengths), max_pages), -1, np.int32)
+    used = 0
+    for s, length in enumerate(lengths):
+        need = -(-length // page_size)
+        bt[s, :need] = perm[used:used + need]
+        used += need
+    return bt
+
+
 def slot_strided(rng, num_slots: int, inner: tuple, pad: int = 7, scale: float = 0.5):
     """(host, device) slot-strided views [S, *inner] of a wider per-slot image (like StateImage)."""
     size = int(np.prod(inner))

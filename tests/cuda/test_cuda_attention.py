@@ -23,7 +23,8 @@ from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
 from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
-                           dev, host, assert_invalid_attention_rows_nan, poisoned, randn, rel_err)
+                           dev, host, assert_invalid_attention_rows_nan, poisoned,
+                           random_block_tables, randn, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -52,18 +53,6 @@ def _pages(rng, num_pages, hkv, page_size, d, bf16):
     return f32_to_bf16_bits(values) if bf16 else values
 
 
-def _tables(rng, lengths, page_size, num_pages, max_pages):
-    """Block tables of distinct random pages covering each sequence's length."""
-    perm = rng.permutation(num_pages)
-    bt = np.full((len(lengths), max_pages), -1, np.int32)
-    used = 0
-    for s, length in enumerate(lengths):
-        need = -(-length // page_size)
-        bt[s, :need] = perm[used:used + need]
-        used += need
-    return bt
-
-
 class _Kv:
     """Random paged K/V for sequences of `lengths` (host copies, device copies, f64 oracle)."""
 
@@ -73,7 +62,7 @@ class _Kv:
         self.kp = _pages(rng, pages, hkv, page_size, d, bf16)
         self.vp = _pages(rng, pages, hkv, page_size, d, bf16)
         cols = -(-max(lengths) // page_size) + spare_cols
-        self.bt = _tables(rng, lengths, page_size, pages, cols)
+        self.bt = random_block_tables(rng, lengths, page_size, pages, cols)
         self.kp_d, self.vp_d, self.bt_d = dev(self.kp), dev(self.vp), dev(self.bt)
         self._k64 = self._v64 = None
 
@@ -96,7 +85,7 @@ def test_kv_write(rng, bf16):
     hkv, page_size, d, num_pages = 2, 16, 64, 12
     kp_h = _pages(rng, num_pages, hkv, page_size, d, bf16)
     vp_h = _pages(rng, num_pages, hkv, page_size, d, bf16)
-    bt = _tables(rng, [40, 20], page_size, num_pages, 4)
+    bt = random_block_tables(rng, [40, 20], page_size, num_pages, 4)
     row_seq = np.array([0, 1, 0, 1, 0], np.int32)
     row_pos = np.array([0, 19, 17, 3, 39], np.int32)
     k_full = randn(rng, (5, hkv, d + 3))  # k as a strided view of a wider buffer

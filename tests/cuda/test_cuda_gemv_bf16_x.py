@@ -29,7 +29,8 @@ from ninfer.kernels_cuda import linear as klinear
 from ninfer.ops import reference as ref
 from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
 
-from cuda_testutil import (assert_close, assert_same_bits, cp, dev, host, randn, weight_pair)
+from cuda_testutil import (assert_close, assert_same_bits, cp, dev, host, random_block_tables,
+                           randn, weight_pair)
 from cuda_testutil import poisoned as _poisoned_f32
 
 pytestmark = pytest.mark.gpu
@@ -239,15 +240,8 @@ def test_paged_attention_bf16_out_is_the_rounded_f32_out(rng, monkeypatch, varia
     pages = sum(-(-n // page_size) for n in LENGTHS) + 2
     kp = dev(f32_to_bf16_bits(randn(rng, (pages, hkv, page_size, d))))
     vp = dev(f32_to_bf16_bits(randn(rng, (pages, hkv, page_size, d))))
-    perm = rng.permutation(pages)
     cols = -(-max(LENGTHS) // page_size) + 1
-    bt = np.full((len(LENGTHS), cols), -1, np.int32)
-    used = 0
-    for s, length in enumerate(LENGTHS):
-        need = -(-length // page_size)
-        bt[s, :need] = perm[used:used + need]
-        used += need
-    bt_d = dev(bt)
+    bt_d = dev(random_block_tables(rng, LENGTHS, page_size, pages, cols))
     ws = katt.AttentionWorkspace.allocate(8, heads, d, cols * page_size)
     n = len(LENGTHS)
     proj = dev(randn(rng, (n, heads, 2 * d), 2.0))
