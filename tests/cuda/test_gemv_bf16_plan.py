@@ -1,0 +1,48 @@
+"""The bf16-x GEMV's plan (linear.py; no GPU): the IO flags mirror linear.cu, every
+linear_tma_kernel instance a bf16-operand launch can ask for is declared, and a bf16 x keeps its
+fragments in registers up to 5 stages unless NINFER_GEMV_TMA_X_STAGES turns that off."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ninfer import envs
+from ninfer.kernels_cuda import linear as klinear
+
+SOURCE = (Path(klinear.__file__).parent / "linear.cu").read_text()
+
+
+def test_io_flags_mirror_linear_cu():
+    for name, value in (("TMA_IO_X_BF16", klinear.TMA_IO_X_BF16),
+                        ("TMA_IO_OUT_BF16", klinear.TMA_IO_OUT_BF16)):
+        assert int(re.search(rf"#define {name} (\d+)", SOURCE).group(1)) == value
+
+
+@pytest.mark.parametrize("x_stages", envs.TMA_X_STAGES)
+def test_x_stages_for_a_bf16_x(monkeypatch, x_stages):
+    monkeypatch.setattr(klinear, "TMA_X_STAGES", x_stages)
+    for k in (16, 1024, 2048, 4096, 5120, 6144, 12288):
+        stages = -(-k // 1024)
+        f32 = klinear.tma_x_stages(k, 1024, 16)
+        bf16 = klinear.tma_x_stages(k, 1024, 16, bf16_x=True)
+        assert f32 == (stages if stages <= x_stages else 0)
+        assert bf16 == (stages if x_stages and stages <= klinear.TMA_MAX_X_STAGES else 0)
+        # other geometries have no instances with x in registers
+        assert klinear.tma_x_stages(k, 2048, 16, bf16_x=True) == 0
+        assert klinear.tma_x_stages(k, 1024, 8, bf16_x=True) == 0
+
+
+@pytest.mark.parametrize("tile_group", envs.TMA_TILE_GROUPS)
+def test_every_bf16_instance_is_declared(monkeypatch, tile_group):
+    """What `_launch_tma(..., io=)` names for any K, with x in registers or not, is in SOURCE."""
+    monkeypatch.setattr(klinear, "TMA_X_STAGES", klinear.TMA_MAX_X_STAGES)
+    declared = set(klinear.SOURCE.name_expressions)
+    for swiglu, io in klinear.TMA_BF16_IO:
+        for k in (16, 1024, 3072, 5120, 6144, 12288):
+            for x_regs in (True, False):
+                xs = klinear.tma_x_stages(k, 1024, 16, bf16_x=True) if x_regs else 0
+                tg = 1 if xs else tile_group
+                name = f"linear_tma_kernel<{swiglu}, 1024, 16, {xs}, {tg}, {io}>"
+                assert name in declared, name
