@@ -37,7 +37,10 @@ def test_attn_prep_equals_unfused_ops(rng, dtype, n, a, hkv, d, rot):
     bt_h[2, 1] = pages + 3  # an invalid page: rows mapping there write nothing
     bt = dev(bt_h)
     # distinct (sequence, position) slots: two rows writing one slot would race in both paths
-    flat = rng.choice(seqs * cols * page_size, n, replace=False)
+    # (never on the invalid page but for row 0 when n > 1: a lone row there writes no key)
+    slots = np.arange(seqs * cols * page_size)
+    valid = ~((slots // (cols * page_size) == 2) & ((slots // page_size) % cols == 1))
+    flat = rng.choice(slots[valid], n, replace=False)
     row_seq_h = (flat // (cols * page_size)).astype(np.int32)
     row_pos_h = (flat % (cols * page_size)).astype(np.int32)
     if n > 1:
