@@ -17,6 +17,10 @@ Two paths:
   x's rounding to bf16. x may also arrive as that bf16 copy already (uint16 [N, K] C-contiguous,
   written by the kernel that produced x): then nothing is converted, and the GEMM reads the same
   operand bits at the same leading dimension K, so `out` is bitwise what the f32 x gives.
+- bf16 x on the GEMV (NINFER_GEMV_BF16_X, default on; `gemv_takes_bf16`): `linear_tma_kernel`
+  reads x as bf16 bits (IO flags) with one mma per k16 step, bitwise the result of the f32 x
+  holding the same values; `linear_swiglu` may also write its output as bf16 bits. The decode
+  forward feeds every GEMV this way (half the x bytes every block reads).
 """
 from __future__ import annotations
 
@@ -337,7 +341,7 @@ def linear_swiglu(x, gate_up, out) -> None:
 
     One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
     invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x. Where
-    `gemv_takes_bf16(gate_up)`: x may be bf16 bits (uint16, 16-byte aligned rows; the result of
+    `gemv_takes_bf16(gate_up)`: x may be bf16 bits (uint16, the same alignment; the result of
     the f32 x holding those values) and so may `out` (uint16: the f32 result rounded to nearest
     even).
     """
@@ -381,8 +385,8 @@ def gemv_takes_bf16(weight) -> bool:
 
 
 def takes_bf16_x(n: int, weight, batch_invariant: bool = False) -> bool:
-    """Whether `linear` with n rows accepts x as bf16 bits (uint16, C-contiguous, or rows
-    16-byte aligned on the GEMV): the cuBLAS path with bf16 weights (which rounds an f32 x to
+    """Whether `linear` with n rows accepts x as bf16 bits (uint16; see `linear` for the
+    layouts): the cuBLAS path with bf16 weights (which rounds an f32 x to
     exactly those bits: the same `out`), or the bf16-x GEMV (`gemv_takes_bf16`: `out` is that
     of the f32 x holding the same values)."""
     if takes_cublas(n, batch_invariant):
@@ -400,8 +404,8 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
 
     x: f32 (rows strided), or bf16 bits (uint16) where `takes_bf16_x`: C-contiguous on the
     cuBLAS path with bf16 weights (`takes_cublas`), which rounds an f32 x to exactly those
-    bits; 16-byte aligned rows on the bf16-x GEMV, whose `out` is that of the f32 x holding
-    the same values.
+    bits; on the bf16-x GEMV a 16-byte aligned x with rows a multiple of 4 elements apart,
+    and `out` is that of the f32 x holding the same values.
     `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of an f32 x on the
     cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
     kernel for any N.
@@ -424,7 +428,9 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
         if cublas:
             C.contiguous(x, "x")
         else:
-            C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x", "needs 16-byte aligned rows")
+            C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x",
+                      "a bf16 x on the GEMV needs a 16-byte aligned base and rows a multiple "
+                      "of 4 elements apart")
     if n == 0 or m == 0:
         return
     if k == 0:
