@@ -34,7 +34,10 @@ def _peer(measure: Measure, ctx: BenchContext, make) -> Measure:
 
 def linear_decode(ctx: BenchContext, cp) -> list[Measure]:
     """The decode GEMVs at N = 1 and 8 with an f32 x and, where the bf16-x GEMV takes the weight
-    (NINFER_GEMV_BF16_X, the decode default), a bf16 x."""
+    (NINFER_GEMV_BF16_X, the decode default), a bf16 x: eager launches (host launch cost
+    included, the cuBLAS peer beside them), then the same calls back to back in a CUDA graph
+    (`BenchContext.time_graph`: the device time per GEMV as in the decode graph, PDL overlap
+    included; weights rotated beyond L2)."""
     from ninfer.kernels_cuda.linear import gemv_takes_bf16, linear
 
     out = []
@@ -48,12 +51,25 @@ def linear_decode(ctx: BenchContext, cp) -> list[Measure]:
             if gemv_takes_bf16(ws[0]):
                 xs.append((" bf16 x", xb, 2))
             for label, x, x_bytes in xs:
-                ms = ctx.time(lambda i: linear(x, ws[i % copies], y))
-                meas = Measure("linear", f"{name} [{m}x{k}] N={n}{label}", ms,
-                               bytes=m * k * 2 + n * k * x_bytes + n * m * 4)
+                call = lambda i, x=x: linear(x, ws[i % copies], y)  # noqa: E731
+                variant, nbytes = f"{name} [{m}x{k}] N={n}{label}", m * k * 2 + n * k * x_bytes
+                meas = Measure("linear", variant, ctx.time(call), bytes=nbytes + n * m * 4)
                 out.append(_peer(meas, ctx, lambda: (
                     peers.cublas_gemm(cp, m, n, k, ws[0].data, xb, y), "cuBLAS bf16 gemmEx")))
+                out.append(_graph_measure(ctx, "linear", variant + " graph", call,
+                                          nbytes + n * m * 4))
     return out
+
+
+def _graph_measure(ctx: BenchContext, op: str, variant: str, call, nbytes: float) -> Measure:
+    """`call` timed back to back in a CUDA graph (BenchContext.time_graph); a failure to capture
+    is recorded in the row's note instead of failing the op's other rows."""
+    try:
+        ms, reps = ctx.time_graph(call)
+    except Exception as exc:  # noqa: BLE001 - reported, never fatal to the benchmark
+        return Measure(op, variant, float("nan"),
+                       note=f"graph failed: {type(exc).__name__}: {exc}"[:200])
+    return Measure(op, variant, ms, bytes=nbytes, note=f"graph of {reps} launches")
 
 
 def linear_prefill(ctx: BenchContext, cp) -> list[Measure]:
