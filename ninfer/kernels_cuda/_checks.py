@@ -193,6 +193,11 @@ def contiguous(x, name: str):
     return x
 
 
+def is_bf16_bits(a) -> bool:
+    """Whether an activation operand holds bf16 bits (uint16) rather than f32."""
+    return getattr(a, "dtype", None) == np.uint16
+
+
 def per_head(x, name: str, n=None, heads=None, dim=None, dtype=np.float32) -> tuple[int, int]:
     """(row, head) element strides of a `dtype` (default f32) [N, heads, dim] operand with a
     contiguous last axis (None extents match anything)."""

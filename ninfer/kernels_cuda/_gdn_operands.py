@@ -46,10 +46,8 @@ def matrix_rs(x, name, n, m) -> int:
 def heads_view(x, name: str, n: int, heads=None, dim=None,
                dtype=np.float32) -> tuple[int, int]:
     """Check `dtype`[N, heads, dim] (default f32) with a contiguous last axis; return (row,
-    head) strides."""
-    C.device_array(x, name, dtype=dtype, ndim=3, shape=(n, heads, dim))
-    st = C.inner_contiguous(x, name, 1)
-    return st[0], st[1]
+    head) strides (`_checks.per_head` with N required)."""
+    return C.per_head(x, name, n, heads, dim, dtype=dtype)
 
 
 def recurrence_operands(q, k, v, g, beta, state, seg_starts, seg_slots, out) -> dict:

@@ -309,7 +309,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     C.device_array(q, "q", ndim=3)
     n, q_heads = q.shape[0], q.shape[1]
     q_rs, q_hs = C.per_head(q, "q", n, q_heads, dim)
-    out_bf16 = getattr(out, "dtype", None) == np.uint16
+    out_bf16 = C.is_bf16_bits(out)
     o_rs, o_hs = C.per_head(out, "out", n, q_heads, dim,
                             dtype=np.uint16 if out_bf16 else np.float32)
     g_ptr = g_rs = g_hs = 0

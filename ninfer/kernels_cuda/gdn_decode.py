@@ -85,7 +85,7 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     a_rs = O.matrix_rs(a, "a", n, value_heads)
     b_rs = O.matrix_rs(b, "b", n, value_heads)
     z_rs, z_hs = O.heads_view(z, "z", n, value_heads, dv)
-    out_bf16 = getattr(out, "dtype", None) == np.uint16
+    out_bf16 = C.is_bf16_bits(out)
     o_rs, o_hs = O.heads_view(out, "out", n, value_heads, dv,
                               dtype=np.uint16 if out_bf16 else np.float32)
     C.contiguous(C.device_array(slots, "slots", dtype=np.int32, shape=(n,)), "slots")

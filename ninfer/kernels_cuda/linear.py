@@ -345,7 +345,7 @@ def linear_swiglu(x, gate_up, out) -> None:
     the f32 x holding those values) and so may `out` (uint16: the f32 result rounded to nearest
     even).
     """
-    bf16_x, bf16_out = _is_bf16(x), _is_bf16(out)
+    bf16_x, bf16_out = C.is_bf16_bits(x), C.is_bf16_bits(out)
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
     n, k = x.shape
     w, kind = C.weight_array(gate_up, "gate_up")
@@ -368,10 +368,6 @@ def linear_swiglu(x, gate_up, out) -> None:
         _launch_tma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True, io=io)
         return
     _launch_mma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True)
-
-
-def _is_bf16(a) -> bool:
-    return getattr(a, "dtype", None) == np.uint16
 
 
 def gemv_takes_bf16(weight) -> bool:
@@ -410,7 +406,7 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
     cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
     kernel for any N.
     """
-    bf16_x = _is_bf16(x)
+    bf16_x = C.is_bf16_bits(x)
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
     n, k = x.shape
     w, kind = C.weight_array(weight, "weight")

@@ -22,11 +22,9 @@ def reads_bf16_x(rows: int, weight, *, batch_invariant: bool = False) -> bool:
 
 
 def swiglu_reads_bf16_x(gate_up) -> bool:
-    """Whether `linear_swiglu` with this gate_up takes x (and writes out) as bf16 bits: CUDA, and
-    the bf16-x GEMV takes it (NINFER_GEMV_BF16_X)."""
-    if gate_up.dtype is not DType.BFLOAT16 or backend_of(gate_up) is not Backend.CUDA:
-        return False
-    return check.kernels(Backend.CUDA, "linear").gemv_takes_bf16(gate_up)
+    """Whether `linear_swiglu` with this gate_up takes x (and writes out) as bf16 bits: what the
+    GEMV path of `linear` takes (the fused SwiGLU always runs the GEMV, for any N)."""
+    return reads_bf16_x(1, gate_up, batch_invariant=True)
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
