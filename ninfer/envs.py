@@ -110,6 +110,14 @@ def moe_down_prewait() -> bool:
     return _flag("NINFER_MOE_DOWN_PREWAIT", True)
 
 
+def moe_fold_shared() -> bool:
+    """NINFER_MOE_FOLD_SHARED (default on; "0" turns it off): at decode a Qwen3.5 MoE layer's
+    shared expert down projection runs inside the fused MoE down launch (an extra team of warps,
+    kernels_cuda.moe.shared_down_folds) instead of as a GEMV launch of its own; bitwise the same.
+    Read when a backend is built."""
+    return _flag("NINFER_MOE_FOLD_SHARED", True)
+
+
 def attn_prewait() -> bool:
     """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
     kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before

@@ -395,6 +395,21 @@ def takes_cublas(n: int, batch_invariant: bool) -> bool:
     return n > GEMV_MAX_ROWS and not batch_invariant
 
 
+def tma_geometry(x, weight, *, batch_invariant: bool = False) -> tuple[int, int] | None:
+    """(k per stage, consumer warps) of the linear_tma_kernel that `linear(x, weight, out,
+    batch_invariant=batch_invariant)` runs for an f32 x, or None where it runs another kernel
+    (the GEMV path with bf16 weights and 16-byte aligned rows, NINFER_GEMV_TMA, `tma_ok`)."""
+    if x.dtype != np.float32 or x.ndim != 2 or takes_cublas(x.shape[0], batch_invariant):
+        return None
+    w, kind = C.weight_array(weight, "weight")
+    if w.ndim != 2 or w.shape[1] != x.shape[1] or x.shape[0] == 0 or w.shape[0] == 0:
+        return None
+    if not (_mma_ok(w, kind, C.row_stride(w, "weight"), x, C.row_stride(x, "x")) and GEMV_TMA
+            and tma_ok(x.shape[1])):
+        return None
+    return TMA_SK, TMA_CONSUMERS
+
+
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
     """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
 

@@ -378,6 +378,67 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
 // At most MOE_FUSED_PAIRS (row, slot) pairs (N <= 8 rows of top_k <= 8 at the 35B-A3B shape).
 #define MOE_FUSED_PAIRS 64
 #define MOE_DOWN_SLOTS 8  // moe_fused_down_kernel: groups in flight per block (named barriers 1..8)
+#define MOE_FUSED_ROWS 8  // moe_fused_down_kernel: token rows (moe.py FUSED_MAX_ROWS)
+#define MOE_DOWN_SHARED_WARPS 2  // moe_fused_down_kernel: the folded shared down's team
+#define MOE_DOWN_MAX_WARPS 18    // moe_fused_down_kernel: 16 expert warps + the shared team
+
+// The shared expert's down projection folded into moe_fused_down_kernel: linear(x, w) as
+// linear_tma_kernel<0, sk, cons, *, *, 0> computes it (f32 x).
+struct MoeSharedDown {
+  const bf16raw* w;  // [m, k] bf16, rows w_rs apart (16-byte aligned); null: nothing folds
+  const float* x;    // [N, k] f32 (the shared act), rows x_rs apart (16-byte aligned)
+  i64 w_rs, x_rs;
+  int m, k;      // k % 16 == 0
+  int sk, cons;  // linear_tma_kernel's geometry: k per stage, consumer warps (<= 16)
+};
+static_assert(sizeof(MoeSharedDown) == 48, "MoeSharedDown layout is mirrored in moe.py");
+
+// Shared-memory row pitches of the staged tile (bytes; 16 bytes of padding: the 8 rows a
+// quarter-warp reads fall in distinct banks) and x rows (floats; 32 bytes of padding).
+__host__ __device__ constexpr int moe_shared_a_pitch(int k) { return 2 * k + 16; }
+__host__ __device__ constexpr int moe_shared_x_pitch(int k) { return k + 8; }
+
+// 16 bytes from global `src` to shared address `dst` (both 16-byte aligned), asynchronously
+// (sm_80 cp.async, L2 only); cp_async_wait_all waits for this thread's copies.
+__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
+// The accumulator fragment c of consumer warp cw of linear_tma_kernel<0, sk, cons, *, *, 0>
+// (linear.cu) for one 16-row tile, from operands in shared memory: `a`, the tile's rows (k 0..K-1,
+// a_pitch bytes apart; rows past M arbitrary: they only feed their own outputs), xg, this lane's
+// x row (lane (g, t): row g of the column tile; k 0..K-1, f32). As that kernel: for each stage s
+// in order, the warp's k16 steps of [s sk + cw sk / cons, + sk / cons) inside K in order, A
+// fragment rows g, g + 8 at k + 2t, k + 2t + 1 and k + 8 + 2t, k + 9 + 2t (its ldmatrix.x4), x at
+// the same k split into bf16 hi + lo words, the hi product first (tma_step<4>): bitwise its c.
+__device__ __forceinline__ void tma_gemv_warp_c(const char* a, int a_pitch, const float* xg, int k,
+                                                int sk, int cons, int cw, int lane,
+                                                float (&c)[4]) {
+  const int g = lane >> 2, t = lane & 3, wk = sk / cons;
+  const char* a0 = a + g * a_pitch + 4 * t;
+  const char* a1 = a0 + 8 * a_pitch;
+  for (int s0 = 0; s0 < k; s0 += sk) {
+    const int k0 = s0 + cw * wk;
+    const int steps = min(wk, k - k0) >> 4;  // <= 0: none
+    for (int j = 0; j < steps; ++j) {
+      const int kk = k0 + 16 * j;  // + 2t: this lane's first element
+      const unsigned w0 = *reinterpret_cast<const unsigned*>(a0 + 2 * kk);
+      const unsigned w1 = *reinterpret_cast<const unsigned*>(a1 + 2 * kk);
+      const unsigned w2 = *reinterpret_cast<const unsigned*>(a0 + 2 * kk + 16);
+      const unsigned w3 = *reinterpret_cast<const unsigned*>(a1 + 2 * kk + 16);
+      const float2 x0 = *reinterpret_cast<const float2*>(xg + kk + 2 * t);
+      const float2 x1 = *reinterpret_cast<const float2*>(xg + kk + 2 * t + 8);
+      unsigned xf[4];
+      split_bf16x2(x0.x, x0.y, xf[0], xf[2]);
+      split_bf16x2(x1.x, x1.y, xf[1], xf[3]);
+      mma_bf16_16816(c, w0, w1, w2, w3, xf[0], xf[1]);
+      mma_bf16_16816(c, w0, w1, w2, w3, xf[2], xf[3]);
+    }
+  }
+}
 
 // moe_fused_gate_up_kernel<J>: moe_route_group_kernel<J> and moe_mma_rows_kernel<1> in one
 // launch. Grid (ceil(Im / 8), N*K), blockDim.x = 32 * max(splits, ceil(N*K / 32)) (<= 256).
@@ -463,20 +524,56 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
 // (acc += w * y from 0.0f), then acc + sigmoid(gate[n]) * shared[n, j] when `shared` is given:
 // bitwise the per-stage path's out. p: the down stage (x = act by pair; out unused); w / ids:
 // the routing (written by moe_fused_gate_up_kernel). blockDim.x = 32 * warps with splits <=
-// warps <= 16; dynamic shared memory (moe.py fused_down_smem): warps * 4 KiB of staging, then
-// slots * splits partial tiles of 16 x 8 floats, + 256 B of alignment slack.
+// warps - sp.splits <= 16; dynamic shared memory (moe.py fused_down_smem): warps * 4 KiB of
+// staging, then slots * splits partial tiles of 16 x 8 floats, then sp.splits such tiles (the
+// shared team's), + 256 B of alignment slack.
+// sd.w != null (moe.py shared_down_folds; NINFER_MOE_FOLD_SHARED): the shared expert's down
+// projection runs in this launch too, on a team of MOE_DOWN_SHARED_WARPS extra warps (the last
+// ones; named barrier 1 + MOE_DOWN_SLOTS), bitwise what `linear(sd.x, sd.w)` computes with
+// linear_tma_kernel<0, sd.sk, sd.cons, *, *, 0> (f32 x): the block's 16-row tile of sd.w (a
+// constant: staged into shared memory before pdl_wait) and the N rows of sd.x are staged in
+// shared memory, the team computes the partial of each of that kernel's sd.cons consumer warps
+// (tma_gemv_warp_c) into s_ys by the same split sum, and the combine adds sigmoid(gate[n]) *
+// s_ys[n][r] in place of shared[n, j]. Dynamic shared memory after the experts' (moe.py
+// fused_down_smem): the tile (16 rows moe_shared_a_pitch bytes apart), MOE_FUSED_ROWS x rows
+// (moe_shared_x_pitch floats apart), sd.cons partial tiles of 16 x 8 floats.
 // prewait != 0 (moe.py, NINFER_MOE_DOWN_PREWAIT): before pdl_wait, the block prefetches into the
 // L2 the down rows of its tile for every group, reading the group tables without waiting. Only
 // hints: where the tables were written before the gate_up stage they are complete by then (that
 // stage lets this kernel launch only after its own pdl_wait, so every kernel before it has
 // completed); where not, a stale table only prefetches the wrong lines.
-__global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
-    const MoeGemvParams p, const float* __restrict__ w, i64 w_rs, const int* __restrict__ ids,
-    int n_rows, const float* __restrict__ shared, i64 shared_rs, const float* __restrict__ gate,
-    i64 gate_rs, float* __restrict__ out, i64 out_rs, int prewait) {
+__global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_kernel(
+    const MoeGemvParams p, const MoeSharedDown sd, const float* __restrict__ w, i64 w_rs,
+    const int* __restrict__ ids, int n_rows, const float* __restrict__ shared, i64 shared_rs,
+    const float* __restrict__ gate, i64 gate_rs, float* __restrict__ out, i64 out_rs,
+    int prewait) {
   __shared__ float s_y[MOE_FUSED_PAIRS * 16];
+  __shared__ float s_ys[MOE_FUSED_ROWS * 16];  // the folded shared down: [n][r]
   __shared__ int s_pair[MOE_FUSED_PAIRS];  // [n][rank]: the pair of row n's rank-th expert
   __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool fold = sd.w != nullptr;
+  const int splits = p.splits, warps = blockDim.x >> 5;
+  const int s_warps = fold ? MOE_DOWN_SHARED_WARPS : 0;  // the shared team: the last warps
+  const int e_warps = warps - s_warps;
+  const int slots = min(MOE_DOWN_SLOTS, e_warps / splits);
+  const int m0 = blockIdx.x * 16;
+  unsigned base_s;
+  char* const base = moe_rows_base(base_s);
+  const unsigned parts = e_warps * (MMA_ROWS_UNITS * 16) + slots * splits * (16 * 8 * 4);
+  const int a_pitch = moe_shared_a_pitch(sd.k), x_pitch = moe_shared_x_pitch(sd.k);
+  const unsigned a_bytes = 16 * a_pitch, x_bytes = MOE_FUSED_ROWS * x_pitch * 4;
+  moe_rows_smem_check(base_s, parts + (fold ? a_bytes + x_bytes + sd.cons * (16 * 8 * 4) : 0));
+  const bool shared_team = warp >= e_warps;
+  const int tt = threadIdx.x - 32 * e_warps, team = 32 * s_warps;  // (shared team only)
+  if (shared_team) {  // the tile of the constant shared down weights, before pdl_wait
+    const int units = sd.k >> 3;  // 16-byte units per row
+    for (int u = tt; u < 16 * units; u += team) {
+      const int r = u / units, c = u - r * units;
+      if (m0 + r < sd.m)
+        cp_async_16(base_s + parts + r * a_pitch + 16 * c, sd.w + (i64)(m0 + r) * sd.w_rs + 8 * c);
+    }
+  }
   if (prewait) {  // L2 prefetch of this block's down rows (16 per group) before pdl_wait
     const int groups = min(__ldcg(p.num_groups), MOE_FUSED_PAIRS);
     const i64 row_b = 2 * (i64)p.w_rs, m0 = (i64)blockIdx.x * 16;
@@ -488,7 +585,6 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
     }
   }
   pdl_enter();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int top_k = p.top_k, n_pairs = n_rows * top_k;
   for (int q = threadIdx.x; q < n_pairs; q += blockDim.x) {
     const int n = q / top_k, k = q - n * top_k, id = ids[q];
@@ -497,17 +593,34 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
     s_pair[n * top_k + rank] = q;
     s_cw[n * top_k + rank] = w[n * w_rs + k];
   }
-  const int splits = p.splits, warps = blockDim.x >> 5;
-  const int slots = min(MOE_DOWN_SLOTS, warps / splits);
   const int slot = warp / splits, split = warp - slot * splits;
-  const int m0 = blockIdx.x * 16;
   const int groups = *p.num_groups;
-  unsigned base_s;
-  char* const base = moe_rows_base(base_s);
-  moe_rows_smem_check(base_s, warps * (MMA_ROWS_UNITS * 16) + slots * splits * (16 * 8 * 4));
-  if (slot < slots) {
+  if (shared_team) {  // linear(sd.x, sd.w)'s tile, as linear_tma_kernel computes it
+    const unsigned x_s = base_s + parts + a_bytes;
+    const int units = sd.k >> 2;  // 16-byte units of an x row
+    for (int u = tt; u < n_rows * units; u += team) {
+      const int n = u / units, c = u - n * units;
+      cp_async_16(x_s + 4 * (n * x_pitch + 4 * c), sd.x + (i64)n * sd.x_rs + 4 * c);
+    }
+    cp_async_wait_all();
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + MOE_DOWN_SLOTS), "r"(team) : "memory");
+    const char* a = base + parts;
+    const float* xg = reinterpret_cast<const float*>(base + parts + a_bytes) +
+                      min(lane >> 2, n_rows - 1) * x_pitch;  // x rows past N read row N - 1
+    MmaPartials<16>& red = *reinterpret_cast<MmaPartials<16>*>(base + parts + a_bytes + x_bytes);
+    for (int cw = warp - e_warps; cw < sd.cons; cw += s_warps) {
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      tma_gemv_warp_c(a, a_pitch, xg, sd.k, sd.sk, sd.cons, cw, lane, c);
+      mma_store_partials(red, cw, lane >> 2, lane & 3, c);
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + MOE_DOWN_SLOTS), "r"(team) : "memory");
+    for (int idx = tt; idx < 16 * 8; idx += team) {
+      const int r = idx >> 3, n = idx & 7;
+      if (m0 + r < sd.m && n < n_rows) s_ys[n * 16 + r] = mma_reduce_partials<0>(red, sd.cons, r, n);
+    }
+  } else if (slot < slots) {
     MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(
-        base + warps * (MMA_ROWS_UNITS * 16) + slot * splits * (16 * 8 * 4));
+        base + e_warps * (MMA_ROWS_UNITS * 16) + slot * splits * (16 * 8 * 4));
     const int team = splits * 32, tt = threadIdx.x - slot * team;
     for (int grp = slot; grp < groups; grp += slots) {
       const int e = p.group_expert[grp];
@@ -534,7 +647,10 @@ __global__ void __launch_bounds__(512, 1) moe_fused_down_kernel(
     if (j >= p.m) continue;
     float acc = 0.0f;
     for (int i = 0; i < top_k; ++i) acc += s_cw[n * top_k + i] * s_y[s_pair[n * top_k + i] * 16 + r];
-    if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
+    if (fold)
+      acc = acc + sigmoid_f(gate[n * gate_rs]) * s_ys[n * 16 + r];
+    else if (shared)
+      acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
     out[n * out_rs + j] = acc;
   }
 }

@@ -36,6 +36,7 @@ from ninfer.kernels_cuda.linear import (
     linear_swiglu,
     mma_splits,
     rows_tile,
+    tma_geometry,
     tma_ok,
     tma_swiglu_route_ok,
 )
@@ -66,8 +67,10 @@ FUSED_DEFAULT_PAIRS = 8
 FUSED_MAX_ROWS = 8
 FUSED_MAX_PAIRS = 64  # moe.cu MOE_FUSED_PAIRS
 FUSED_J = (1, 2, 4, 8, 16)  # moe_fused_gate_up_kernel<J>: experts per lane (E <= 32 J)
-FUSED_DOWN_WARPS = 16  # moe_fused_down_kernel: warps per block
+FUSED_DOWN_WARPS = 16  # moe_fused_down_kernel: warps per block (the experts' teams)
 FUSED_DOWN_SLOTS = 8  # moe.cu MOE_DOWN_SLOTS
+FUSED_DOWN_SHARED_WARPS = 2  # moe.cu MOE_DOWN_SHARED_WARPS: the folded shared down's team
+FOLD_MAX_K = 2048  # shared_down_folds: Is bound (~99 KiB of staged tile, x rows and partials)
 # NINFER_MOE_TMA (read once at import; default on): the gate_up + SwiGLU stage
 # of the grouped decode path (bf16 tensor-core experts, K = hidden % 16 == 0, sm_90) runs
 # moe_tma_gate_up_kernel (weights streamed by bulk copies into a shared-memory ring, one
@@ -167,6 +170,10 @@ _GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "p
                  ("splits", "i32"), ("top_k", "i32"), ("up_offset", "i32"), ("x_by_pair", "i32"),
                  ("experts", "i32"), ("pad", "i32"))
 assert _GEMV.itemsize == 112
+_SHARED_DOWN = C.struct(("w", "ptr"), ("x", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
+                        ("m", "i32"), ("k", "i32"), ("sk", "i32"), ("cons", "i32"))
+assert _SHARED_DOWN.itemsize == 48  # moe.cu MoeSharedDown
+_NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
 
 
 def moe_route(logits, top_k: int, weights_out, ids_out, *,
@@ -330,7 +337,7 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
-              shared_gate=None, workspace: MoeWorkspace | None = None,
+              shared_gate=None, shared_down=None, workspace: MoeWorkspace | None = None,
               batch_invariant: bool = False, fused: bool | None = None,
               routed: bool = False) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, `moe_experts(x, gate_up, down, ids_out,
@@ -345,7 +352,11 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     and, when `workspace` is given, its group tables hold their grouping (written by
     `moe_route(..., workspace=workspace)`); only the expert stages, the combine and the shared
     add run (the fused path: the gate_up stage then fused down), bitwise the routed=False
-    results. Without a workspace the grouping is recomputed into a new one (not capturable)."""
+    results. Without a workspace the grouping is recomputed into a new one (not capturable).
+
+    `shared_down` (bf16 [H, Is]; only where `shared_down_folds`): `shared` is then the shared
+    expert's activation f32[N, Is] and the shared add uses shared_down @ shared[n], computed in
+    the fused down launch, bitwise `linear(shared, shared_down)` (linear_tma_kernel's sums)."""
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
@@ -354,7 +365,14 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     _check_route(logits, top_k, weights_out, ids_out)
     C.contiguous(ids_out, "ids_out")
     C.device_array(out, "out", dtype=np.float32, shape=(n, hidden))
-    gated = _gated_shared(shared, shared_gate, n, hidden)
+    if shared_down is not None:
+        C.require(shared_down_folds(x, top_k, gate_up, down, shared_down, shared,
+                                    batch_invariant=batch_invariant, fused=fused), "shared_down",
+                  "the shared down projection folds only into the fused decode path "
+                  "(check shared_down_folds first)")
+        gated = _gated_shared(shared, shared_gate, n, shared.shape[1])
+    else:
+        gated = _gated_shared(shared, shared_gate, n, hidden)
     if n == 0:
         return
     if not _gemv_path(n, top_k, batch_invariant):
@@ -365,25 +383,55 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     grouped = routed and workspace is not None  # moe_route left the GROUP_STRIDE tables in ws
     ws = _workspace(workspace, n, top_k, hidden, inter)
     use_mma, nt = _gemv_plan(x, gu, dn, kind)
-    take = (FUSED and n * top_k <= FUSED_DEFAULT_PAIRS) if fused is None else fused
     tma = _tma_plan(use_mma, hidden)
-    fuse = take and fused_applies(n, top_k, experts, use_mma)
+    fuse = _takes_fused(n, top_k, experts, use_mma, fused)
+    folded = (shared_down, shared) if shared_down is not None else None
     if routed:
         if not grouped or nt != GROUP_STRIDE:
             _group(ids_out, nt, ws)
     elif fuse and tma is None:
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
-                     gated)
+                     gated, folded)
         return
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
         _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
-                    prewait=True)
+                    prewait=True, folded=folded)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
                   gated, tma)
+
+
+def _takes_fused(n: int, top_k: int, experts: int, use_mma: bool, fused: bool | None) -> bool:
+    """Whether moe_block's grouped-GEMV call runs the fused launches (`fused`: None follows
+    FUSED for decode row counts, False never, True where `fused_applies`)."""
+    take = (FUSED and n * top_k <= FUSED_DEFAULT_PAIRS) if fused is None else fused
+    return take and fused_applies(n, top_k, experts, use_mma)
+
+
+def shared_down_folds(x, top_k: int, gate_up, down, shared_down, shared_act, *,
+                      batch_invariant: bool = False, fused: bool | None = None) -> bool:
+    """Whether `moe_block(x, ..., shared=shared_act, shared_down=shared_down)` takes the shared
+    expert's down projection into its fused down launch, bitwise `linear(shared_act,
+    shared_down, out, batch_invariant=batch_invariant)`: the call runs the fused decode path
+    and that linear runs linear_tma_kernel (`linear.tma_geometry`) with Is <= FOLD_MAX_K;
+    shared_act f32 [N, Is] (16-byte aligned rows, as that kernel needs)."""
+    if shared_down is None or shared_act is None:
+        return False
+    n, hidden = x.shape
+    if not _gemv_path(n, top_k, batch_invariant):
+        return False
+    gu, dn, kind, experts, _ = _expert_weights(gate_up, down, hidden)
+    use_mma, _ = _gemv_plan(x, gu, dn, kind)
+    if not _takes_fused(n, top_k, experts, use_mma, fused):
+        return False
+    sd, _ = C.weight_array(shared_down, "shared_down")
+    if (sd.ndim != 2 or sd.shape[0] != hidden or shared_act.ndim != 2
+            or shared_act.shape != (n, sd.shape[1]) or sd.shape[1] > FOLD_MAX_K):
+        return False
+    return tma_geometry(shared_act, shared_down, batch_invariant=batch_invariant) is not None
 
 
 def fused_applies(n: int, top_k: int, experts: int, use_mma: bool) -> bool:
@@ -393,15 +441,22 @@ def fused_applies(n: int, top_k: int, experts: int, use_mma: bool) -> bool:
             and _route_j(experts, FUSED_J) is not None)
 
 
-def fused_down_smem(splits: int, warps: int = FUSED_DOWN_WARPS) -> int:
+def fused_down_smem(splits: int, warps: int = FUSED_DOWN_WARPS, shared_k: int = 0,
+                    shared_cons: int = 0) -> int:
     """Dynamic shared memory of moe_fused_down_kernel: the warps' staging buffers, the teams'
-    partial tiles and the alignment slack (72.25 KiB at 16 warps, 2 splits)."""
+    partial tiles and the alignment slack (72.25 KiB at 16 warps, 2 splits); with a folded
+    shared down of K = shared_k (moe.cu moe_shared_*_pitch), its staged tile, FUSED_MAX_ROWS x
+    rows and shared_cons partial tiles (+ 41 KiB at K = 512, 16 consumers)."""
     slots = min(FUSED_DOWN_SLOTS, warps // splits)
-    return warps * MMA_ROWS_WARP_SMEM + slots * splits * 16 * 8 * 4 + MMA_ROWS_ALIGN
+    smem = warps * MMA_ROWS_WARP_SMEM + slots * splits * 16 * 8 * 4 + MMA_ROWS_ALIGN
+    if shared_k:
+        smem += (16 * (2 * shared_k + 16) + FUSED_MAX_ROWS * (shared_k + 8) * 4
+                 + shared_cons * 16 * 8 * 4)
+    return smem
 
 
 def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
-                 gated) -> None:
+                 gated, folded=None) -> None:
     """moe_block's decode path in two launches (moe.cu moe_fused_gate_up_kernel and
     moe_fused_down_kernel): same K splits, tiles and groups as `_experts_gemv` with the
     tensor-core rows kernels, so bitwise its results."""
@@ -422,30 +477,44 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
             np.int64(C.row_stride(ids_out, "ids_out"))),
            # moe.cu: one MmaPartials<8>, then the warps' staging buffers (checked in-kernel)
            shared_mem=mma_rows_smem(warps), name="moe_fused_gate_up", pdl=True)
-    _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated)
+    _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
+                folded=folded)
 
 
 def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
-                gated, prewait: bool = False) -> None:
+                gated, prewait: bool = False, folded=None) -> None:
     """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
     in `ws` (written by moe_fused_gate_up_kernel, or by moe_route_group_kernel and the gate_up
     stage). `prewait`: the group tables were written before the gate_up stage, so the kernel's
-    L2 prefetch of its down rows before pdl_wait (DOWN_PREWAIT) finds them complete."""
+    L2 prefetch of its down rows before pdl_wait (DOWN_PREWAIT) finds them complete. `folded`:
+    (shared_down bf16 [H, Is], shared act f32 [N, Is]) where `shared_down_folds`: the launch's
+    shared team computes linear(act, shared_down) (`gated` then carries the act in place of the
+    shared output; the kernel does not read it there)."""
     dn_splits = mma_splits(inter, MMA_SPLITS)
     params = C.pack(_GEMV, w=C.ptr(dn), x=C.ptr(ws.act), out=0,
                     group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
                     num_groups=C.ptr(ws.num_groups), w_es=hidden * inter, w_rs=inter,
                     x_rs=ws.act.shape[1], out_rs=0, m=hidden, k=inter, splits=dn_splits,
                     top_k=top_k, up_offset=inter, x_by_pair=1, experts=experts)
+    team, sd_params, smem = 0, _NO_FOLD, fused_down_smem(dn_splits)
+    if folded is not None:
+        weight, act = folded
+        sk, cons = tma_geometry(act, weight)
+        sd, _ = C.weight_array(weight, "shared_down")
+        inner = sd.shape[1]
+        team = FUSED_DOWN_SHARED_WARPS
+        sd_params = C.pack(_SHARED_DOWN, w=C.ptr(sd), x=C.ptr(act),
+                           w_rs=C.row_stride(sd, "shared_down"), x_rs=C.row_stride(act, "shared"),
+                           m=hidden, k=inner, sk=sk, cons=cons)
+        smem = fused_down_smem(dn_splits, shared_k=inner, shared_cons=cons)
     fn = get_function(SOURCE, "moe_fused_down_kernel")
-    smem = fused_down_smem(dn_splits)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
-    launch(fn, ((hidden + 15) // 16,), (32 * FUSED_DOWN_WARPS,),
-           (params, weights_out, np.int64(C.row_stride(weights_out, "weights_out")), ids_out,
-            np.int32(n)) + shared_args + (out, np.int64(C.row_stride(out, "out")),
-                                          np.int32(prewait and DOWN_PREWAIT)),
+    launch(fn, ((hidden + 15) // 16,), (32 * (FUSED_DOWN_WARPS + team),),
+           (params, sd_params, weights_out, np.int64(C.row_stride(weights_out, "weights_out")),
+            ids_out, np.int32(n)) + shared_args
+           + (out, np.int64(C.row_stride(out, "out")), np.int32(prewait and DOWN_PREWAIT)),
            shared_mem=smem, name="moe_fused_down", pdl=True)
 
 

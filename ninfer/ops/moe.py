@@ -40,7 +40,7 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
-              shared_gate=None, workspace=None, batch_invariant: bool = False,
+              shared_gate=None, shared_down=None, workspace=None, batch_invariant: bool = False,
               routed: bool = False) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, then `moe_experts(x, gate_up, down,
     ids_out, weights_out, out)`, then (when `shared` is given) `sigmoid_scale_add(out, shared,
@@ -50,7 +50,12 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     `routed=True`: the routing already ran, `moe_route(logits, top_k, weights_out, ids_out,
     workspace=workspace)` with this same workspace (CUDA: its group tables hold the grouping of
     ids_out); weights_out / ids_out are read, not written, and logits are not read. Bitwise the
-    routed=False results. Lets a caller run the routing early (before the shared expert)."""
+    routed=False results. Lets a caller run the routing early (before the shared expert).
+
+    `shared_down` (CUDA decode, only where `moe_block_folds_shared_down` says so): Weight[H, Is];
+    `shared` is then the shared expert's activation f32[N, Is] and the block adds
+    sigmoid(shared_gate) * linear(shared, shared_down)[n] itself, bitwise that op's result, in
+    its down launch instead of a `linear` launch of its own."""
     backend = backend_of(x, logits, gate_up, down, weights_out, ids_out, out)
     _check_route("moe_block", logits, top_k, weights_out, ids_out)
     n, h = _check_experts("moe_block", x, gate_up, down, ids_out, weights_out, out)
@@ -59,14 +64,35 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
                          f"got {list(logits.shape)}")
     if (shared is None) != (shared_gate is None):
         raise ValueError("moe_block: shared and shared_gate go together")
+    if shared_down is not None:
+        if shared is None:
+            raise ValueError("moe_block: shared_down needs shared (the shared activation)")
+        _, inner = check.weight("moe_block", "shared_down", shared_down, (h, None))
+        if not moe_block_folds_shared_down(x, top_k, gate_up, down, shared_down, shared,
+                                           workspace=workspace, batch_invariant=batch_invariant):
+            raise ValueError("moe_block: shared_down folds only into the CUDA fused decode path "
+                             "(check moe_block_folds_shared_down; else run linear first)")
     if shared is not None:
         backend_of(x, shared, shared_gate)
-        check.array("moe_block", "shared", shared, check.F32, (n, h))
+        check.array("moe_block", "shared", shared, check.F32,
+                    (n, h if shared_down is None else inner))
         check.array("moe_block", "shared_gate", shared_gate, check.F32, (n, 1), _ROWS)
+    fold = {} if shared_down is None else {"shared_down": shared_down}
     check.kernels(backend, "moe").moe_block(
         x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
-        shared_gate=shared_gate, routed=bool(routed),
+        shared_gate=shared_gate, routed=bool(routed), **fold,
         **check.scratch(backend, workspace=workspace, batch_invariant=batch_invariant or None))
+
+
+def moe_block_folds_shared_down(x, top_k: int, gate_up, down, shared_down, shared_act, *,
+                                workspace=None, batch_invariant: bool = False) -> bool:
+    """Whether `moe_block(..., shared=shared_act, shared_down=shared_down)` runs the shared
+    expert's down projection inside its own launches (CUDA decode: the fused down kernel; False
+    on the CPU and wherever the caller must run the `linear`)."""
+    if backend_of(x, gate_up, down, shared_down) is not Backend.CUDA:
+        return False
+    return check.kernels(Backend.CUDA, "moe").shared_down_folds(
+        x, top_k, gate_up, down, shared_down, shared_act, batch_invariant=batch_invariant)
 
 
 def moe_route_with_swiglu_applies(logits, top_k: int, x, gate_up, *, workspace=None) -> bool:

@@ -44,3 +44,35 @@ def test_fused_gate_up_partials_are_one_mma_partials8():
     (red,) = re.findall(r"constexpr int RED = ([^;]+);", body)
     assert red.replace(" ", "") == "(int)sizeof(MmaPartials<8>)", red
     assert "moe_rows_smem_check(" in body
+
+
+@pytest.mark.parametrize("inter", [8, 264, 512, 1024])
+@pytest.mark.parametrize("shared_k", [16, 48, 512, 2048])
+@pytest.mark.parametrize("cons", [8, 16])
+def test_fused_down_layout_with_folded_shared_down_fits(inter, shared_k, cons):
+    """moe.cu with MoeSharedDown: the experts' staging and partials, then the 16-row shared tile
+    (moe_shared_a_pitch), MOE_FUSED_ROWS x rows (moe_shared_x_pitch floats) and `cons` partial
+    tiles, within the 227 KiB an sm_90 block may opt into."""
+    splits = mma_splits(inter, kmoe.MMA_SPLITS)
+    warps = kmoe.FUSED_DOWN_WARPS
+    slots = min(kmoe.FUSED_DOWN_SLOTS, warps // splits)
+    used = (PAD + warps * MMA_ROWS_WARP_SMEM + slots * splits * 16 * 8 * 4
+            + 16 * (2 * shared_k + 16) + kmoe.FUSED_MAX_ROWS * (shared_k + 8) * 4 + cons * 512)
+    smem = kmoe.fused_down_smem(splits, shared_k=shared_k, shared_cons=cons)
+    assert used <= smem <= 227 * 1024, (inter, shared_k, cons, used, smem)
+
+
+def test_folded_shared_down_constants_mirror_moe_cu():
+    """moe.py's MoeSharedDown record, team size, row bound and pitches are those of moe.cu."""
+    text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
+    assert f"#define MOE_DOWN_SHARED_WARPS {kmoe.FUSED_DOWN_SHARED_WARPS}" in text
+    assert f"#define MOE_FUSED_ROWS {kmoe.FUSED_MAX_ROWS}" in text
+    assert ("#define MOE_DOWN_MAX_WARPS "
+            f"{kmoe.FUSED_DOWN_WARPS + kmoe.FUSED_DOWN_SHARED_WARPS}") in text
+    assert "return 2 * k + 16;" in text and "return k + 8;" in text  # moe_shared_*_pitch
+    assert f"sizeof(MoeSharedDown) == {kmoe._SHARED_DOWN.itemsize}" in text
+    struct = text[text.index("struct MoeSharedDown {"):
+                  text.index("static_assert(sizeof(MoeSharedDown)")]
+    fields = re.findall(r"\n  (?:const \w+\*|i64|int) ([\w, ]+);", struct)
+    names = [n.strip() for f in fields for n in f.split(",")]
+    assert names == list(kmoe._SHARED_DOWN.names), names

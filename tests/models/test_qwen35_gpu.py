@@ -306,3 +306,33 @@ def test_moe_route_with_swiglu_equals_two_launches(tmp_path, monkeypatch):
 
     _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
                                  configure, launch="linear_swiglu_route")
+
+
+def test_moe_fold_shared_down_equals_linear(tmp_path, monkeypatch):
+    """NINFER_MOE_FOLD_SHARED (KernelWorkspaces.moe_fold_shared_down): the MoE layers' shared
+    down projection inside the fused MoE down launch gives bitwise the logits and tokens of its
+    linear launch (decode graphs at several batch sizes; tiny-moe folds where B * top_k <= 8),
+    and the captured graphs do fold it."""
+    from ninfer.kernels_cuda import moe as kmoe
+
+    folds = []
+    real = kmoe.shared_down_folds
+
+    def spy(*a, **kw):
+        folds.append(real(*a, **kw))
+        return folds[-1]
+
+    monkeypatch.setattr(kmoe, "shared_down_folds", spy)
+
+    def configure(backend, on):
+        backend.decode_kws.moe_fold_shared_down = on
+        folds.clear()
+
+    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
+                                 configure)
+    assert not folds  # the off run never asks
+    program = gpu_program(build_case(tmp_path / "again", "tiny-moe", dtype="bfloat16"))
+    assert program.backend.decode_kws.moe_fold_shared_down  # on by default
+    program.backend.destroy_graphs()
+    program.backend.capture_graphs()
+    assert any(folds), folds  # B <= 4 fold (larger batches run the linear)

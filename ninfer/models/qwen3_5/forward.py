@@ -96,6 +96,9 @@ class KernelWorkspaces:
     # with moe_route_first: the routing runs on an extra block of the shared expert's gate_up
     # GEMV (one moe_route_with_swiglu launch) where it applies (decode; fused_swiglu)
     moe_route_with_swiglu: bool = False
+    # with moe_route_with_swiglu: the shared expert's down projection runs inside moe_block's
+    # down launch where ops.moe_block_folds_shared_down (decode; bitwise the linear launch)
+    moe_fold_shared_down: bool = False
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -355,16 +358,23 @@ class Qwen35Forward:
         self._linear(x, w.router_gate, logits)
         routed = self.kws.moe_route_first
         shared = ws.shared_out[:n]
+        fold = {}
         if routed and self._route_with_swiglu(w, logits[:, :e], x):
             act = ws.ffn_act(n, w.shared_gate_up.shape[0] // 2)
             ops.moe_route_with_swiglu(logits[:, :e], top_k, weights, ids, x, w.shared_gate_up,
                                       act, workspace=self.kws.moe)
-            self._linear(act, w.shared_down, shared)
+            if self.kws.moe_fold_shared_down and ops.moe_block_folds_shared_down(
+                    x, top_k, w.experts_gate_up, w.experts_down, w.shared_down, act,
+                    batch_invariant=self.kws.batch_invariant):
+                # moe_block runs the shared down projection inside its down launch
+                shared, fold = act, {"shared_down": w.shared_down}
+            else:
+                self._linear(act, w.shared_down, shared)
         else:
             if routed:  # runs while the shared expert's weights start streaming (PDL)
                 ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
             self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
         ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
-                      out, shared=shared, shared_gate=logits[:, e:],
+                      out, shared=shared, shared_gate=logits[:, e:], **fold,
                       batch_invariant=self.kws.batch_invariant, routed=routed,
                       **self.kws.kw(self.kws.moe))
