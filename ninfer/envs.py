@@ -118,6 +118,30 @@ def moe_fold_shared() -> bool:
     return _flag("NINFER_MOE_FOLD_SHARED", True)
 
 
+def moe_shared_early() -> bool:
+    """NINFER_MOE_SHARED_EARLY (default on; "0" turns it off): the shared down projection folded
+    into the fused MoE down launch (NINFER_MOE_FOLD_SHARED) is computed before that kernel's PDL
+    wait where the bulk-copy gate_up stage runs before it (the same bits either way). Read once,
+    at import of the launcher."""
+    return _flag("NINFER_MOE_SHARED_EARLY", True)
+
+
+def moe_l2_prefetch() -> int:
+    """NINFER_MOE_L2_PREFETCH (default 1; 0..3, bit flags): the MoE decode's bulk-copy gate_up
+    stage issues L2 prefetch hints: bit 1, the routed experts' down weights (where the fused
+    down launch follows); bit 2, each block's own gate_up rows at once. The same bits either
+    way. Read once, at import of the launcher."""
+    return _choice("NINFER_MOE_L2_PREFETCH", 1, (0, 1, 2, 3))
+
+
+def moe_route_prefetch() -> int:
+    """NINFER_MOE_ROUTE_PREFETCH (default 1; 0..3, bit flags): at decode, the routing block of a
+    Qwen3.5 MoE layer's shared-expert gate_up launch prefetches the routed experts' weights into
+    the L2 while that GEMV runs: bit 1, their gate_up matrices; bit 2, their down matrices
+    (within a 48 MiB budget). The same bits either way. Read once, at import of the launcher."""
+    return _choice("NINFER_MOE_ROUTE_PREFETCH", 1, (0, 1, 2, 3))
+
+
 def attn_prewait() -> bool:
     """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
     kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before

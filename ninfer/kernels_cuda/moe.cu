@@ -379,8 +379,11 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
 #define MOE_FUSED_PAIRS 64
 #define MOE_DOWN_SLOTS 8  // moe_fused_down_kernel: groups in flight per block (named barriers 1..8)
 #define MOE_FUSED_ROWS 8  // moe_fused_down_kernel: token rows (moe.py FUSED_MAX_ROWS)
-#define MOE_DOWN_SHARED_WARPS 2  // moe_fused_down_kernel: the folded shared down's team
-#define MOE_DOWN_MAX_WARPS 18    // moe_fused_down_kernel: 16 expert warps + the shared team
+#define MOE_DOWN_SHARED_WARPS 4  // moe_fused_down_kernel: the folded shared down's team
+#define MOE_DOWN_MAX_WARPS 20    // moe_fused_down_kernel: 16 expert warps + the shared team
+#define MOE_SHARED_MAX_CONS 16   // MoeSharedDown.cons <= this (4 per team warp)
+#define MOE_DOWN_PREFETCH 1      // moe_fused_down_kernel prewait flags (see the kernel)
+#define MOE_DOWN_SHARED_EARLY 2
 
 // The shared expert's down projection folded into moe_fused_down_kernel: linear(x, w) as
 // linear_tma_kernel<0, sk, cons, *, *, 0> computes it (f32 x).
@@ -407,36 +410,79 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// The accumulator fragment c of consumer warp cw of linear_tma_kernel<0, sk, cons, *, *, 0>
-// (linear.cu) for one 16-row tile, from operands in shared memory: `a`, the tile's rows (k 0..K-1,
-// a_pitch bytes apart; rows past M arbitrary: they only feed their own outputs), xg, this lane's
-// x row (lane (g, t): row g of the column tile; k 0..K-1, f32). As that kernel: for each stage s
-// in order, the warp's k16 steps of [s sk + cw sk / cons, + sk / cons) inside K in order, A
-// fragment rows g, g + 8 at k + 2t, k + 2t + 1 and k + 8 + 2t, k + 9 + 2t (its ldmatrix.x4), x at
-// the same k split into bf16 hi + lo words, the hi product first (tma_step<4>): bitwise its c.
-__device__ __forceinline__ void tma_gemv_warp_c(const char* a, int a_pitch, const float* xg, int k,
-                                                int sk, int cons, int cw, int lane,
-                                                float (&c)[4]) {
+// The accumulator fragments c[v] of consumer warps cw0 + v cw_step (v < NV; those >= cons are
+// skipped) of linear_tma_kernel<0, sk, cons, *, *, 0> (linear.cu) for one 16-row tile, from
+// operands in shared memory: `a`, the tile's rows (k 0..K-1, a_pitch bytes apart; rows past M
+// arbitrary: they only feed their own outputs), xg, this lane's x row (lane (g, t): row g of the
+// column tile; k 0..K-1, f32). Per consumer warp as that kernel: for each stage s in order, the
+// warp's k16 steps of [s sk + cw sk / cons, + sk / cons) inside K in order, A fragment rows g,
+// g + 8 at k + 2t, k + 2t + 1 and k + 8 + 2t, k + 9 + 2t (its ldmatrix.x4), x at the same k split
+// into bf16 hi + lo words, the hi product first (tma_step<4>): bitwise its c. The NV chains are
+// independent and interleave.
+template <int NV>
+__device__ __forceinline__ void tma_gemv_warps_c(const char* a, int a_pitch, const float* xg,
+                                                 int k, int sk, int cons, int cw0, int cw_step,
+                                                 int lane, float (&c)[NV][4]) {
   const int g = lane >> 2, t = lane & 3, wk = sk / cons;
   const char* a0 = a + g * a_pitch + 4 * t;
   const char* a1 = a0 + 8 * a_pitch;
   for (int s0 = 0; s0 < k; s0 += sk) {
-    const int k0 = s0 + cw * wk;
-    const int steps = min(wk, k - k0) >> 4;  // <= 0: none
-    for (int j = 0; j < steps; ++j) {
-      const int kk = k0 + 16 * j;  // + 2t: this lane's first element
-      const unsigned w0 = *reinterpret_cast<const unsigned*>(a0 + 2 * kk);
-      const unsigned w1 = *reinterpret_cast<const unsigned*>(a1 + 2 * kk);
-      const unsigned w2 = *reinterpret_cast<const unsigned*>(a0 + 2 * kk + 16);
-      const unsigned w3 = *reinterpret_cast<const unsigned*>(a1 + 2 * kk + 16);
-      const float2 x0 = *reinterpret_cast<const float2*>(xg + kk + 2 * t);
-      const float2 x1 = *reinterpret_cast<const float2*>(xg + kk + 2 * t + 8);
-      unsigned xf[4];
-      split_bf16x2(x0.x, x0.y, xf[0], xf[2]);
-      split_bf16x2(x1.x, x1.y, xf[1], xf[3]);
-      mma_bf16_16816(c, w0, w1, w2, w3, xf[0], xf[1]);
-      mma_bf16_16816(c, w0, w1, w2, w3, xf[2], xf[3]);
+    for (int j = 0; 16 * j < wk; ++j) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v) {
+        const int cw = cw0 + v * cw_step;
+        const int kk = s0 + cw * wk + 16 * j;  // + 2t: this lane's first element
+        if (cw >= cons || kk >= k) continue;   // K % 16 == 0: whole steps
+        const unsigned w0 = *reinterpret_cast<const unsigned*>(a0 + 2 * kk);
+        const unsigned w1 = *reinterpret_cast<const unsigned*>(a1 + 2 * kk);
+        const unsigned w2 = *reinterpret_cast<const unsigned*>(a0 + 2 * kk + 16);
+        const unsigned w3 = *reinterpret_cast<const unsigned*>(a1 + 2 * kk + 16);
+        const float2 x0 = *reinterpret_cast<const float2*>(xg + kk + 2 * t);
+        const float2 x1 = *reinterpret_cast<const float2*>(xg + kk + 2 * t + 8);
+        unsigned xf[4];
+        split_bf16x2(x0.x, x0.y, xf[0], xf[2]);
+        split_bf16x2(x1.x, x1.y, xf[1], xf[3]);
+        mma_bf16_16816(c[v], w0, w1, w2, w3, xf[0], xf[1]);
+        mma_bf16_16816(c[v], w0, w1, w2, w3, xf[2], xf[3]);
+      }
     }
+  }
+}
+
+// moe_fused_down_kernel's shared team (warp tw of MOE_DOWN_SHARED_WARPS, thread tt of the team):
+// stages the N x rows of sd at shared address x_s (cp.async; the weight tile at `a` is being
+// staged by the same threads' earlier copies), computes the partials of linear_tma_kernel's
+// sd.cons consumer warps into red and their split sum into ys[n * 16 + r] (rows m0 + r < M,
+// n < N).
+__device__ __forceinline__ void moe_shared_down_tile(const MoeSharedDown& sd, int n_rows, int m0,
+                                                  const char* a, unsigned x_s, const float* x,
+                                                  MmaPartials<16>& red, float* ys, int tw,
+                                                  int tt) {
+  constexpr int TEAM = 32 * MOE_DOWN_SHARED_WARPS;
+  constexpr int NV = MOE_SHARED_MAX_CONS / MOE_DOWN_SHARED_WARPS;
+  const int x_pitch = moe_shared_x_pitch(sd.k), a_pitch = moe_shared_a_pitch(sd.k);
+  const int units = sd.k >> 2;  // 16-byte units of an x row
+  for (int u = tt; u < n_rows * units; u += TEAM) {
+    const int n = u / units, c = u - n * units;
+    cp_async_16(x_s + 4 * (n * x_pitch + 4 * c), sd.x + (i64)n * sd.x_rs + 4 * c);
+  }
+  cp_async_wait_all();
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + MOE_DOWN_SLOTS), "r"(TEAM) : "memory");
+  const int lane = tt & 31;
+  float c[NV][4];
+#pragma unroll
+  for (int v = 0; v < NV; ++v) c[v][0] = c[v][1] = c[v][2] = c[v][3] = 0.0f;
+  // x rows past N read row N - 1 (their outputs are not stored)
+  tma_gemv_warps_c<NV>(a, a_pitch, x + min(lane >> 2, n_rows - 1) * x_pitch, sd.k, sd.sk,
+                       sd.cons, tw, MOE_DOWN_SHARED_WARPS, lane, c);
+#pragma unroll
+  for (int v = 0; v < NV; ++v)
+    if (tw + v * MOE_DOWN_SHARED_WARPS < sd.cons)
+      mma_store_partials(red, tw + v * MOE_DOWN_SHARED_WARPS, lane >> 2, lane & 3, c[v]);
+  asm volatile("bar.sync %0, %1;" ::"r"(1 + MOE_DOWN_SLOTS), "r"(TEAM) : "memory");
+  for (int idx = tt; idx < 16 * 8; idx += TEAM) {
+    const int r = idx >> 3, n = idx & 7;
+    if (m0 + r < sd.m && n < n_rows) ys[n * 16 + r] = mma_reduce_partials<0>(red, sd.cons, r, n);
   }
 }
 
@@ -524,24 +570,28 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
 // (acc += w * y from 0.0f), then acc + sigmoid(gate[n]) * shared[n, j] when `shared` is given:
 // bitwise the per-stage path's out. p: the down stage (x = act by pair; out unused); w / ids:
 // the routing (written by moe_fused_gate_up_kernel). blockDim.x = 32 * warps with splits <=
-// warps - sp.splits <= 16; dynamic shared memory (moe.py fused_down_smem): warps * 4 KiB of
-// staging, then slots * splits partial tiles of 16 x 8 floats, then sp.splits such tiles (the
-// shared team's), + 256 B of alignment slack.
+// warps <= 16 (+ MOE_DOWN_SHARED_WARPS with a folded shared down); dynamic shared memory (moe.py
+// fused_down_smem): warps * 4 KiB of staging, then slots * splits partial tiles of 16 x 8
+// floats, + 256 B of alignment slack.
 // sd.w != null (moe.py shared_down_folds; NINFER_MOE_FOLD_SHARED): the shared expert's down
 // projection runs in this launch too, on a team of MOE_DOWN_SHARED_WARPS extra warps (the last
 // ones; named barrier 1 + MOE_DOWN_SLOTS), bitwise what `linear(sd.x, sd.w)` computes with
 // linear_tma_kernel<0, sd.sk, sd.cons, *, *, 0> (f32 x): the block's 16-row tile of sd.w (a
 // constant: staged into shared memory before pdl_wait) and the N rows of sd.x are staged in
 // shared memory, the team computes the partial of each of that kernel's sd.cons consumer warps
-// (tma_gemv_warp_c) into s_ys by the same split sum, and the combine adds sigmoid(gate[n]) *
-// s_ys[n][r] in place of shared[n, j]. Dynamic shared memory after the experts' (moe.py
+// (moe_shared_down_tile) into s_ys by the same split sum, and the combine adds sigmoid(gate[n])
+// * s_ys[n][r] in place of shared[n, j]. Dynamic shared memory after the experts' (moe.py
 // fused_down_smem): the tile (16 rows moe_shared_a_pitch bytes apart), MOE_FUSED_ROWS x rows
 // (moe_shared_x_pitch floats apart), sd.cons partial tiles of 16 x 8 floats.
-// prewait != 0 (moe.py, NINFER_MOE_DOWN_PREWAIT): before pdl_wait, the block prefetches into the
-// L2 the down rows of its tile for every group, reading the group tables without waiting. Only
-// hints: where the tables were written before the gate_up stage they are complete by then (that
-// stage lets this kernel launch only after its own pdl_wait, so every kernel before it has
-// completed); where not, a stale table only prefetches the wrong lines.
+// prewait (bit flags, moe.py):
+// - MOE_DOWN_PREFETCH (NINFER_MOE_DOWN_PREWAIT): before pdl_wait, the block prefetches into the
+//   L2 the down rows of its tile for every group, reading the group tables without waiting.
+//   Only hints: where the tables were written before the gate_up stage they are complete by
+//   then (that stage lets this kernel launch only after its own pdl_wait, so every kernel
+//   before it has completed); where not, a stale table only prefetches the wrong lines.
+// - MOE_DOWN_SHARED_EARLY: the shared team computes its tile before pdl_wait. The launcher sets
+//   it only after moe_tma_gate_up_kernel, which waits before it triggers this launch: sd.x,
+//   written before that stage, is complete when this kernel starts.
 __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_kernel(
     const MoeGemvParams p, const MoeSharedDown sd, const float* __restrict__ w, i64 w_rs,
     const int* __restrict__ ids, int n_rows, const float* __restrict__ shared, i64 shared_rs,
@@ -565,16 +615,21 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
   const unsigned a_bytes = 16 * a_pitch, x_bytes = MOE_FUSED_ROWS * x_pitch * 4;
   moe_rows_smem_check(base_s, parts + (fold ? a_bytes + x_bytes + sd.cons * (16 * 8 * 4) : 0));
   const bool shared_team = warp >= e_warps;
-  const int tt = threadIdx.x - 32 * e_warps, team = 32 * s_warps;  // (shared team only)
+  const int tt = threadIdx.x - 32 * e_warps;  // (shared team only)
+  MmaPartials<16>& s_red = *reinterpret_cast<MmaPartials<16>*>(base + parts + a_bytes + x_bytes);
   if (shared_team) {  // the tile of the constant shared down weights, before pdl_wait
     const int units = sd.k >> 3;  // 16-byte units per row
-    for (int u = tt; u < 16 * units; u += team) {
+    for (int u = tt; u < 16 * units; u += 32 * MOE_DOWN_SHARED_WARPS) {
       const int r = u / units, c = u - r * units;
       if (m0 + r < sd.m)
         cp_async_16(base_s + parts + r * a_pitch + 16 * c, sd.w + (i64)(m0 + r) * sd.w_rs + 8 * c);
     }
+    if (prewait & MOE_DOWN_SHARED_EARLY)
+      moe_shared_down_tile(sd, n_rows, m0, base + parts, base_s + parts + a_bytes,
+                           reinterpret_cast<const float*>(base + parts + a_bytes), s_red, s_ys,
+                           warp - e_warps, tt);
   }
-  if (prewait) {  // L2 prefetch of this block's down rows (16 per group) before pdl_wait
+  if (prewait & MOE_DOWN_PREFETCH) {  // L2 prefetch of this block's down rows (16 per group) before pdl_wait
     const int groups = min(__ldcg(p.num_groups), MOE_FUSED_PAIRS);
     const i64 row_b = 2 * (i64)p.w_rs, m0 = (i64)blockIdx.x * 16;
     for (int grp = 0; grp < groups; ++grp) {
@@ -596,28 +651,10 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
   const int slot = warp / splits, split = warp - slot * splits;
   const int groups = *p.num_groups;
   if (shared_team) {  // linear(sd.x, sd.w)'s tile, as linear_tma_kernel computes it
-    const unsigned x_s = base_s + parts + a_bytes;
-    const int units = sd.k >> 2;  // 16-byte units of an x row
-    for (int u = tt; u < n_rows * units; u += team) {
-      const int n = u / units, c = u - n * units;
-      cp_async_16(x_s + 4 * (n * x_pitch + 4 * c), sd.x + (i64)n * sd.x_rs + 4 * c);
-    }
-    cp_async_wait_all();
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + MOE_DOWN_SLOTS), "r"(team) : "memory");
-    const char* a = base + parts;
-    const float* xg = reinterpret_cast<const float*>(base + parts + a_bytes) +
-                      min(lane >> 2, n_rows - 1) * x_pitch;  // x rows past N read row N - 1
-    MmaPartials<16>& red = *reinterpret_cast<MmaPartials<16>*>(base + parts + a_bytes + x_bytes);
-    for (int cw = warp - e_warps; cw < sd.cons; cw += s_warps) {
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      tma_gemv_warp_c(a, a_pitch, xg, sd.k, sd.sk, sd.cons, cw, lane, c);
-      mma_store_partials(red, cw, lane >> 2, lane & 3, c);
-    }
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + MOE_DOWN_SLOTS), "r"(team) : "memory");
-    for (int idx = tt; idx < 16 * 8; idx += team) {
-      const int r = idx >> 3, n = idx & 7;
-      if (m0 + r < sd.m && n < n_rows) s_ys[n * 16 + r] = mma_reduce_partials<0>(red, sd.cons, r, n);
-    }
+    if (!(prewait & MOE_DOWN_SHARED_EARLY))
+      moe_shared_down_tile(sd, n_rows, m0, base + parts, base_s + parts + a_bytes,
+                           reinterpret_cast<const float*>(base + parts + a_bytes), s_red, s_ys,
+                           warp - e_warps, tt);
   } else if (slot < slots) {
     MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(
         base + e_warps * (MMA_ROWS_UNITS * 16) + slot * splits * (16 * 8 * 4));
@@ -820,11 +857,60 @@ __device__ __forceinline__ void moe_tma_consume_xr(
   }
 }
 
+// L2 prefetch hints of moe_tma_gate_up_kernel (moe.py, flags `pf_mode`), issued by one producer
+// lane after pdl_wait with bulk prefetches (cp.async.bulk.prefetch.L2: no data returns, no
+// ordering; weights only, which nothing writes):
+// - MOE_PF_DOWN: the down weights of the routed experts (pf: [E] matrices of pf_bytes bytes,
+//   pf_es bytes apart; pf_bytes % 16 == 0), all groups' matrices cut into gridDim.x equal
+//   16-byte multiple spans, one per block, so the down stage after this one finds them in the
+//   L2 instead of paying DRAM latency (its blocks cannot be resident during this kernel: its
+//   shared memory and registers do not fit beside it).
+// - MOE_PF_ITEMS: this block's own work items' gate and up rows, all at once (the ring streams
+//   at most `stages` stages ahead).
+#define MOE_PF_DOWN 1
+#define MOE_PF_ITEMS 2
+
+__device__ __noinline__ void moe_tma_prefetch(const MoeGemvParams& p, int items, int tiles,
+                                              const char* pf, i64 pf_es, i64 pf_bytes,
+                                              int pf_mode) {
+  const int G = gridDim.x, b = blockIdx.x;
+  if ((pf_mode & MOE_PF_DOWN) && pf != nullptr) {
+    const i64 total = (i64)(*p.num_groups) * pf_bytes;
+    const i64 chunk = ((total + G - 1) / G + 15) & ~(i64)15;
+    i64 lo = min(total, b * chunk);
+    const i64 hi = min(total, lo + chunk);
+    while (lo < hi) {
+      const int grp = (int)(lo / pf_bytes);
+      const i64 off = lo - grp * pf_bytes, len = min(hi - lo, pf_bytes - off);
+      const int e = p.group_expert[grp];
+      if (e >= 0 && e < p.experts) l2_bulk_prefetch(pf + e * pf_es + off, (unsigned)len);
+      lo += len;
+    }
+  }
+  if (pf_mode & MOE_PF_ITEMS) {
+    const i64 row_b = 2 * (i64)p.w_rs;
+    for (int item = b; item < items; item += G) {
+      const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
+      const int e = p.group_expert[grp];
+      const int live = min(8, p.m - m0);
+      if (e < 0 || e >= p.experts) continue;
+      const char* w = static_cast<const char*>(p.w) + 2 * (i64)e * p.w_es;
+      const unsigned bytes = (unsigned)(((live - 1) * row_b + 2 * (i64)p.k + 15) & ~(i64)15);
+      l2_bulk_prefetch(w + m0 * row_b, bytes);
+      l2_bulk_prefetch(w + (p.up_offset + m0) * row_b, bytes);
+    }
+  }
+}
+
 template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
                                                                           int stages,
-                                                                          int pairs) {
+                                                                          int pairs,
+                                                                          const char* pf,
+                                                                          i64 pf_es,
+                                                                          i64 pf_bytes,
+                                                                          int pf_mode) {
 #if BULK_COPY_OK
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
@@ -856,6 +942,8 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   const int tiles = (p.m + 7) >> 3;
   const int items = *p.num_groups * tiles;
   const int G = gridDim.x;
+  if (pf_mode && warp == cons && lane == 16)  // (lanes 16..31 of the producer copy nothing)
+    moe_tma_prefetch(p, items, tiles, pf, pf_es, pf_bytes, pf_mode);
   if (warp == cons) {  // producer
     const unsigned long long policy = l2_evict_first_policy();
     const int r = lane & 15;  // this lane's tile row

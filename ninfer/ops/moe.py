@@ -105,13 +105,15 @@ def moe_route_with_swiglu_applies(logits, top_k: int, x, gate_up, *, workspace=N
 
 
 def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_out, *,
-                          workspace) -> None:
+                          workspace, experts=None) -> None:
     """CUDA-only decode fast path: `moe_route(logits, top_k, weights_out, ids_out,
     workspace=workspace)` and `linear_swiglu(x, gate_up, act_out)` (the MoE layer's shared
     expert gate_up: bf16 [2I, H] = [gate; up]; act_out f32 [N, I]), bitwise those two ops'
     results, in one launch where `moe_route_with_swiglu_applies` (the routing runs on an extra
     block of the GEMV; else the two launches). ids_out contiguous; workspace: the CUDA
-    MoeWorkspace a following `moe_block(..., routed=True)` reads."""
+    MoeWorkspace a following `moe_block(..., routed=True)` reads. `experts`: the layer's
+    (gate_up, down) expert Weights, whose routed matrices the one launch may prefetch into the
+    L2 for the expert stages (hints: the same bits)."""
     backend = backend_of(logits, weights_out, ids_out, x, gate_up, act_out)
     if backend is not Backend.CUDA:
         raise TypeError("moe_route_with_swiglu is a CUDA-only op (the CPU backend runs "
@@ -120,7 +122,8 @@ def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, 
     check_swiglu_operands("moe_route_with_swiglu", x, gate_up, act_out, rows=logits.shape[0],
                           out_name="act_out")
     check.kernels(backend, "moe").route_with_swiglu(logits, top_k, weights_out, ids_out, x,
-                                                    gate_up, act_out, workspace=workspace)
+                                                    gate_up, act_out, workspace=workspace,
+                                                    experts=experts)
 
 
 def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:

@@ -86,11 +86,14 @@ def _check_fold(x, logits, top_k, gu, dn, act, sd, what, fused=None):
 
 
 @pytest.mark.parametrize("n", [1, 3, 8])
-@pytest.mark.parametrize("tma", [True, False])
-def test_fold_equals_linear_35b_shape(rng, monkeypatch, n, tma):
+@pytest.mark.parametrize("tma,early", [(True, True), (True, False), (False, True)])
+def test_fold_equals_linear_35b_shape(rng, monkeypatch, n, tma, early):
     """35B-A3B shape (H 2048, Im = Is = 512, 256 experts tiled from 24, top 8): bitwise the
-    shared GEMV's path, and within 2e-2 of float64 (bf16 weights, f32 activations)."""
+    shared GEMV's path, with the shared tile computed before the down kernel's PDL wait (after
+    the bulk-copy gate_up; `early`, NINFER_MOE_SHARED_EARLY) or after it, and within 2e-2 of
+    float64 (bf16 weights, f32 activations)."""
     monkeypatch.setattr(kmoe, "MOE_TMA", tma)
+    monkeypatch.setattr(kmoe, "SHARED_EARLY", early)
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 24
     gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h = _inputs(rng, n, experts, hidden, inter, inter,
                                                            sub)
@@ -122,7 +125,7 @@ def test_fold_equals_linear_odd_shapes(rng, monkeypatch, n, hidden, inter, share
 
 def test_fold_batch_invariance(rng):
     """A row's folded result does not depend on the other rows of the launch."""
-    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, 8, 64, 1040, 264, 264)
+    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, 8, 64, 1040, 264, 272)
     full = _block(x, logits, 8, gu, dn, shared=act, shared_down=sd, fused=True)
     for rows in ([0], [5, 6], [1, 2, 3, 7]):
         part = _block(x[rows], logits[rows], 8, gu, dn, shared=act[rows], shared_down=sd,

@@ -67,6 +67,8 @@ def test_folded_shared_down_constants_mirror_moe_cu():
     text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
     assert f"#define MOE_DOWN_SHARED_WARPS {kmoe.FUSED_DOWN_SHARED_WARPS}" in text
     assert f"#define MOE_FUSED_ROWS {kmoe.FUSED_MAX_ROWS}" in text
+    assert f"#define MOE_DOWN_PREFETCH {kmoe.DOWN_PREFETCH}" in text
+    assert f"#define MOE_DOWN_SHARED_EARLY {kmoe.DOWN_SHARED_EARLY}" in text
     assert ("#define MOE_DOWN_MAX_WARPS "
             f"{kmoe.FUSED_DOWN_WARPS + kmoe.FUSED_DOWN_SHARED_WARPS}") in text
     assert "return 2 * k + 16;" in text and "return k + 8;" in text  # moe_shared_*_pitch
