@@ -126,20 +126,12 @@ def moe_shared_early() -> bool:
     return _flag("NINFER_MOE_SHARED_EARLY", True)
 
 
-def moe_l2_prefetch() -> int:
-    """NINFER_MOE_L2_PREFETCH (default 1; 0..3, bit flags): the MoE decode's bulk-copy gate_up
-    stage issues L2 prefetch hints: bit 1, the routed experts' down weights (where the fused
-    down launch follows); bit 2, each block's own gate_up rows at once. The same bits either
-    way. Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_L2_PREFETCH", 1, (0, 1, 2, 3))
-
-
-def moe_route_prefetch() -> int:
-    """NINFER_MOE_ROUTE_PREFETCH (default 1; 0..3, bit flags): at decode, the routing block of a
-    Qwen3.5 MoE layer's shared-expert gate_up launch prefetches the routed experts' weights into
-    the L2 while that GEMV runs: bit 1, their gate_up matrices; bit 2, their down matrices
-    (within a 48 MiB budget). The same bits either way. Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_ROUTE_PREFETCH", 1, (0, 1, 2, 3))
+def moe_down_l2() -> int:
+    """NINFER_MOE_DOWN_L2 (default 0; 0 off, 1 early, 2 late): the MoE decode's bulk-copy gate_up
+    stage prefetches the routed experts' down weights into the L2 for the fused down stage after
+    it, while its first stages are in flight (1) or after each block's last item (2); hints,
+    the same bits either way. Read once, at import of the launcher."""
+    return _choice("NINFER_MOE_DOWN_L2", 0, (0, 1, 2))
 
 
 def attn_prewait() -> bool:

@@ -487,13 +487,8 @@ struct TmaRouteParams {
   int* num_groups;
   i64 logits_rs, w_out_rs;
   int experts, top_k, chunk, pad;
-  // L2 prefetch hints of the routed experts' weights (null: none; moe_prefetch_experts): the
-  // expert stages after this launch find them in the L2
-  const char* pf_up;    // gate_up matrices, pf_up_bytes each, pf_up_es bytes apart
-  const char* pf_down;  // down matrices, likewise
-  i64 pf_up_es, pf_up_bytes, pf_down_es, pf_down_bytes;
 };
-static_assert(sizeof(TmaRouteParams) == 192, "TmaRouteParams layout is mirrored in linear.py");
+static_assert(sizeof(TmaRouteParams) == 144, "TmaRouteParams layout is mirrored in linear.py");
 
 // linear_tma_swiglu_route_kernel<SK, CONS, XS, J> (N <= 8: one column tile): blocks 0..G-1
 // (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1, 0> on q.gemv (the MoE layer's
@@ -525,12 +520,6 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1)
   moe_group_sync<true>(32 * warps);  // the routed ids in s_ids
   moe_group_block<true>(s_ids, n_pairs, q.chunk, q.group_expert, q.group_pairs, q.num_groups,
                         32 * warps);
-  if (q.pf_up != nullptr)
-    moe_prefetch_experts(s_ids, n_pairs, q.experts, q.pf_up, q.pf_up_es, q.pf_up_bytes,
-                         threadIdx.x, 32 * warps);
-  if (q.pf_down != nullptr)
-    moe_prefetch_experts(s_ids, n_pairs, q.experts, q.pf_down, q.pf_down_es, q.pf_down_bytes,
-                         threadIdx.x, 32 * warps);
 #else
   __trap();
 #endif

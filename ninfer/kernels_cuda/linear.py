@@ -66,10 +66,8 @@ assert GEMV_PARAMS.itemsize == 64
 ROUTE_PARAMS = C.struct(*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
                         ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
                         ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"),
-                        ("top_k", "i32"), ("chunk", "i32"), ("pad", "i32"), ("pf_up", "ptr"),
-                        ("pf_down", "ptr"), ("pf_up_es", "i64"), ("pf_up_bytes", "i64"),
-                        ("pf_down_es", "i64"), ("pf_down_bytes", "i64"))
-assert ROUTE_PARAMS.itemsize == 192
+                        ("top_k", "i32"), ("chunk", "i32"), ("pad", "i32"))
+assert ROUTE_PARAMS.itemsize == 144
 # linear_tma_swiglu_route_kernel (moe.route_with_swiglu, NINFER_MOE_ROUTE_SWIGLU): the MoE
 # routing on an extra block of the shared expert's gate_up launch. H200 35B-A3B decode, same
 # machine, 3 rounds, B = 1 / 8 ms: 2.799-2.820 / 7.613-7.640 with it, 2.896-2.899 / 7.705-7.713
@@ -278,16 +276,12 @@ def tma_swiglu_route_ok(x, gate_up, experts: int, top_k: int) -> bool:
 
 
 def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out, ids_out,
-                            group_expert, group_pairs, num_groups, chunk: int, *,
-                            prefetch_up=None, prefetch_down=None) -> None:
+                            group_expert, group_pairs, num_groups, chunk: int) -> None:
     """linear_tma_swiglu_route_kernel on operands that passed `tma_swiglu_route_ok`: act_out
     f32 [N, I] = silu(x @ gate^T) * (x @ up^T) (gate_up = [gate; up]) on all blocks but the last,
     which routes logits f32 [N, E] (rows strided) into weights_out f32 [N, top_k] (rows strided)
     and ids_out i32 [N, top_k] (contiguous) and groups them (groups of <= chunk pairs) into the
-    group tables; bitwise linear_swiglu and moe.moe_route(..., workspace=).
-    `prefetch_up` / `prefetch_down`: [E, ...] C-contiguous expert weight arrays (16-byte
-    multiples per expert) whose routed experts' matrices the routing block then prefetches into
-    the L2 (hints: no bits change)."""
+    group tables; bitwise linear_swiglu and moe.moe_route(..., workspace=)."""
     n, k = x.shape
     w, _ = C.weight_array(gate_up, "gate_up")
     inner = w.shape[0] // 2
@@ -299,25 +293,12 @@ def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out
                     group_expert=C.ptr(group_expert), group_pairs=C.ptr(group_pairs),
                     num_groups=C.ptr(num_groups), logits_rs=C.row_stride(logits, "logits"),
                     w_out_rs=C.row_stride(weights_out, "weights_out"),
-                    experts=logits.shape[1], top_k=top_k, chunk=chunk,
-                    **_expert_prefetch("up", prefetch_up),
-                    **_expert_prefetch("down", prefetch_down))
+                    experts=logits.shape[1], top_k=top_k, chunk=chunk)
     xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS)
     j = 8 if logits.shape[1] <= 256 else 16  # moe_route_row<J>: any 32 J >= E, the same bits
     gemv_blocks = max(1, min(-(-inner // 8), current_device().sm_count - 1))
     _start_tma(f"linear_tma_swiglu_route_kernel<{TMA_SK}, {TMA_CONSUMERS}, {xs}, {j}>",
                (gemv_blocks + 1, 1), TMA_CONSUMERS, params, smem, "linear_swiglu_route")
-
-
-def _expert_prefetch(which: str, weights) -> dict:
-    """TmaRouteParams' prefetch fields for `which` ("up" / "down") of expert weights [E, ...]
-    (None: no prefetch)."""
-    if weights is None:
-        return {}
-    per = weights[0].nbytes
-    C.require(weights.flags.c_contiguous and per % 16 == 0 and C.aligned(weights),
-              f"prefetch_{which}", "needs C-contiguous experts of 16-byte multiples")
-    return {f"pf_{which}": C.ptr(weights), f"pf_{which}_es": per, f"pf_{which}_bytes": per}
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,

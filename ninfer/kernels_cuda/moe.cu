@@ -857,48 +857,26 @@ __device__ __forceinline__ void moe_tma_consume_xr(
   }
 }
 
-// L2 prefetch hints of moe_tma_gate_up_kernel (moe.py, flags `pf_mode`), issued by one producer
-// lane after pdl_wait with bulk prefetches (cp.async.bulk.prefetch.L2: no data returns, no
-// ordering; weights only, which nothing writes):
-// - MOE_PF_DOWN: the down weights of the routed experts (pf: [E] matrices of pf_bytes bytes,
-//   pf_es bytes apart; pf_bytes % 16 == 0), all groups' matrices cut into gridDim.x equal
-//   16-byte multiple spans, one per block, so the down stage after this one finds them in the
-//   L2 instead of paying DRAM latency (its blocks cannot be resident during this kernel: its
-//   shared memory and registers do not fit beside it).
-// - MOE_PF_ITEMS: this block's own work items' gate and up rows, all at once (the ring streams
-//   at most `stages` stages ahead).
-#define MOE_PF_DOWN 1
-#define MOE_PF_ITEMS 2
-
-__device__ __noinline__ void moe_tma_prefetch(const MoeGemvParams& p, int items, int tiles,
-                                              const char* pf, i64 pf_es, i64 pf_bytes,
-                                              int pf_mode) {
-  const int G = gridDim.x, b = blockIdx.x;
-  if ((pf_mode & MOE_PF_DOWN) && pf != nullptr) {
-    const i64 total = (i64)(*p.num_groups) * pf_bytes;
-    const i64 chunk = ((total + G - 1) / G + 15) & ~(i64)15;
-    i64 lo = min(total, b * chunk);
-    const i64 hi = min(total, lo + chunk);
-    while (lo < hi) {
-      const int grp = (int)(lo / pf_bytes);
-      const i64 off = lo - grp * pf_bytes, len = min(hi - lo, pf_bytes - off);
-      const int e = p.group_expert[grp];
-      if (e >= 0 && e < p.experts) l2_bulk_prefetch(pf + e * pf_es + off, (unsigned)len);
-      lo += len;
-    }
-  }
-  if (pf_mode & MOE_PF_ITEMS) {
-    const i64 row_b = 2 * (i64)p.w_rs;
-    for (int item = b; item < items; item += G) {
-      const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
-      const int e = p.group_expert[grp];
-      const int live = min(8, p.m - m0);
-      if (e < 0 || e >= p.experts) continue;
-      const char* w = static_cast<const char*>(p.w) + 2 * (i64)e * p.w_es;
-      const unsigned bytes = (unsigned)(((live - 1) * row_b + 2 * (i64)p.k + 15) & ~(i64)15);
-      l2_bulk_prefetch(w + m0 * row_b, bytes);
-      l2_bulk_prefetch(w + (p.up_offset + m0) * row_b, bytes);
-    }
+// moe_tma_gate_up_kernel's L2 prefetch hint (moe.py DOWN_L2, NINFER_MOE_DOWN_L2): the down
+// matrices of the routed experts (pf: [E] matrices of pf_bytes bytes, pf_es bytes apart), all
+// groups' matrices cut into gridDim.x equal spans, one per block, each span's 128-byte lines
+// prefetched by the block's consumer warps (threads t of n) while they wait for their first
+// stage (pf_late = 0) or after their last item (pf_late = 1). The down stage after this one then reads them from the L2 (its blocks cannot be
+// resident during this kernel to prefetch them themselves: their shared memory does not fit
+// beside this kernel's ring). A hint: no data returns; weights only, which nothing writes.
+__device__ __forceinline__ void moe_tma_prefetch_down(const MoeGemvParams& p, const char* pf,
+                                                      i64 pf_es, i64 pf_bytes, int t, int n) {
+  const int G = gridDim.x;
+  const i64 total = (i64)(*p.num_groups) * pf_bytes;
+  const i64 chunk = (total + G - 1) / G;
+  i64 lo = min(total, blockIdx.x * chunk);
+  const i64 hi = min(total, lo + chunk);
+  while (lo < hi) {
+    const int grp = (int)(lo / pf_bytes);
+    const i64 off = lo - grp * pf_bytes, len = min(hi - lo, pf_bytes - off);
+    const int e = p.group_expert[grp];
+    if (e >= 0 && e < p.experts) prefetch_l2_span(pf + e * pf_es + off, len, t, n);
+    lo += len;
   }
 }
 
@@ -910,7 +888,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
                                                                           const char* pf,
                                                                           i64 pf_es,
                                                                           i64 pf_bytes,
-                                                                          int pf_mode) {
+                                                                          int pf_late) {
 #if BULK_COPY_OK
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
@@ -942,8 +920,6 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   const int tiles = (p.m + 7) >> 3;
   const int items = *p.num_groups * tiles;
   const int G = gridDim.x;
-  if (pf_mode && warp == cons && lane == 16)  // (lanes 16..31 of the producer copy nothing)
-    moe_tma_prefetch(p, items, tiles, pf, pf_es, pf_bytes, pf_mode);
   if (warp == cons) {  // producer
     const unsigned long long policy = l2_evict_first_policy();
     const int r = lane & 15;  // this lane's tile row
@@ -975,6 +951,8 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   }
   const int g = lane >> 2, t = lane & 3;
   const int s = warp / sw;  // this warp's stage of every item
+  if (pf != nullptr && !pf_late)  // consumers: issued while the first stages are in flight
+    moe_tma_prefetch_down(p, pf, pf_es, pf_bytes, threadIdx.x, 32 * cons);
   int k_begin, k_end;
   mma_warp_k_range(p.k, cons, warp, k_begin, k_end);
   // this lane's 16 bytes of A row g at its first step (row g + 8: + 8 pitch)
@@ -1054,6 +1032,8 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     }
     parity ^= 1;
   }
+  if (pf != nullptr && pf_late)  // consumers, after their last item (the DRAM is less busy)
+    moe_tma_prefetch_down(p, pf, pf_es, pf_bytes, threadIdx.x, 32 * cons);
 #else
   __trap();
 #endif

@@ -94,18 +94,11 @@ TMA_X_REGS = envs.moe_tma_x_regs()
 # is computed before moe_fused_down_kernel's PDL wait where the gate_up stage before it is
 # moe_tma_gate_up_kernel (the same bits either way).
 SHARED_EARLY = envs.moe_shared_early()
-# NINFER_MOE_L2_PREFETCH (read once at import; flags, default DOWN): moe_tma_gate_up_kernel's
-# L2 prefetch hints (moe.cu): 1 (PF_DOWN) the routed experts' down weights, for the down stage
-# after it, where the fused down launch follows; 2 (PF_ITEMS) each block's own gate_up rows at
-# once. The same bits either way.
-PF_DOWN, PF_ITEMS = 1, 2  # moe.cu MOE_PF_DOWN, MOE_PF_ITEMS
-L2_PREFETCH = envs.moe_l2_prefetch()
-# NINFER_MOE_ROUTE_PREFETCH (read once at import; flags): route_with_swiglu's routing block
-# prefetches the routed experts' weights into the L2 (1: gate_up, 2: down) while the shared
-# expert's GEMV runs, where route_with_swiglu is given the experts and all the routed matrices
-# fit ROUTE_PREFETCH_BUDGET bytes. The same bits either way.
-ROUTE_PREFETCH = envs.moe_route_prefetch()
-ROUTE_PREFETCH_BUDGET = 48 << 20
+# NINFER_MOE_DOWN_L2 (read once at import; 0 off, 1 early, 2 late): moe_tma_gate_up_kernel's
+# consumers prefetch the routed experts' down weights into the L2 while their first stages are
+# in flight (1) or after their last item (2), where the fused down launch follows (moe.cu
+# moe_tma_prefetch_down). The same bits either way.
+DOWN_L2 = envs.moe_down_l2()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
@@ -225,13 +218,11 @@ def route_with_swiglu_applies(logits, top_k: int, x, gate_up,
 
 
 def route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_out, *,
-                      workspace: MoeWorkspace, experts=None) -> None:
+                      workspace: MoeWorkspace) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out, workspace=workspace)` and
     `linear_swiglu(x, gate_up, act_out)` (gate_up bf16 [2I, K] = [gate; up], act_out f32
     [N, I]): bitwise those two, in one launch where `route_with_swiglu_applies` (the routing
-    runs on an extra block of the SwiGLU GEMV), else the two launches. `experts`: the layer's
-    (gate_up, down) expert weights, whose routed matrices the one launch then prefetches into
-    the L2 (ROUTE_PREFETCH; hints, the same bits)."""
+    runs on an extra block of the SwiGLU GEMV), else the two launches."""
     n, _ = _check_route(logits, top_k, weights_out, ids_out)
     C.device_array(x, "x", dtype=np.float32, ndim=2)
     C.require(x.shape[0] == n, "x", f"{x.shape[0]} rows, logits have {n}")
@@ -244,21 +235,8 @@ def route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_
     C.contiguous(ids_out, "ids_out")
     launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k, weights_out, ids_out,
                             workspace.group_expert, workspace.group_pairs, workspace.num_groups,
-                            GROUP_STRIDE, **_route_prefetch(experts, n * top_k))
+                            GROUP_STRIDE)
 
-
-def _route_prefetch(experts, pairs: int) -> dict:
-    """launch_tma_swiglu_route's prefetch arguments for the layer's (gate_up, down) expert
-    weights under ROUTE_PREFETCH and its byte budget (gate_up first)."""
-    if experts is None or not ROUTE_PREFETCH:
-        return {}
-    chosen, used = {}, 0
-    for bit, key, weight in ((1, "prefetch_up", experts[0]), (2, "prefetch_down", experts[1])):
-        arr, _ = C.weight_array(weight, key)
-        if ROUTE_PREFETCH & bit and used + pairs * arr[0].nbytes <= ROUTE_PREFETCH_BUDGET:
-            chosen[key] = arr
-            used += pairs * arr[0].nbytes
-    return chosen
 
 
 def route_groups(ws: MoeWorkspace, pairs: int) -> bool:
@@ -429,8 +407,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
-        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma, down=dn,
-                     prefetch=L2_PREFETCH)
+        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma,
+                     down=dn if DOWN_L2 else None)
         # moe_tma_gate_up_kernel waits before it triggers the down launch: the shared act,
         # written before it, is complete when that launch starts
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
@@ -622,8 +600,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma and swiglu:
-            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma,
-                         prefetch=L2_PREFETCH & PF_ITEMS)
+            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma)
             continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
@@ -652,12 +629,13 @@ def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
 
 
 def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: MoeWorkspace,
-                 tma: TmaPlan | None, down=None, prefetch: int = 0) -> None:
+                 tma: TmaPlan | None, down=None) -> None:
     """The tensor-core gate_up + SwiGLU stage over the groups in `ws` into ws.act:
-    moe_tma_gate_up_kernel with plan `tma` (and L2 `prefetch` hints, see launch_tma_gate_up),
-    else launch_mma (moe_mma_rows_kernel<1>; bitwise the same)."""
+    moe_tma_gate_up_kernel with plan `tma` (prefetching the routed experts' `down` matrices
+    into the L2 when given, see launch_tma_gate_up), else launch_mma (moe_mma_rows_kernel<1>;
+    bitwise the same)."""
     if tma is not None:
-        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma, down, prefetch)
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma, down)
         return
     hidden = x.shape[1]
     launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act, inter,
@@ -666,19 +644,19 @@ def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: Mo
 
 
 def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,
-                         ws: MoeWorkspace, plan: TmaPlan, down=None, prefetch: int = 0) -> None:
+                         ws: MoeWorkspace, plan: TmaPlan, down=None) -> None:
     """ws.act[pair, :inter] = silu(gate) * up of every group in `ws` (x rows: the pairs' token
     rows) by moe_tma_gate_up_kernel."""
     hidden = x.shape[1]
     launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
                        inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
-                       plan=plan, down=down, prefetch=prefetch)
+                       plan=plan, down=down)
 
 
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
                        plan: TmaPlan, item_pairs: bool | None = None,
-                       x_regs: bool | None = None, down=None, prefetch: int = 0) -> None:
+                       x_regs: bool | None = None, down=None) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
@@ -688,9 +666,9 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     bits either way). `x_regs`: the consumers hold their x values in registers
     (moe_tma_gate_up_kernel<1>), possible where every pair reads x row 0 (x_by_pair = 0 and
     pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
-    wherever possible when TMA_X_REGS is set (the same bits either way). `prefetch`: L2 hint
-    flags (PF_DOWN: the routed experts' matrices of `down`, bf16 [E, *, *] contiguous; PF_ITEMS:
-    each block's gate_up rows), the same bits either way."""
+    wherever possible when TMA_X_REGS is set (the same bits either way). `down`: expert weights
+    [E, ...] (C-contiguous) whose routed matrices the consumers prefetch into the L2 for the
+    down stage after this one (a hint: the same bits)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
     C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
@@ -705,16 +683,15 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
     pf_args = (None, np.int64(0), np.int64(0))
-    if prefetch & PF_DOWN:
-        C.require(down is not None and down.ndim == 3 and down.flags.c_contiguous
-                  and (down.shape[1] * down.shape[2] * 2) % 16 == 0, "down",
-                  "the down prefetch needs contiguous bf16 [E, H, Im] with 16-byte matrices")
-        per = down.shape[1] * down.shape[2] * 2
+    if down is not None:
+        C.require(down.ndim == 3 and down.flags.c_contiguous, "down",
+                  "the down prefetch needs C-contiguous expert weights [E, H, Im]")
+        per = down[0].nbytes
         pf_args = (down, np.int64(per), np.int64(per))
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
            (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
             np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)) + pf_args
-           + (np.int32(prefetch),),
+           + (np.int32(DOWN_L2 == 2),),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 

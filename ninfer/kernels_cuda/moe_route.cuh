@@ -75,38 +75,6 @@ __device__ __forceinline__ void moe_route_row(const float* __restrict__ l, int e
   }
 }
 
-// An L2 prefetch hint of `bytes` (a multiple of 16) at 16-byte aligned `src` (sm_90
-// cp.async.bulk.prefetch.L2: no data returns, no ordering; for weights, which nothing writes).
-__device__ __forceinline__ void l2_bulk_prefetch(const void* src, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-#endif
-}
-
-// L2 prefetch hints of the routed experts' matrices: for the pairs q < n_pairs (ids[q]: the
-// expert; invalid ids skipped) in ascending (expert, pair) order (the order of the group tables,
-// which the expert stages walk), `bytes` (a multiple of 16) at base + id * es, in
-// MOE_PF_PIECE-byte pieces spread over threads t of n.
-#define MOE_PF_PIECE 65536
-__device__ __forceinline__ void moe_prefetch_experts(const int* ids, int n_pairs, int experts,
-                                                     const char* base, i64 es, i64 bytes, int t,
-                                                     int n) {
-  const i64 pieces = (bytes + MOE_PF_PIECE - 1) / MOE_PF_PIECE;
-  for (i64 i = t; i < n_pairs * pieces; i += n) {
-    const int r = (int)(i / pieces);
-    int q = 0;  // the pair of rank r
-    for (int c = 0; c < n_pairs; ++c) {
-      int rank = 0;
-      for (int d = 0; d < n_pairs; ++d) rank += ids[d] < ids[c] || (ids[d] == ids[c] && d < c);
-      if (rank == r) q = c;
-    }
-    const i64 off = (i - r * pieces) * MOE_PF_PIECE;
-    const int e = ids[q];
-    if (e >= 0 && e < experts)
-      l2_bulk_prefetch(base + e * es + off, (unsigned)min((i64)MOE_PF_PIECE, bytes - off));
-  }
-}
-
 template <bool NAMED>
 __device__ __forceinline__ void moe_group_sync(int threads) {
   if constexpr (NAMED)

@@ -105,15 +105,13 @@ def moe_route_with_swiglu_applies(logits, top_k: int, x, gate_up, *, workspace=N
 
 
 def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_out, *,
-                          workspace, experts=None) -> None:
+                          workspace) -> None:
     """CUDA-only decode fast path: `moe_route(logits, top_k, weights_out, ids_out,
     workspace=workspace)` and `linear_swiglu(x, gate_up, act_out)` (the MoE layer's shared
     expert gate_up: bf16 [2I, H] = [gate; up]; act_out f32 [N, I]), bitwise those two ops'
     results, in one launch where `moe_route_with_swiglu_applies` (the routing runs on an extra
     block of the GEMV; else the two launches). ids_out contiguous; workspace: the CUDA
-    MoeWorkspace a following `moe_block(..., routed=True)` reads. `experts`: the layer's
-    (gate_up, down) expert Weights, whose routed matrices the one launch may prefetch into the
-    L2 for the expert stages (hints: the same bits)."""
+    MoeWorkspace a following `moe_block(..., routed=True)` reads."""
     backend = backend_of(logits, weights_out, ids_out, x, gate_up, act_out)
     if backend is not Backend.CUDA:
         raise TypeError("moe_route_with_swiglu is a CUDA-only op (the CPU backend runs "
@@ -122,8 +120,7 @@ def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, 
     check_swiglu_operands("moe_route_with_swiglu", x, gate_up, act_out, rows=logits.shape[0],
                           out_name="act_out")
     check.kernels(backend, "moe").route_with_swiglu(logits, top_k, weights_out, ids_out, x,
-                                                    gate_up, act_out, workspace=workspace,
-                                                    experts=experts)
+                                                    gate_up, act_out, workspace=workspace)
 
 
 def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:

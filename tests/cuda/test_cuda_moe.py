@@ -879,34 +879,6 @@ def test_moe_route_with_swiglu_equals_two_ops_bitwise(rng, hidden, inter, expert
             assert_same_bits(a, b, f"{label}: one launch vs two ({what})")
 
 
-@pytest.mark.parametrize("mode", [1, 2, 3])
-def test_moe_route_with_swiglu_l2_prefetch_changes_no_bits(rng, monkeypatch, mode):
-    """The routing block's L2 prefetch of the routed experts' weights (NINFER_MOE_ROUTE_PREFETCH:
-    gate_up, down, both; within its byte budget) changes no output or table bit; a budget too
-    small for a kind drops it."""
-    hidden, inter, experts, top_k = 2048, 512, 256, 8
-    monkeypatch.setattr(kmoe, "ROUTE_PREFETCH", mode)
-    gu, dn, _, _ = _tiled_experts_35b(rng, experts, 8)
-    for n in (1, 2):
-        x, gate_up, logits = _swiglu_route_operands(rng, n, hidden, inter, experts)
-        ws = _poisoned_ws(n, top_k, hidden, inter)
-        w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, inter))
-        ops.moe_route_with_swiglu(logits, top_k, w, ids, x, gate_up, act, workspace=ws,
-                                  experts=(gu, dn))
-        got = (w, ids, act) + _tables(ws, n * top_k)
-        want, _ = _swiglu_route_run(logits, top_k, x, gate_up, fused=True)
-        labels = ("weights", "ids", "act", "num_groups", "group_expert", "group_pairs")
-        for a, b, label in zip(got, want, labels, strict=True):
-            assert_same_bits(a, b, f"{label}: prefetch {mode} vs none (n={n})")
-    per_up, per_down = gu.data[0].nbytes, dn.data[0].nbytes
-    chosen = kmoe._route_prefetch((gu, dn), 8)
-    assert set(chosen) == {"prefetch_up", "prefetch_down"} & {
-        *(["prefetch_up"] if mode & 1 else []), *(["prefetch_down"] if mode & 2 else [])}
-    monkeypatch.setattr(kmoe, "ROUTE_PREFETCH_BUDGET", 8 * per_up + 8 * per_down - 1)
-    chosen = kmoe._route_prefetch((gu, dn), 8)
-    assert ("prefetch_down" in chosen) is (mode == 2), chosen  # gate_up first, then down
-
-
 def test_moe_route_with_swiglu_vs_float64(rng):
     """The one-launch outputs against float64 (act at f32 accuracy: x split into bf16 hi + lo)
     and the reference routing (ids exact, weights at f32 accuracy)."""

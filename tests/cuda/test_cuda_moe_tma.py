@@ -221,11 +221,12 @@ def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
                 ("weights", "ids", "act", "out"), f"graph replay (TMA) vs eager (off), n={n}")
 
 
-@pytest.mark.parametrize("prefetch", [kmoe.PF_DOWN, kmoe.PF_ITEMS, kmoe.PF_DOWN | kmoe.PF_ITEMS])
-def test_tma_gate_up_l2_prefetch_changes_no_bits(rng, prefetch):
-    """The L2 prefetch hints (NINFER_MOE_L2_PREFETCH: the routed experts' down matrices, the
-    block's own rows) only warm the cache: bitwise the act without them, with bad expert ids
-    (skipped) and groups past the grid's blocks."""
+@pytest.mark.parametrize("late", [False, True])
+def test_tma_gate_up_down_prefetch_changes_no_bits(rng, monkeypatch, late):
+    """The consumers' L2 prefetch of the routed experts' down matrices (NINFER_MOE_DOWN_L2) only
+    warms the cache: bitwise the act without it, with a bad expert id (skipped) and more groups
+    than blocks."""
+    monkeypatch.setattr(kmoe, "DOWN_L2", 2 if late else 1)
     experts, top_k, m, k = 64, 8, 512, 2048
     _, w_d = _tiled_experts(rng, experts, 8, 2 * m, k)
     down = cp().ones((experts, k, m), dtype=np.uint16)  # only prefetched, never read
@@ -242,9 +243,9 @@ def test_tma_gate_up_l2_prefetch_changes_no_bits(rng, prefetch):
         w_rs = C.row_stride(w_d[0], "w")
         kmoe.launch_tma_gate_up(w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), 0,
                                 got, m, k, top_k=top_k, experts=experts, ws=ws, pairs=ids.size,
-                                plan=plan, down=down, prefetch=prefetch)
-        assert_same_bits(got, want, f"n={n} prefetch={prefetch}")
+                                plan=plan, down=down)
+        assert_same_bits(got, want, f"n={n}, down prefetch")
     with pytest.raises(ValueError, match="down"):
         kmoe.launch_tma_gate_up(w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), 0,
                                 got, m, k, top_k=top_k, experts=experts, ws=ws, pairs=ids.size,
-                                plan=plan, down=None, prefetch=kmoe.PF_DOWN)
+                                plan=plan, down=down[:, :, :8])

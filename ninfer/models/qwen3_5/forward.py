@@ -362,8 +362,7 @@ class Qwen35Forward:
         if routed and self._route_with_swiglu(w, logits[:, :e], x):
             act = ws.ffn_act(n, w.shared_gate_up.shape[0] // 2)
             ops.moe_route_with_swiglu(logits[:, :e], top_k, weights, ids, x, w.shared_gate_up,
-                                      act, workspace=self.kws.moe,
-                                      experts=(w.experts_gate_up, w.experts_down))
+                                      act, workspace=self.kws.moe)
             if self.kws.moe_fold_shared_down and ops.moe_block_folds_shared_down(
                     x, top_k, w.experts_gate_up, w.experts_down, w.shared_down, act,
                     batch_invariant=self.kws.batch_invariant):
