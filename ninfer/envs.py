@@ -126,14 +126,6 @@ def moe_shared_early() -> bool:
     return _flag("NINFER_MOE_SHARED_EARLY", True)
 
 
-def moe_down_l2() -> int:
-    """NINFER_MOE_DOWN_L2 (default 0; 0 off, 1 early, 2 late): the MoE decode's bulk-copy gate_up
-    stage prefetches the routed experts' down weights into the L2 for the fused down stage after
-    it, while its first stages are in flight (1) or after each block's last item (2); hints,
-    the same bits either way. Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_DOWN_L2", 0, (0, 1, 2))
-
-
 def attn_prewait() -> bool:
     """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
     kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before

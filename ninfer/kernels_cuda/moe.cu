@@ -857,38 +857,11 @@ __device__ __forceinline__ void moe_tma_consume_xr(
   }
 }
 
-// moe_tma_gate_up_kernel's L2 prefetch hint (moe.py DOWN_L2, NINFER_MOE_DOWN_L2): the down
-// matrices of the routed experts (pf: [E] matrices of pf_bytes bytes, pf_es bytes apart), all
-// groups' matrices cut into gridDim.x equal spans, one per block, each span's 128-byte lines
-// prefetched by the block's consumer warps (threads t of n) while they wait for their first
-// stage (pf_late = 0) or after their last item (pf_late = 1). The down stage after this one then reads them from the L2 (its blocks cannot be
-// resident during this kernel to prefetch them themselves: their shared memory does not fit
-// beside this kernel's ring). A hint: no data returns; weights only, which nothing writes.
-__device__ __forceinline__ void moe_tma_prefetch_down(const MoeGemvParams& p, const char* pf,
-                                                      i64 pf_es, i64 pf_bytes, int t, int n) {
-  const int G = gridDim.x;
-  const i64 total = (i64)(*p.num_groups) * pf_bytes;
-  const i64 chunk = (total + G - 1) / G;
-  i64 lo = min(total, blockIdx.x * chunk);
-  const i64 hi = min(total, lo + chunk);
-  while (lo < hi) {
-    const int grp = (int)(lo / pf_bytes);
-    const i64 off = lo - grp * pf_bytes, len = min(hi - lo, pf_bytes - off);
-    const int e = p.group_expert[grp];
-    if (e >= 0 && e < p.experts) prefetch_l2_span(pf + e * pf_es + off, len, t, n);
-    lo += len;
-  }
-}
-
 template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
                                                                           int stages,
-                                                                          int pairs,
-                                                                          const char* pf,
-                                                                          i64 pf_es,
-                                                                          i64 pf_bytes,
-                                                                          int pf_late) {
+                                                                          int pairs) {
 #if BULK_COPY_OK
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
@@ -951,8 +924,6 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   }
   const int g = lane >> 2, t = lane & 3;
   const int s = warp / sw;  // this warp's stage of every item
-  if (pf != nullptr && !pf_late)  // consumers: issued while the first stages are in flight
-    moe_tma_prefetch_down(p, pf, pf_es, pf_bytes, threadIdx.x, 32 * cons);
   int k_begin, k_end;
   mma_warp_k_range(p.k, cons, warp, k_begin, k_end);
   // this lane's 16 bytes of A row g at its first step (row g + 8: + 8 pitch)
@@ -1032,8 +1003,6 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     }
     parity ^= 1;
   }
-  if (pf != nullptr && pf_late)  // consumers, after their last item (the DRAM is less busy)
-    moe_tma_prefetch_down(p, pf, pf_es, pf_bytes, threadIdx.x, 32 * cons);
 #else
   __trap();
 #endif

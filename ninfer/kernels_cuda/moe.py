@@ -94,11 +94,6 @@ TMA_X_REGS = envs.moe_tma_x_regs()
 # is computed before moe_fused_down_kernel's PDL wait where the gate_up stage before it is
 # moe_tma_gate_up_kernel (the same bits either way).
 SHARED_EARLY = envs.moe_shared_early()
-# NINFER_MOE_DOWN_L2 (read once at import; 0 off, 1 early, 2 late): moe_tma_gate_up_kernel's
-# consumers prefetch the routed experts' down weights into the L2 while their first stages are
-# in flight (1) or after their last item (2), where the fused down launch follows (moe.cu
-# moe_tma_prefetch_down). The same bits either way.
-DOWN_L2 = envs.moe_down_l2()
 TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
@@ -407,8 +402,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
-        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma,
-                     down=dn if DOWN_L2 else None)
+        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
         # moe_tma_gate_up_kernel waits before it triggers the down launch: the shared act,
         # written before it, is complete when that launch starts
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
@@ -629,13 +623,12 @@ def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
 
 
 def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: MoeWorkspace,
-                 tma: TmaPlan | None, down=None) -> None:
+                 tma: TmaPlan | None) -> None:
     """The tensor-core gate_up + SwiGLU stage over the groups in `ws` into ws.act:
-    moe_tma_gate_up_kernel with plan `tma` (prefetching the routed experts' `down` matrices
-    into the L2 when given, see launch_tma_gate_up), else launch_mma (moe_mma_rows_kernel<1>;
-    bitwise the same)."""
+    moe_tma_gate_up_kernel with plan `tma`, else launch_mma (moe_mma_rows_kernel<1>; bitwise
+    the same)."""
     if tma is not None:
-        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma, down)
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
         return
     hidden = x.shape[1]
     launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act, inter,
@@ -644,19 +637,19 @@ def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: Mo
 
 
 def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,
-                         ws: MoeWorkspace, plan: TmaPlan, down=None) -> None:
+                         ws: MoeWorkspace, plan: TmaPlan) -> None:
     """ws.act[pair, :inter] = silu(gate) * up of every group in `ws` (x rows: the pairs' token
     rows) by moe_tma_gate_up_kernel."""
     hidden = x.shape[1]
     launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
                        inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
-                       plan=plan, down=down)
+                       plan=plan)
 
 
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
                        plan: TmaPlan, item_pairs: bool | None = None,
-                       x_regs: bool | None = None, down=None) -> None:
+                       x_regs: bool | None = None) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
@@ -666,9 +659,7 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     bits either way). `x_regs`: the consumers hold their x values in registers
     (moe_tma_gate_up_kernel<1>), possible where every pair reads x row 0 (x_by_pair = 0 and
     pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
-    wherever possible when TMA_X_REGS is set (the same bits either way). `down`: expert weights
-    [E, ...] (C-contiguous) whose routed matrices the consumers prefetch into the L2 for the
-    down stage after this one (a hint: the same bits)."""
+    wherever possible when TMA_X_REGS is set (the same bits either way)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
     C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
@@ -682,16 +673,9 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     if fn.max_dynamic_shared_size_bytes < plan.smem:
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
-    pf_args = (None, np.int64(0), np.int64(0))
-    if down is not None:
-        C.require(down.ndim == 3 and down.flags.c_contiguous, "down",
-                  "the down prefetch needs C-contiguous expert weights [E, H, Im]")
-        per = down[0].nbytes
-        pf_args = (down, np.int64(per), np.int64(per))
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
            (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
-            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)) + pf_args
-           + (np.int32(DOWN_L2 == 2),),
+            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 

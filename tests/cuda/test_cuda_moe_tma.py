@@ -219,33 +219,3 @@ def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
                 ctx, "moe_block_tma", step, refill,
                 (w, ids, out, ws.act), (w, ids, ws.act[:n * top_k], out), eager,
                 ("weights", "ids", "act", "out"), f"graph replay (TMA) vs eager (off), n={n}")
-
-
-@pytest.mark.parametrize("late", [False, True])
-def test_tma_gate_up_down_prefetch_changes_no_bits(rng, monkeypatch, late):
-    """The consumers' L2 prefetch of the routed experts' down matrices (NINFER_MOE_DOWN_L2) only
-    warms the cache: bitwise the act without it, with a bad expert id (skipped) and more groups
-    than blocks."""
-    monkeypatch.setattr(kmoe, "DOWN_L2", 2 if late else 1)
-    experts, top_k, m, k = 64, 8, 512, 2048
-    _, w_d = _tiled_experts(rng, experts, 8, 2 * m, k)
-    down = cp().ones((experts, k, m), dtype=np.uint16)  # only prefetched, never read
-    plan = kmoe.tma_gate_up_plan(k)
-    for n in (1, 3, 8):
-        ids_h = _routing(rng, n, experts, top_k)
-        ids_h[0, 1] = experts  # a bad expert: NaN rows either way, nothing prefetched
-        ids = dev(ids_h)
-        _, x_d = _x(rng, n, k)
-        want = _stage(w_d, x_d, ids, m, experts, 0, plan)
-        ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)
-        kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
-        got = poisoned((ids.size, m))
-        w_rs = C.row_stride(w_d[0], "w")
-        kmoe.launch_tma_gate_up(w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), 0,
-                                got, m, k, top_k=top_k, experts=experts, ws=ws, pairs=ids.size,
-                                plan=plan, down=down)
-        assert_same_bits(got, want, f"n={n}, down prefetch")
-    with pytest.raises(ValueError, match="down"):
-        kmoe.launch_tma_gate_up(w_d, w_rs, w_d.shape[1] * w_rs, x_d, C.row_stride(x_d, "x"), 0,
-                                got, m, k, top_k=top_k, experts=experts, ws=ws, pairs=ids.size,
-                                plan=plan, down=down[:, :, :8])
