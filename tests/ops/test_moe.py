@@ -180,3 +180,28 @@ def test_moe_route_with_swiglu_is_cuda_only(rng):
     with pytest.raises(TypeError, match="CUDA-only"):
         moe_route_with_swiglu(logits, K, poisoned((n, K)), poisoned((n, K), np.int32), x,
                               gate_up, poisoned((n, IM)), workspace=None)
+
+
+def test_moe_block_shared_down_folds_only_on_cuda(rng):
+    """The shared down projection folded into moe_block is a CUDA decode path: on the CPU
+    `moe_block_folds_shared_down` says no and moe_block refuses `shared_down` with a ValueError
+    (the caller runs `linear` first); `shared_down` without `shared`, or of the wrong width, is
+    refused by the checks before that."""
+    from ninfer.ops import moe_block_folds_shared_down
+
+    n, inner = 1, 16
+    gate_up = weight(rng, (E, 2 * IM, H), DTYPES[0])
+    down = weight(rng, (E, H, IM), DTYPES[0])
+    shared_down = weight(rng, (H, inner), DTYPES[0])
+    x, logits, act = randn(rng, (n, H)), randn(rng, (n, E)), randn(rng, (n, inner))
+    assert not moe_block_folds_shared_down(x, K, gate_up, down, shared_down, act)
+    outs = (poisoned((n, K)), poisoned((n, K), np.int32), poisoned((n, H)))
+    with pytest.raises(ValueError, match="folds only"):
+        moe_block(x, logits, K, gate_up, down, *outs, shared=act, shared_gate=randn(rng, (n, 1)),
+                  shared_down=shared_down)
+    with pytest.raises(ValueError, match="needs shared"):
+        moe_block(x, logits, K, gate_up, down, *outs, shared_down=shared_down)
+    with pytest.raises(ValueError, match="shared_down"):
+        moe_block(x, logits, K, gate_up, down, *outs, shared=act,
+                  shared_gate=randn(rng, (n, 1)), shared_down=weight(rng, (H + 1, inner),
+                                                                     DTYPES[0]))
