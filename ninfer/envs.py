@@ -126,6 +126,15 @@ def moe_shared_early() -> bool:
     return _flag("NINFER_MOE_SHARED_EARLY", True)
 
 
+def moe_persist() -> bool:
+    """NINFER_MOE_PERSIST (default off; "1" turns it on): the MoE decode's fused path with the
+    bulk-copy gate_up runs both expert stages and the combine as one persistent launch (the down
+    weights stream during the gate_up stage; a grid barrier on the activations); bitwise the
+    two launches. Written without a GPU run: opt-in until measured. Read once, at import of the
+    launcher."""
+    return _flag("NINFER_MOE_PERSIST", False)
+
+
 def attn_prewait() -> bool:
     """NINFER_ATTN_PREWAIT (default on; "0" turns it off): the decode paged_attention (FMA
     kernel, callers passing past_kv_ready) reads its row, page ids and first K / V tiles before

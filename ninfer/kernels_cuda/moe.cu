@@ -777,8 +777,9 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
 // + 7], w1 = A[g + 8][same] (zeros where k0 + 8t >= k_end) and x[k0 + 8t .. + 7], and runs
 // mma_step_x8 into c[j] for the 32-k steps k0 in ascending order: per item exactly the
 // fragments and order of moe_mma_rows_kernel<1>. The items' loads are issued together and their
-// mma chains interleave (independent accumulators).
-template <int NI>
+// mma chains interleave (independent accumulators). CG: x is read through the L2 (ld.global.cg;
+// for an x written earlier in the same launch), else through the read-only path.
+template <int NI, bool CG = false>
 __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
                                                 const float* x_0, const float* x_1, int k_begin,
                                                 int k_end, int t, float (&c)[2][4]) {
@@ -798,8 +799,9 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
         const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         w0[j][i] = in ? moe_lds16(a[j] + 64 * i) : z;
         w1[j][i] = in ? moe_lds16(a[j] + 64 * i + 8 * pitch) : z;
-        xa[j][i] = in ? __ldg(reinterpret_cast<const float4*>(xp[j] + k)) : zf;
-        xb[j][i] = in ? __ldg(reinterpret_cast<const float4*>(xp[j] + k + 4)) : zf;
+        const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
+        xa[j][i] = in ? (CG ? __ldcg(x4) : __ldg(x4)) : zf;
+        xb[j][i] = in ? (CG ? __ldcg(x4 + 1) : __ldg(x4 + 1)) : zf;
       }
     }
 #pragma unroll
@@ -857,78 +859,106 @@ __device__ __forceinline__ void moe_tma_consume_xr(
   }
 }
 
-template <int XR>
-__global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
-                                                                          int sk, int sw,
-                                                                          int stages,
-                                                                          int pairs) {
 #if BULK_COPY_OK
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
-  const int pitch = moe_tma_pitch(sk), stage_bytes = 16 * pitch;
+// moe_tma_gate_up_kernel's dynamic shared memory: the ring's barriers, the consumers' partials
+// (two items, double-buffered) and the ring of stages of 16 rows `pitch` bytes apart.
+struct MoeTmaRing {
+  mbar_t* full;
+  mbar_t* empty;
+  MmaPartials<8>* red;
+  char* ring;
+  int pitch, stage_bytes;
+};
+
+__device__ __forceinline__ MoeTmaRing moe_tma_ring(int sk) {
+  MoeTmaRing r;
   char* const smem = reinterpret_cast<char*>(moe_rows_smem);
-  mbar_t* full = reinterpret_cast<mbar_t*>(smem);
-  mbar_t* empty = full + MOE_TMA_MAX_STAGES;
-  MmaPartials<8>* red = reinterpret_cast<MmaPartials<8>*>(smem + MOE_TMA_BAR_BYTES);
-  char* const ring = smem + MOE_TMA_BAR_BYTES + 4 * sizeof(MmaPartials<8>);
-  if (threadIdx.x == 0) {
-    unsigned dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (stages < ns || stages > MOE_TMA_MAX_STAGES || stages % ns != 0 || cons > 8 ||
-        ns * sw != cons ||
-        (unsigned)(ring - smem) + (unsigned)(stages * stage_bytes) > dyn ||
-        (int)blockDim.x != 32 * (cons + 1))
-      __trap();
-    for (int i = 0; i < stages; ++i) {
-      mbar_init(full + i, 1);
-      mbar_init(empty + i, sw);
-    }
-    mbar_init_fence();
+  r.full = reinterpret_cast<mbar_t*>(smem);
+  r.empty = r.full + MOE_TMA_MAX_STAGES;
+  r.red = reinterpret_cast<MmaPartials<8>*>(smem + MOE_TMA_BAR_BYTES);
+  r.ring = smem + MOE_TMA_BAR_BYTES + 4 * sizeof(MmaPartials<8>);
+  r.pitch = moe_tma_pitch(sk);
+  r.stage_bytes = 16 * r.pitch;
+  return r;
+}
+
+// Thread 0: traps on a geometry the ring cannot take (`extra`: bytes the caller places after
+// the ring), then initialises the ring's barriers. The caller synchronises the block after.
+__device__ __forceinline__ void moe_tma_ring_init(const MoeTmaRing& r, int cons, int sw,
+                                                  int stages, unsigned extra) {
+  const int ns = cons / sw;
+  unsigned dyn;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+  if (stages < ns || stages > MOE_TMA_MAX_STAGES || stages % ns != 0 || cons > 8 ||
+      ns * sw != cons ||
+      (unsigned)(MOE_TMA_BAR_BYTES + 4 * sizeof(MmaPartials<8>)) +
+              (unsigned)(stages * r.stage_bytes) + extra > dyn ||
+      (int)blockDim.x != 32 * (cons + 1))
+    __trap();
+  for (int i = 0; i < stages; ++i) {
+    mbar_init(r.full + i, 1);
+    mbar_init(r.empty + i, sw);
   }
-  __syncthreads();
-  // the group tables, x and act belong to the previous kernels of the step (PDL); its
-  // successor waits for this whole grid, so it may launch now
-  pdl_wait();
-  pdl_launch_dependents();
-  const int tiles = (p.m + 7) >> 3;
-  const int items = *p.num_groups * tiles;
+}
+
+struct MoeTmaNoHook {
+  __device__ __forceinline__ void operator()(unsigned) {}
+};
+
+// The producer warp of moe_tma_gate_up_kernel: streams the block's work items' stages into the
+// ring (see the kernel); hook(q) after the q-th stage's copies are issued.
+template <class Hook>
+__device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const MoeTmaRing& R,
+                                                int sk, int ns, int stages, int items,
+                                                int tiles, int lane, Hook& hook) {
   const int G = gridDim.x;
-  if (warp == cons) {  // producer
-    const unsigned long long policy = l2_evict_first_policy();
-    const int r = lane & 15;  // this lane's tile row
-    unsigned q = 0;           // the block's stage sequence number
-    for (int item = blockIdx.x; item < items; item += G) {
-      const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
-      const int e = p.group_expert[grp];
-      const bool bad = e < 0 || e >= p.experts;
-      const int live = bad ? 0 : min(8, p.m - m0);  // copied gate (= up) rows
-      const bool row_ok = lane < 16 && (r & 7) < live;
-      const i64 row = r < 8 ? m0 + r : p.up_offset + m0 + r - 8;
-      const bf16raw* src =
-          static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es + row * p.w_rs;
-      for (int s = 0; s < ns; ++s) {
-        const unsigned bytes = 2u * (unsigned)min(sk, p.k - s * sk);
-        const unsigned slot = q % (unsigned)stages, use = q / (unsigned)stages;
-        if (lane == 0) {
-          mbar_wait(empty + slot, (use & 1u) ^ 1u);
-          mbar_arrive_expect_tx(full + slot, bytes * 2u * (unsigned)live);
-        }
-        __syncwarp();
-        if (row_ok)
-          bulk_copy_g2s(ring + slot * stage_bytes + r * pitch, src + (i64)s * sk, bytes,
-                        full + slot, policy);
-        ++q;
+  const unsigned long long policy = l2_evict_first_policy();
+  const int r = lane & 15;  // this lane's tile row
+  unsigned q = 0;           // the block's stage sequence number
+  for (int item = blockIdx.x; item < items; item += G) {
+    const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
+    const int e = p.group_expert[grp];
+    const bool bad = e < 0 || e >= p.experts;
+    const int live = bad ? 0 : min(8, p.m - m0);  // copied gate (= up) rows
+    const bool row_ok = lane < 16 && (r & 7) < live;
+    const i64 row = r < 8 ? m0 + r : p.up_offset + m0 + r - 8;
+    const bf16raw* src =
+        static_cast<const bf16raw*>(p.w) + (i64)(bad ? 0 : e) * p.w_es + row * p.w_rs;
+    for (int s = 0; s < ns; ++s) {
+      const unsigned bytes = 2u * (unsigned)min(sk, p.k - s * sk);
+      const unsigned slot = q % (unsigned)stages, use = q / (unsigned)stages;
+      if (lane == 0) {
+        mbar_wait(R.empty + slot, (use & 1u) ^ 1u);
+        mbar_arrive_expect_tx(R.full + slot, bytes * 2u * (unsigned)live);
       }
+      __syncwarp();
+      if (row_ok)
+        bulk_copy_g2s(R.ring + slot * R.stage_bytes + r * R.pitch, src + (i64)s * sk, bytes,
+                      R.full + slot, policy);
+      ++q;
+      hook(q);
     }
-    return;
   }
+}
+
+// The consumer warps of moe_tma_gate_up_kernel (warp = split): every work item of the block,
+// act = silu(gate) * up into p.out (see the kernel).
+template <int XR>
+__device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
+                                                      const MoeTmaRing& R, int sk, int sw,
+                                                      int stages, int pairs, int items,
+                                                      int tiles, int warp, int lane) {
+  const int G = gridDim.x;
+  const int cons = p.splits, ns = cons / sw;
+  const int pitch = R.pitch, stage_bytes = R.stage_bytes;
+  MmaPartials<8>* red = R.red;
   const int g = lane >> 2, t = lane & 3;
   const int s = warp / sw;  // this warp's stage of every item
   int k_begin, k_end;
   mma_warp_k_range(p.k, cons, warp, k_begin, k_end);
   // this lane's 16 bytes of A row g at its first step (row g + 8: + 8 pitch)
   const unsigned a0 =
-      smem_addr(ring) + (unsigned)(g * pitch + 2 * (k_begin - s * sk) + 16 * t);
+      smem_addr(R.ring) + (unsigned)(g * pitch + 2 * (k_begin - s * sk) + 16 * t);
   // two items at a time (items i and i + G of this block) when the ring holds two items and
   // `pairs` is set: their mma chains are independent, so they overlap; each item's arithmetic
   // is that of one item alone. (A ring of one item cannot hold both: the producer would wait
@@ -966,7 +996,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
       const unsigned qj = q + (unsigned)(j * ns);
       slot[j] = qj % (unsigned)stages;
       c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
-      if (j < n_it) mbar_wait(full + slot[j], (qj / (unsigned)stages) & 1u);
+      if (j < n_it) mbar_wait(R.full + slot[j], (qj / (unsigned)stages) & 1u);
     }
     if constexpr (XR) {
       if (n_it == 2)
@@ -986,7 +1016,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       if (j < n_it) {
-        if (lane == 0) mbar_arrive(empty + slot[j]);
+        if (lane == 0) mbar_arrive(R.empty + slot[j]);
         mma_store_partials(red[2 * parity + j], warp, g, t, c[j]);
       }
     }
@@ -1002,6 +1032,225 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
       p.out[(i64)pn * p.out_rs + ij.m0 + rr] = v;
     }
     parity ^= 1;
+  }
+}
+#endif
+
+template <int XR>
+__global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
+                                                                          int sk, int sw,
+                                                                          int stages,
+                                                                          int pairs) {
+#if BULK_COPY_OK
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
+  const MoeTmaRing ring = moe_tma_ring(sk);
+  if (threadIdx.x == 0) {
+    moe_tma_ring_init(ring, cons, sw, stages, 0u);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // the group tables, x and act belong to the previous kernels of the step (PDL); its
+  // successor waits for this whole grid, so it may launch now
+  pdl_wait();
+  pdl_launch_dependents();
+  const int tiles = (p.m + 7) >> 3;
+  const int items = *p.num_groups * tiles;
+  if (warp == cons) {  // producer
+    MoeTmaNoHook none;
+    moe_tma_produce(p, ring, sk, ns, stages, items, tiles, lane, none);
+    return;
+  }
+  moe_tma_consume_items<XR>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
+#else
+  __trap();
+#endif
+}
+
+// ---- moe_tma_experts_kernel: both expert stages and the combine in one persistent launch ----
+// (moe.py PERSIST, NINFER_MOE_PERSIST: opt-in.) moe_tma_gate_up_kernel's grid (one persistent
+// block per SM) first runs that kernel's gate_up + SwiGLU stage into act (the same producer and
+// consumers, the same bits), while its producer also bulk-copies the block's down tiles into
+// shared memory: block b owns output columns [16 b, 16 b + 16) (moe_fused_down_kernel's block b)
+// and copies those 16 rows of every group's expert down matrix (at most MOE_EXPERTS_GROUPS
+// groups) once the ring's first fill is issued. A grid barrier (every block is resident: the
+// grid is at most one block per SM and the next kernel may launch only after it) makes every
+// block's act visible; then teams of dn.splits consumer warps compute each group's 16-row down
+// tile from the staged rows with moe_tma_consume (act read through the L2: other blocks wrote
+// it in this launch), the split sum per (row, pair) as moe_fused_down_kernel (NaN for a bad
+// expert), and the block combines its columns as that kernel does: bitwise its `out`. The down
+// stage's weights stream while the gate_up stage runs instead of after it, and one launch and
+// one PDL hand-off less per MoE layer.
+// Dynamic shared memory (moe.py experts_plan): moe_tma_gate_up_kernel's (barriers, partials,
+// `stages` ring stages), then MOE_EXPERTS_GROUPS down tiles of 16 rows moe_tma_pitch(dn.k)
+// bytes apart, then the down tiles' mbarrier.
+#define MOE_EXPERTS_GROUPS 8  // moe_tma_experts_kernel: groups whose down tiles are staged
+#define MOE_EXPERTS_TEAMS 4   // its down teams (one MmaPartials<8> each; named barriers 2..5)
+
+struct MoeTmaExpertsParams {
+  MoeGemvParams gu;  // the gate_up stage (moe_tma_gate_up_kernel's p; out = act)
+  MoeGemvParams dn;  // the down stage (moe_fused_down_kernel's p: x = act by pair, k % 32 == 0)
+  const float* w;       // routing weights [N, top_k], rows w_rs apart
+  const int* ids;       // routing ids [N, top_k], contiguous
+  const float* shared;  // the gated shared expert's output [N, H] or null, rows shared_rs apart
+  const float* gate;    // its gate logit, rows gate_rs apart
+  float* out;           // [N, H], rows out_rs apart
+  unsigned* barrier;    // the grid barrier's [arrivals, generation] (zero before first use)
+  i64 w_rs, shared_rs, gate_rs, out_rs;
+  int n_rows, sk, sw, stages, pairs, pad;
+};
+static_assert(sizeof(MoeTmaExpertsParams) == 328, "mirrored in moe.py");
+
+// Every block of the grid (all co-resident) meets here: writes before it by any thread of any
+// block are visible to reads after it. bar[0] counts arrivals (the last one resets it to 0),
+// bar[1] is the generation the waiting blocks spin on.
+__device__ __forceinline__ void moe_grid_barrier(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    volatile unsigned* gen = bar + 1;
+    const unsigned g0 = *gen;  // before arriving: the last arrival moves it on
+    __threadfence();
+    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
+      atomicExch(bar, 0u);
+      __threadfence();
+      atomicAdd(bar + 1, 1u);
+    } else {
+      while (*gen == g0) __nanosleep(32);
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+#if BULK_COPY_OK
+// The producer's hook in moe_tma_experts_kernel: once the ring's first `stages` stages are
+// issued (or at the end, `finish`), bulk-copies the block's 16 down rows of every group's expert
+// into the down tiles, all counted on one mbarrier (lanes 0..15: one row each).
+struct MoeDownCopies {
+  const MoeGemvParams* d;
+  char* tiles;
+  mbar_t* full;
+  int tile_bytes, pitch, stages, groups, lane;
+  bool issued;
+  __device__ __forceinline__ void issue() {
+    issued = true;
+    const int m0 = blockIdx.x * 16, r = lane & 15;
+    const unsigned row_bytes = 2u * (unsigned)d->k;
+    if (lane == 0) {
+      unsigned total = 0;
+      for (int grp = 0; grp < groups; ++grp) {
+        const int e = d->group_expert[grp];
+        if (e >= 0 && e < d->experts) total += row_bytes * (unsigned)max(0, min(16, d->m - m0));
+      }
+      mbar_arrive_expect_tx(full, total);
+    }
+    __syncwarp();
+    const unsigned long long policy = l2_evict_first_policy();
+    for (int grp = 0; grp < groups; ++grp) {
+      const int e = d->group_expert[grp];
+      if (lane < 16 && e >= 0 && e < d->experts && m0 + r < d->m)
+        bulk_copy_g2s(tiles + grp * tile_bytes + r * pitch,
+                      static_cast<const bf16raw*>(d->w) + (i64)e * d->w_es + (i64)(m0 + r) * d->w_rs,
+                      row_bytes, full, policy);
+    }
+  }
+  __device__ __forceinline__ void operator()(unsigned q) {
+    if (!issued && q == (unsigned)stages) issue();
+  }
+};
+#endif
+
+template <int XR>
+__global__ void __launch_bounds__(32 * (8 + 1), 1)
+    moe_tma_experts_kernel(const __grid_constant__ MoeTmaExpertsParams q) {
+#if BULK_COPY_OK
+  __shared__ float s_y[MOE_EXPERTS_GROUPS * 16];  // [pair][r] (pairs <= MOE_EXPERTS_GROUPS)
+  __shared__ int s_pair[MOE_EXPERTS_GROUPS];      // [n][rank]: the pair of row n's rank-th expert
+  __shared__ float s_cw[MOE_EXPERTS_GROUPS];      // its weight
+  const MoeGemvParams& p = q.gu;
+  const MoeGemvParams& d = q.dn;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int cons = p.splits, ns = cons / q.sw;
+  const MoeTmaRing ring = moe_tma_ring(q.sk);
+  const int dpitch = moe_tma_pitch(d.k), tile_bytes = 16 * dpitch;
+  char* const tiles = ring.ring + q.stages * ring.stage_bytes;
+  mbar_t* const dfull = reinterpret_cast<mbar_t*>(tiles + MOE_EXPERTS_GROUPS * tile_bytes);
+  const int top_k = d.top_k, n_pairs = q.n_rows * top_k;
+  if (threadIdx.x == 0) {
+    moe_tma_ring_init(ring, cons, q.sw, q.stages, MOE_EXPERTS_GROUPS * tile_bytes + 8);
+    if (d.splits > cons || n_pairs > MOE_EXPERTS_GROUPS || (int)gridDim.x * 16 < d.m ||
+        d.k % 32 != 0)
+      __trap();
+    mbar_init(dfull, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  // the routing, the group tables, x, shared and gate belong to earlier kernels of the step;
+  // the next kernel may launch only once every block is resident (after the grid barrier)
+  pdl_wait();
+  const int tiles_m = (p.m + 7) >> 3;
+  const int groups = *p.num_groups;
+  const int items = groups * tiles_m;
+  if (warp == cons) {  // producer: the gate_up ring, then (hook) the down tiles
+    MoeDownCopies copies{&d, tiles, dfull, tile_bytes, dpitch, q.stages,
+                         min(groups, MOE_EXPERTS_GROUPS), lane, false};
+    moe_tma_produce(p, ring, q.sk, ns, q.stages, items, tiles_m, lane, copies);
+    if (!copies.issued) copies.issue();
+  } else {
+    moe_tma_consume_items<XR>(p, ring, q.sk, q.sw, q.stages, q.pairs, items, tiles_m, warp,
+                              lane);
+  }
+  for (int qq = threadIdx.x; qq < n_pairs; qq += blockDim.x) {  // the combine's order
+    const int n = qq / top_k, k = qq - n * top_k, id = q.ids[qq];
+    int rank = 0;
+    for (int k2 = 0; k2 < top_k; ++k2) rank += q.ids[n * top_k + k2] < id;
+    s_pair[n * top_k + rank] = qq;
+    s_cw[n * top_k + rank] = q.w[n * q.w_rs + k];
+  }
+  moe_grid_barrier(q.barrier);  // every block's act is written and visible
+  pdl_launch_dependents();
+  const int m0 = blockIdx.x * 16;
+  if (m0 >= d.m) return;
+  const int slots = min(MOE_EXPERTS_TEAMS, cons / d.splits);
+  const int team = warp / d.splits, split = warp - team * d.splits;
+  if (warp < cons && team < slots) {
+    const int g = lane >> 2, t = lane & 3;
+    int k_begin, k_end;
+    mma_warp_k_range(d.k, d.splits, split, k_begin, k_end);
+    mbar_wait(dfull, 0u);
+    const int tt = threadIdx.x - team * 32 * d.splits;
+    for (int grp = team; grp < groups; grp += slots) {
+      const int e = d.group_expert[grp];
+      const int* gp = d.group_pairs + grp * MOE_GROUP;
+      // pair slot g's act row; an empty slot reads slot 0's (it only feeds its own column)
+      const int pr = gp[g];
+      const int p0 = __shfl_sync(0xffffffffu, pr, 0);
+      const float* xp = d.x + (i64)(pr >= 0 ? pr : p0) * d.x_rs;
+      float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      const unsigned a0 = smem_addr(tiles) + (unsigned)(grp * tile_bytes + g * dpitch +
+                                                        2 * k_begin + 16 * t);
+      moe_tma_consume<1, true>(a0, 0u, dpitch, xp, nullptr, k_begin, k_end, t, c);
+      mma_store_partials(ring.red[team], split, g, t, c[0]);
+      asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
+      for (int idx = tt; idx < 16 * 8; idx += 32 * d.splits) {
+        const int r = idx >> 3, n = idx & 7;
+        const int pn = gp[n];
+        if (m0 + r >= d.m || pn < 0) continue;
+        float v = mma_reduce_partials<0>(ring.red[team], d.splits, r, n);
+        if (e < 0 || e >= d.experts) v = NINFER_NAN;
+        s_y[pn * 16 + r] = v;
+      }
+      asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < q.n_rows * 16; idx += blockDim.x) {
+    const int n = idx >> 4, r = idx & 15, j = m0 + r;
+    if (j >= d.m) continue;
+    float acc = 0.0f;
+    for (int i = 0; i < top_k; ++i) acc += s_cw[n * top_k + i] * s_y[s_pair[n * top_k + i] * 16 + r];
+    if (q.shared) acc = acc + sigmoid_f(q.gate[n * q.gate_rs]) * q.shared[n * q.shared_rs + j];
+    q.out[n * q.out_rs + j] = acc;
   }
 #else
   __trap();

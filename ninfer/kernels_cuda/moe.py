@@ -90,6 +90,12 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 # NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
 # it can run, unless a caller says otherwise (the same bits either way).
 TMA_X_REGS = envs.moe_tma_x_regs()
+# NINFER_MOE_PERSIST (read once at import; default off): moe_block's fused decode path with the
+# bulk-copy gate_up runs both expert stages and the combine as one persistent launch
+# (moe_tma_experts_kernel: the down tiles stream during the gate_up stage, a grid barrier on
+# act) where `persist_plan` fits; bitwise the two launches. Opt-in: written without a GPU run.
+PERSIST = envs.moe_persist()
+PERSIST_GROUPS = 8  # moe.cu MOE_EXPERTS_GROUPS: the pairs (so groups) whose down tiles it stages
 # NINFER_MOE_SHARED_EARLY (read once at import; default on): the folded shared down projection
 # is computed before moe_fused_down_kernel's PDL wait where the gate_up stage before it is
 # moe_tma_gate_up_kernel (the same bits either way).
@@ -167,14 +173,24 @@ SOURCE = KernelSource("moe.cu", tuple(
        "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
     + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>"]
+    + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
-_GEMV = C.struct(("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
-                 ("group_pairs", "ptr"), ("num_groups", "ptr"), ("w_es", "i64"), ("w_rs", "i64"),
-                 ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
-                 ("splits", "i32"), ("top_k", "i32"), ("up_offset", "i32"), ("x_by_pair", "i32"),
-                 ("experts", "i32"), ("pad", "i32"))
+_GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
+                ("group_pairs", "ptr"), ("num_groups", "ptr"), ("w_es", "i64"), ("w_rs", "i64"),
+                ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
+                ("splits", "i32"), ("top_k", "i32"), ("up_offset", "i32"), ("x_by_pair", "i32"),
+                ("experts", "i32"), ("pad", "i32"))
+_GEMV = C.struct(*_GEMV_FIELDS)
 assert _GEMV.itemsize == 112
+# moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), then the combine's operands
+_EXPERTS = C.struct(*[("gu_" + n, t) for n, t in _GEMV_FIELDS],
+                    *[("dn_" + n, t) for n, t in _GEMV_FIELDS],
+                    ("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
+                    ("out", "ptr"), ("barrier", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"),
+                    ("gate_rs", "i64"), ("out_rs", "i64"), ("n_rows", "i32"), ("sk", "i32"),
+                    ("sw", "i32"), ("stages", "i32"), ("pairs", "i32"), ("pad", "i32"))
+assert _EXPERTS.itemsize == 328
 _SHARED_DOWN = C.struct(("w", "ptr"), ("x", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                         ("m", "i32"), ("k", "i32"), ("sk", "i32"), ("cons", "i32"))
 assert _SHARED_DOWN.itemsize == 48  # moe.cu MoeSharedDown
@@ -290,6 +306,7 @@ class MoeWorkspace:
     group_expert: object  # i32 [pairs]
     group_pairs: object   # i32 [pairs * 8]
     num_groups: object    # i32 [1]
+    barrier: object = None  # u32 [2], zeros: moe_tma_experts_kernel's grid barrier
 
     @classmethod
     def allocate(cls, max_rows: int, top_k: int, hidden: int, inter: int):
@@ -298,7 +315,7 @@ class MoeWorkspace:
         return cls(cp.empty((pairs, inter), dtype=np.float32),
                    cp.empty((pairs, hidden), dtype=np.float32),
                    cp.empty(pairs, dtype=np.int32), cp.empty(pairs * GROUP_STRIDE, dtype=np.int32),
-                   cp.empty(1, dtype=np.int32))
+                   cp.empty(1, dtype=np.int32), cp.zeros(2, dtype=np.uint32))
 
     def fits(self, pairs: int, hidden: int, inter: int) -> bool:
         return (self.act.shape[0] >= pairs and self.act.shape[1] == inter
@@ -401,6 +418,11 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         return
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
+    persist = persist_plan(n, top_k, hidden, inter) if fuse and tma is not None else None
+    if persist is not None and folded is None and ws.barrier is not None:
+        _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
+                         persist)
+        return
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
         _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
         # moe_tma_gate_up_kernel waits before it triggers the down launch: the shared act,
@@ -435,11 +457,67 @@ def shared_down_folds(x, top_k: int, gate_up, down, shared_down, shared_act, *,
     use_mma, _ = _gemv_plan(x, gu, dn, kind)
     if not _takes_fused(n, top_k, experts, use_mma, fused):
         return False
+    if _tma_plan(use_mma, hidden) is not None and persist_plan(n, top_k, hidden,
+                                                              gu.shape[1] // 2) is not None:
+        return False  # the persistent launch adds a shared output, it does not compute one
     sd, _ = C.weight_array(shared_down, "shared_down")
     if (sd.ndim != 2 or sd.shape[0] != hidden or shared_act.ndim != 2
             or shared_act.shape != (n, sd.shape[1]) or sd.shape[1] > FOLD_MAX_K):
         return False
     return tma_geometry(shared_act, shared_down, batch_invariant=batch_invariant) is not None
+
+
+def persist_plan(n: int, top_k: int, hidden: int, inter: int) -> TmaPlan | None:
+    """moe_tma_experts_kernel's gate_up ring (PERSIST; None where it does not run): at most
+    PERSIST_GROUPS pairs, Im % 32 == 0, a down split that fits the consumer warps, one block
+    per 16 output columns within one block per SM, and a ring that fits beside the
+    PERSIST_GROUPS staged down tiles (`smem` includes them and their barrier)."""
+    if not PERSIST or n * top_k > PERSIST_GROUPS or inter % 32 or hidden % 16:
+        return None
+    if -(-hidden // 16) > current_device().sm_count:
+        return None
+    extra = PERSIST_GROUPS * 16 * tma_pitch(inter) + 8
+    plan = tma_gate_up_plan(hidden, smem_limit=TMA_SMEM_LIMIT - extra)
+    if plan is None or mma_splits(inter, MMA_SPLITS) > plan.splits:
+        return None
+    return dataclasses.replace(plan, smem=plan.smem + extra)
+
+
+def _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
+                     plan: TmaPlan) -> None:
+    """moe_tma_experts_kernel over the group tables in `ws`: act, then out (the experts' sum
+    and the gated shared add), bitwise _gate_up_mma (bulk-copy) + _fused_down."""
+    n, hidden = x.shape
+    pairs = n * top_k
+    x_rs = C.row_stride(x, "x")
+    gu_f = dict(w=C.ptr(gu), x=C.ptr(x), out=C.ptr(ws.act), group_expert=C.ptr(ws.group_expert),
+                group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
+                w_es=gu.shape[1] * hidden, w_rs=hidden, x_rs=x_rs, out_rs=ws.act.shape[1],
+                m=inter, k=hidden, splits=plan.splits, top_k=top_k, up_offset=inter,
+                x_by_pair=0, experts=experts)
+    dn_f = dict(w=C.ptr(dn), x=C.ptr(ws.act), out=0, group_expert=C.ptr(ws.group_expert),
+                group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
+                w_es=hidden * inter, w_rs=inter, x_rs=ws.act.shape[1], out_rs=0, m=hidden,
+                k=inter, splits=mma_splits(inter, MMA_SPLITS), top_k=top_k, up_offset=inter,
+                x_by_pair=1, experts=experts)
+    shared, shared_rs, gate, gate_rs = gated if gated is not None else (None, 0, None, 0)
+    params = C.pack(_EXPERTS, **{"gu_" + k: v for k, v in gu_f.items()},
+                    **{"dn_" + k: v for k, v in dn_f.items()},
+                    w=C.ptr(weights_out), ids=C.ptr(ids_out),
+                    shared=0 if shared is None else C.ptr(shared),
+                    gate=0 if gate is None else C.ptr(gate), out=C.ptr(out),
+                    barrier=C.ptr(ws.barrier),
+                    w_rs=C.row_stride(weights_out, "weights_out"), shared_rs=int(shared_rs),
+                    gate_rs=int(gate_rs), out_rs=C.row_stride(out, "out"), n_rows=n,
+                    sk=plan.sk, sw=plan.stage_warps, stages=plan.stages, pairs=MOE_TMA_PAIRS)
+    xr = tma_x_regs_ok(hidden, plan.splits, 0, pairs, top_k) and TMA_X_REGS
+    fn = get_function(SOURCE, f"moe_tma_experts_kernel<{int(xr)}>")
+    if fn.max_dynamic_shared_size_bytes < plan.smem:
+        fn.max_dynamic_shared_size_bytes = plan.smem
+    items = pairs * ((inter + 7) // 8)
+    sms = current_device().sm_count
+    launch(fn, (min(sms, max(items, -(-hidden // 16))),), (32 * (plan.splits + 1),), (params,),
+           shared_mem=plan.smem, name="moe_tma_experts", pdl=True)
 
 
 def fused_applies(n: int, top_k: int, experts: int, use_mma: bool) -> bool:

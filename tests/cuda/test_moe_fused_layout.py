@@ -78,3 +78,31 @@ def test_folded_shared_down_constants_mirror_moe_cu():
     fields = re.findall(r"\n  (?:const \w+\*|i64|int) ([\w, ]+);", struct)
     names = [n.strip() for f in fields for n in f.split(",")]
     assert names == list(kmoe._SHARED_DOWN.names), names
+
+
+def test_persistent_experts_params_mirror_moe_cu():
+    """moe.py's _EXPERTS record and PERSIST_GROUPS are moe.cu's MoeTmaExpertsParams and
+    MOE_EXPERTS_GROUPS; its two MoeGemvParams come first, in the order gu, dn."""
+    text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
+    assert f"#define MOE_EXPERTS_GROUPS {kmoe.PERSIST_GROUPS}" in text
+    assert f"sizeof(MoeTmaExpertsParams) == {kmoe._EXPERTS.itemsize}" in text
+    struct = text[text.index("struct MoeTmaExpertsParams {"):
+                  text.index("static_assert(sizeof(MoeTmaExpertsParams)")]
+    fields = re.findall(r"\n  (?:const \w+\*|\w+\*|i64|int|MoeGemvParams) ([\w, ]+);", struct)
+    names = [n.strip() for f in fields for n in f.split(",")]
+    gemv = [n for n, _ in kmoe._GEMV_FIELDS]
+    expect = ["gu", "dn"] + [n for n in kmoe._EXPERTS.names if not n.startswith(("gu_", "dn_"))]
+    assert names == expect, names
+    assert list(kmoe._EXPERTS.names[:2 * len(gemv)]) == (
+        [f"gu_{n}" for n in gemv] + [f"dn_{n}" for n in gemv])
+
+
+@pytest.mark.parametrize("hidden,inter", [(2048, 512), (304, 96), (1040, 256), (64, 32)])
+def test_persistent_experts_ring_fits_beside_the_down_tiles(hidden, inter):
+    """persist_plan's arithmetic: the gate_up ring (at least one item) plus PERSIST_GROUPS down
+    tiles of 16 rows tma_pitch(Im) apart and their barrier fit the 227 KiB opt-in."""
+    extra = kmoe.PERSIST_GROUPS * 16 * kmoe.tma_pitch(inter) + 8
+    plan = kmoe.tma_gate_up_plan(hidden, smem_limit=kmoe.TMA_SMEM_LIMIT - extra)
+    assert plan is not None and plan.stages >= plan.per_item
+    assert plan.smem + extra <= kmoe.TMA_SMEM_LIMIT
+    assert mma_splits(inter, kmoe.MMA_SPLITS) <= plan.splits

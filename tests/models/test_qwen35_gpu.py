@@ -336,3 +336,17 @@ def test_moe_fold_shared_down_equals_linear(tmp_path, monkeypatch):
     program.backend.destroy_graphs()
     program.backend.capture_graphs()
     assert any(folds), folds  # B <= 4 fold (larger batches run the linear)
+
+
+def test_moe_persist_equals_two_launches(tmp_path, monkeypatch):
+    """NINFER_MOE_PERSIST (kernels_cuda.moe.PERSIST): the MoE layers' expert stages and combine
+    as one persistent launch give bitwise the logits and tokens of the two launches (decode
+    graphs at several batch sizes; tiny-moe takes it where B * top_k <= 8), and the captured
+    graphs do hold it."""
+    from ninfer.kernels_cuda import moe as kmoe
+
+    def configure(backend, on):
+        monkeypatch.setattr(kmoe, "PERSIST", on)
+
+    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
+                                 configure, launch="moe_tma_experts")
