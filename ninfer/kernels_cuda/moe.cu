@@ -35,6 +35,10 @@
 //   moe_mma_rows_kernel<1>; moe_fused_down_kernel = moe_mma_rows_kernel<0> over every group of
 //   a 16-column output tile + moe_combine_kernel for those columns (one block owns each output
 //   element). Same functions and orders as the four launches: bitwise the same results.
+//   moe_fused_down_kernel may also compute the gated shared expert's down projection (a team
+//   of extra warps; bitwise linear_tma_kernel's result, moe.py shared_down_folds).
+//   moe_tma_experts_kernel (moe.py PERSIST, NINFER_MOE_PERSIST, opt-in): the bulk-copy gate_up
+//   stage, a grid barrier and the fused down stage in one persistent launch (see the kernel).
 // Every kernel of the decode path (route, group, route_group, the expert stages, combine, the
 // fused pair) may be launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):

@@ -11,8 +11,11 @@ paths:
   down + combine as two launches (FUSED, NINFER_MOE_FUSED), bitwise the four-launch results;
   with MOE_TMA (NINFER_MOE_TMA, sm_90, K % 16 == 0) the gate_up stage is
   `moe_tma_gate_up_kernel` (bulk-copy ring; bitwise the rows kernel), and the fused path
-  route_group -> TMA gate_up -> fused down; `moe_route(..., workspace=)` writes the group tables
-  too and `moe_block(..., routed=True)` then runs only the expert stages (routing done earlier);
+  route_group -> TMA gate_up -> fused down (`moe_block(..., shared_down=)`: the gated shared
+  expert's down projection inside the fused down launch, where `shared_down_folds`; PERSIST:
+  TMA gate_up + fused down as one persistent launch, where `persist_plan`);
+  `moe_route(..., workspace=)` writes the group tables too and `moe_block(..., routed=True)`
+  then runs only the expert stages (routing done earlier);
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
   copy of ids), each expert's rows are padded to the largest group, and two cuBLAS
   strided-batched GEMMs (fp32 accumulation; bf16 operands for bf16 weights) do all experts.
