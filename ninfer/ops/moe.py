@@ -69,7 +69,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
             raise ValueError("moe_block: shared_down needs shared (the shared activation)")
         _, inner = check.weight("moe_block", "shared_down", shared_down, (h, None))
         if not moe_block_folds_shared_down(x, top_k, gate_up, down, shared_down, shared,
-                                           workspace=workspace, batch_invariant=batch_invariant):
+                                           batch_invariant=batch_invariant):
             raise ValueError("moe_block: shared_down folds only into the CUDA fused decode path "
                              "(check moe_block_folds_shared_down; else run linear first)")
     if shared is not None:
@@ -85,7 +85,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
 
 
 def moe_block_folds_shared_down(x, top_k: int, gate_up, down, shared_down, shared_act, *,
-                                workspace=None, batch_invariant: bool = False) -> bool:
+                                batch_invariant: bool = False) -> bool:
     """Whether `moe_block(..., shared=shared_act, shared_down=shared_down)` runs the shared
     expert's down projection inside its own launches (CUDA decode: the fused down kernel; False
     on the CPU and wherever the caller must run the `linear`)."""
