@@ -3,7 +3,9 @@
 # benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...",
 # TESTS="file[::expr] ..." (expr: the -k expression, no spaces),
 # MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
-# KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b; PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
+# KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b,
+# TIMELINES="name:ENV=1+ENV2=0:shape:batch ..." (bench.timeline per spec; needs the timeline
+# build: add NINFER_KERNEL_TIMELINE=1 to PRECOMPILE_ENVS); PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
 # also precompile the kernels those settings select, in parallel with the default set, so the
 # decode runs that use them do not compile inside their time limit; DECODE_LIMIT seconds per
 # decode run, default 120). Logs: $OUT/logs.tgz + $OUT/summary.txt.
@@ -70,6 +72,12 @@ if [ -n "${KERNELS:-}" ]; then
     note "kernels $e rc=$?"
   done
 fi
+for spec in ${TIMELINES:-}; do  # name:ENVS:shape:batch; each link of a step (timeline build)
+  IFS=: read -r name envs shape batch <<< "$spec"
+  timeout "${TIMELINE_LIMIT:-100}" env X=0 ${envs//+/ } python3 -m bench.timeline \
+    --shape "$shape" --batch "${batch:-1}" --top 25 > "$L/timeline_$name.log" 2>&1
+  note "timeline $name rc=$? $(grep -m1 '^step' "$L/timeline_$name.log")"
+done
 for e in ${PROFILE_ENVS:-}; do  # ncu per-kernel breakdown of one decode step at B=1 per env
   timeout 180 env $e ncu --clock-control none --profile-from-start off \
     --metrics gpu__time_duration.sum --csv python3 bench/profile_decode.py \
