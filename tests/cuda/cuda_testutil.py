@@ -35,6 +35,21 @@ def weight_pair(rng, shape, dtype: DType, scale: float = 1.0) -> tuple[Weight, W
     return host, Weight(cp().asarray(data), dtype)
 
 
+def tiled_experts(rng, experts: int, hidden: int, inter: int, sub: int | None = None):
+    """(gate_up, down, gate_up host, down host): `experts` bf16 MoE experts on the device
+    (gate_up [E, 2 Im, H], down [E, H, Im], scaled by 1 / sqrt(K)) whose weights repeat those of
+    `sub` random ones (expert e has expert e % sub's; None: every expert random), and the random
+    experts' host Weights for float64 oracles."""
+    k = sub or experts
+    gu_h, gu = weight_pair(rng, (k, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
+    dn_h, dn = weight_pair(rng, (k, hidden, inter), DType.BFLOAT16, inter ** -0.5)
+    if sub:
+        reps = -(-experts // sub)
+        gu = Weight(cp().tile(gu.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+        dn = Weight(cp().tile(dn.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    return gu, dn, gu_h, dn_h
+
+
 def dev(a: np.ndarray):
     return cp().asarray(a)
 

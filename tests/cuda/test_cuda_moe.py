@@ -22,6 +22,7 @@ from cuda_testutil import (
     poisoned,
     randn,
     randn_refill,
+    tiled_experts,
     weight_pair,
 )
 
@@ -486,23 +487,9 @@ def test_gemv_rows_flag_routes_moe_experts(rng, monkeypatch):
 
 # A bitwise check that reports the differing elements, and 35B-A3B-shaped expert weights.
 
-def _experts_35b(rng, experts=24):
-    """bf16 expert weights at the 35B-A3B shape (H = 2048, Im = 512) with `experts` experts."""
-    hidden, inter = 2048, 512
-    gu_h, gu_d = weight_pair(rng, (experts, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
-    dn_h, dn_d = weight_pair(rng, (experts, hidden, inter), DType.BFLOAT16, inter ** -0.5)
-    return gu_h, gu_d, dn_h, dn_d
-
-
 def _tiled_experts_35b(rng, experts, sub):
-    """(gate_up, down, gate_up host, down host): `experts` 35B-A3B-shaped bf16 experts on the
-    device whose weights repeat those of `sub` random ones (expert e has expert e % sub's), and
-    the `sub` experts' host Weights for float64 oracles."""
-    gu_h, gu_d, dn_h, dn_d = _experts_35b(rng, sub)
-    reps = -(-experts // sub)
-    gu = Weight(cp().tile(gu_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-    dn = Weight(cp().tile(dn_d.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-    return gu, dn, gu_h, dn_h
+    """cuda_testutil.tiled_experts at the 35B-A3B shape (H = 2048, Im = 512)."""
+    return tiled_experts(rng, experts, 2048, 512, sub)
 
 
 def test_moe_block_pdl_on_equals_off(rng, monkeypatch):

@@ -12,18 +12,17 @@ from cuda_testutil import (
     assert_close,
     assert_graph_replay_equals_eager,
     assert_same_bits,
-    cp,
     dev,
     host,
     poisoned,
     randn,
     randn_refill,
+    tiled_experts,
     weight_pair,
 )
 
 from ninfer import ops
 from ninfer.core.dtypes import DType, bf16_bits_to_f32
-from ninfer.core.tensor import Weight
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.ops import reference as ref
@@ -34,13 +33,7 @@ pytestmark = pytest.mark.gpu
 def _inputs(rng, n, experts, hidden, inter, shared_inter, sub=None):
     """Experts (tiled from `sub` random ones when given), x, logits [router | gate], shared act
     and shared down: (gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h)."""
-    k = sub or experts
-    gu_h, gu = weight_pair(rng, (k, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
-    dn_h, dn = weight_pair(rng, (k, hidden, inter), DType.BFLOAT16, inter ** -0.5)
-    if sub:
-        reps = -(-experts // sub)
-        gu = Weight(cp().tile(gu.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-        dn = Weight(cp().tile(dn.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
+    gu, dn, gu_h, dn_h = tiled_experts(rng, experts, hidden, inter, sub)
     sd_h, sd = weight_pair(rng, (hidden, shared_inter), DType.BFLOAT16, shared_inter ** -0.5)
     x = dev(randn(rng, (n, hidden)))
     logits = dev(randn(rng, (n, experts + 1), 2.0))

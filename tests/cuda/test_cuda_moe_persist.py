@@ -12,32 +12,18 @@ from cuda_testutil import (
     assert_close,
     assert_graph_replay_equals_eager,
     assert_same_bits,
-    cp,
     dev,
     host,
     poisoned,
     randn,
     randn_refill,
-    weight_pair,
+    tiled_experts,
 )
 
-from ninfer.core.dtypes import DType
-from ninfer.core.tensor import Weight
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.ops import reference as ref
 
 pytestmark = pytest.mark.gpu
-
-
-def _experts(rng, experts, hidden, inter, sub=None):
-    k = sub or experts
-    gu_h, gu = weight_pair(rng, (k, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
-    dn_h, dn = weight_pair(rng, (k, hidden, inter), DType.BFLOAT16, inter ** -0.5)
-    if sub:
-        reps = -(-experts // sub)
-        gu = Weight(cp().tile(gu.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-        dn = Weight(cp().tile(dn.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
-    return gu, dn, gu_h, dn_h
 
 
 def _run(monkeypatch, persist, x, logits, top_k, gu, dn, shared, routed):
@@ -89,7 +75,7 @@ def test_persist_equals_two_launches_35b_shape(rng, monkeypatch, with_shared):
     """35B-A3B experts (H 2048, Im 512, 256 tiled from 24, top 8) at B = 1: bitwise, and within
     2e-2 of float64 (bf16 weights, f32 x)."""
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 24
-    gu, dn, gu_h, dn_h = _experts(rng, experts, hidden, inter, sub)
+    gu, dn, gu_h, dn_h = tiled_experts(rng, experts, hidden, inter, sub)
     x = dev(randn(rng, (1, hidden)))
     logits_h = randn(rng, (1, experts + 1), 2.0)
     logits = dev(logits_h)
@@ -109,7 +95,7 @@ def test_persist_equals_two_launches_35b_shape(rng, monkeypatch, with_shared):
 ])
 def test_persist_equals_two_launches_odd_shapes(rng, monkeypatch, n, hidden, inter, experts,
                                                 top_k):
-    gu, dn, _, _ = _experts(rng, experts, hidden, inter)
+    gu, dn, _, _ = tiled_experts(rng, experts, hidden, inter)
     x = dev(randn(rng, (n, hidden)))
     logits = dev(randn(rng, (n, experts + 1), 2.0))
     if n > 1:  # rows 0 and 1 pick the same experts: groups of more than one pair
@@ -123,7 +109,7 @@ def test_persist_barrier_survives_many_launches(rng, monkeypatch):
     each time: every output bitwise the two-launch path's (a barrier left in a bad state would
     hang or let a block read act early)."""
     experts, top_k, hidden, inter = 64, 8, 2048, 512
-    gu, dn, _, _ = _experts(rng, experts, hidden, inter, 8)
+    gu, dn, _, _ = tiled_experts(rng, experts, hidden, inter, 8)
     monkeypatch.setattr(kmoe, "PERSIST", True)
     ws = kmoe.MoeWorkspace.allocate(1, top_k, hidden, inter)
     w, ids, out = poisoned((1, top_k)), poisoned((1, top_k), np.int32), poisoned((1, hidden))
@@ -150,7 +136,7 @@ def test_persist_graph_replay_equals_eager(rng, monkeypatch):
     monkeypatch.setattr(kmoe, "PERSIST", True)
     ctx = DeviceContext(0)
     with ctx.activate():
-        gu, dn, _, _ = _experts(rng, experts, hidden, inter, 16)
+        gu, dn, _, _ = tiled_experts(rng, experts, hidden, inter, 16)
         x = dev(randn(rng, (1, hidden)))
         logits = dev(randn(rng, (1, experts + 1), 2.0))
         shared = dev(randn(rng, (1, hidden)))

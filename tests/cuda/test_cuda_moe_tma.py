@@ -7,10 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuda_testutil import (assert_close, assert_graph_replay_equals_eager, assert_same_bits, cp,
-                           dev, host, poisoned, randn, randn_refill, weight_pair)
+                           dev, host, poisoned, randn, randn_refill, tiled_experts)
 
-from ninfer.core.dtypes import DType, bf16_bits_to_f32, f32_to_bf16_bits
-from ninfer.core.tensor import Weight
+from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.kernels_cuda.linear import tma_ok
@@ -129,11 +128,7 @@ def test_tma_gate_up_bad_expert_rows_are_nan(rng):
 
 
 def _experts(rng, experts, sub, hidden, inter):
-    _, gu = weight_pair(rng, (sub, 2 * inter, hidden), DType.BFLOAT16, hidden ** -0.5)
-    _, dn = weight_pair(rng, (sub, hidden, inter), DType.BFLOAT16, inter ** -0.5)
-    reps = -(-experts // sub)
-    return (Weight(cp().tile(gu.data, (reps, 1, 1))[:experts], DType.BFLOAT16),
-            Weight(cp().tile(dn.data, (reps, 1, 1))[:experts], DType.BFLOAT16))
+    return tiled_experts(rng, experts, hidden, inter, sub)[:2]
 
 
 def _block(monkeypatch, tma, x, logits, top_k, gu, dn, shared, fused):
