@@ -68,8 +68,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         if shared is None:
             raise ValueError("moe_block: shared_down needs shared (the shared activation)")
         _, inner = check.weight("moe_block", "shared_down", shared_down, (h, None))
-        if not moe_block_folds_shared_down(x, top_k, gate_up, down, shared_down, shared,
-                                           batch_invariant=batch_invariant):
+        if backend is not Backend.CUDA:  # (the CUDA launcher refuses what it cannot fold)
             raise ValueError("moe_block: shared_down folds only into the CUDA fused decode path "
                              "(check moe_block_folds_shared_down; else run linear first)")
     if shared is not None:
