@@ -186,6 +186,26 @@ _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "pt
                 ("experts", "i32"), ("pad", "i32"))
 _GEMV = C.struct(*_GEMV_FIELDS)
 assert _GEMV.itemsize == 112
+
+
+def _stage_fields(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int, k: int,
+                  *, splits: int, top_k: int, up_offset: int, experts: int,
+                  ws: "MoeWorkspace") -> dict:
+    """The MoeGemvParams fields of one expert stage over the group tables in `ws`: weights w
+    (strides w_es, w_rs), x rows (x_rs apart; by pair or by token), out rows (None: unused)."""
+    return dict(w=C.ptr(w), x=C.ptr(x), out=0 if out is None else C.ptr(out),
+                group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
+                num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
+                out_rs=0 if out is None else out.shape[1], m=m, k=k, splits=splits,
+                top_k=top_k, up_offset=up_offset, x_by_pair=x_by_pair, experts=experts)
+
+
+def _down_fields(dn, hidden: int, inter: int, top_k: int, experts: int,
+                 ws: "MoeWorkspace") -> dict:
+    """The fused down stage's fields: down [E, H, Im] times ws.act by pair (its out unused)."""
+    return _stage_fields(dn, inter, hidden * inter, ws.act, ws.act.shape[1], 1, None, hidden,
+                         inter, splits=mma_splits(inter, MMA_SPLITS), top_k=top_k,
+                         up_offset=inter, experts=experts, ws=ws)
 # moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), then the combine's operands
 _EXPERTS = C.struct(*[("gu_" + n, t) for n, t in _GEMV_FIELDS],
                     *[("dn_" + n, t) for n, t in _GEMV_FIELDS],
@@ -492,17 +512,10 @@ def _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out
     and the gated shared add), bitwise _gate_up_mma (bulk-copy) + _fused_down."""
     n, hidden = x.shape
     pairs = n * top_k
-    x_rs = C.row_stride(x, "x")
-    gu_f = dict(w=C.ptr(gu), x=C.ptr(x), out=C.ptr(ws.act), group_expert=C.ptr(ws.group_expert),
-                group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
-                w_es=gu.shape[1] * hidden, w_rs=hidden, x_rs=x_rs, out_rs=ws.act.shape[1],
-                m=inter, k=hidden, splits=plan.splits, top_k=top_k, up_offset=inter,
-                x_by_pair=0, experts=experts)
-    dn_f = dict(w=C.ptr(dn), x=C.ptr(ws.act), out=0, group_expert=C.ptr(ws.group_expert),
-                group_pairs=C.ptr(ws.group_pairs), num_groups=C.ptr(ws.num_groups),
-                w_es=hidden * inter, w_rs=inter, x_rs=ws.act.shape[1], out_rs=0, m=hidden,
-                k=inter, splits=mma_splits(inter, MMA_SPLITS), top_k=top_k, up_offset=inter,
-                x_by_pair=1, experts=experts)
+    gu_f = _stage_fields(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
+                         inter, hidden, splits=plan.splits, top_k=top_k, up_offset=inter,
+                         experts=experts, ws=ws)
+    dn_f = _down_fields(dn, hidden, inter, top_k, experts, ws)
     shared, shared_rs, gate, gate_rs = gated if gated is not None else (None, 0, None, 0)
     params = C.pack(_EXPERTS, **{"gu_" + k: v for k, v in gu_f.items()},
                     **{"dn_" + k: v for k, v in dn_f.items()},
@@ -581,12 +594,9 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     shared output; the kernel does not read it there); before its PDL wait where
     `shared_early` (the kernel before this launch waited before letting it start, so act is
     complete)."""
-    dn_splits = mma_splits(inter, MMA_SPLITS)
-    params = C.pack(_GEMV, w=C.ptr(dn), x=C.ptr(ws.act), out=0,
-                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
-                    num_groups=C.ptr(ws.num_groups), w_es=hidden * inter, w_rs=inter,
-                    x_rs=ws.act.shape[1], out_rs=0, m=hidden, k=inter, splits=dn_splits,
-                    top_k=top_k, up_offset=inter, x_by_pair=1, experts=experts)
+    fields = _down_fields(dn, hidden, inter, top_k, experts, ws)
+    dn_splits = fields["splits"]
+    params = C.pack(_GEMV, **fields)
     team, sd_params, smem = 0, _NO_FOLD, fused_down_smem(dn_splits)
     if folded is not None:
         weight, act = folded
@@ -745,11 +755,9 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
     C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
     xr = (xr_ok and TMA_X_REGS) if x_regs is None else x_regs
-    params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
-                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
-                    num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out.shape[1], m=m, k=k, splits=plan.splits, top_k=top_k,
-                    up_offset=m, x_by_pair=x_by_pair, experts=experts)
+    params = C.pack(_GEMV, **_stage_fields(w, w_rs, w_es, x, x_rs, x_by_pair, out, m, k,
+                                           splits=plan.splits, top_k=top_k, up_offset=m,
+                                           experts=experts, ws=ws))
     fn = get_function(SOURCE, f"moe_tma_gate_up_kernel<{int(xr)}>")
     if fn.max_dynamic_shared_size_bytes < plan.smem:
         fn.max_dynamic_shared_size_bytes = plan.smem
@@ -786,11 +794,9 @@ def launch_mma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: in
     (False); None: GEMV_ROWS. Both take the same K split (mma_splits(k, 8): K only)."""
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k, MMA_SPLITS)
-    params = C.pack(_GEMV, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out),
-                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
-                    num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out.shape[1], m=m, k=k, splits=splits, top_k=top_k,
-                    up_offset=up_offset, x_by_pair=x_by_pair, experts=experts)
+    params = C.pack(_GEMV, **_stage_fields(w, w_rs, w_es, x, x_rs, x_by_pair, out, m, k,
+                                           splits=splits, top_k=top_k, up_offset=up_offset,
+                                           experts=experts, ws=ws))
     tile = 8 if swiglu else 16
     grid = ((m + tile - 1) // tile, pairs)
     if rows:
