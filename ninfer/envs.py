@@ -128,10 +128,10 @@ def moe_shared_early() -> bool:
 
 def moe_persist() -> bool:
     """NINFER_MOE_PERSIST (default off; "1" turns it on): the MoE decode's fused path with the
-    bulk-copy gate_up runs both expert stages and the combine as one persistent launch (the down
-    weights stream during the gate_up stage; a grid barrier on the activations); bitwise the
-    two launches. Written without a GPU run: opt-in until measured. Read once, at import of the
-    launcher."""
+    bulk-copy gate_up runs both expert stages, the folded shared down and the combine as one
+    persistent launch (the down weights stream behind the gate_up stage; a grid barrier on the
+    activations); bitwise the two launches. Off: measured 2-4% slower at 35B-A3B B=1 on the
+    H200 (docs/performance.md). Read once, at import of the launcher."""
     return _flag("NINFER_MOE_PERSIST", False)
 
 

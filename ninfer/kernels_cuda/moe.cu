@@ -605,6 +605,7 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
   __shared__ float s_ys[MOE_FUSED_ROWS * 16];  // the folded shared down: [n][r]
   __shared__ int s_pair[MOE_FUSED_PAIRS];  // [n][rank]: the pair of row n's rank-th expert
   __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
+  const TimelineMarks marks;  // (phase marks: timeline build only)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const bool fold = sd.w != nullptr;
   const int splits = p.splits, warps = blockDim.x >> 5;
@@ -644,6 +645,7 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
     }
   }
   pdl_enter();
+  timeline_mark(0);
   const int top_k = p.top_k, n_pairs = n_rows * top_k;
   for (int q = threadIdx.x; q < n_pairs; q += blockDim.x) {
     const int n = q / top_k, k = q - n * top_k, id = ids[q];
@@ -683,6 +685,7 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
     }
   }
   __syncthreads();
+  timeline_mark(1);  // every group's tile summed
   for (int idx = threadIdx.x; idx < n_rows * 16; idx += blockDim.x) {
     const int n = idx >> 4, r = idx & 15, j = m0 + r;
     if (j >= p.m) continue;
@@ -781,9 +784,9 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
 // + 7], w1 = A[g + 8][same] (zeros where k0 + 8t >= k_end) and x[k0 + 8t .. + 7], and runs
 // mma_step_x8 into c[j] for the 32-k steps k0 in ascending order: per item exactly the
 // fragments and order of moe_mma_rows_kernel<1>. The items' loads are issued together and their
-// mma chains interleave (independent accumulators). CG: x is read through the L2 (ld.global.cg;
-// for an x written earlier in the same launch), else through the read-only path.
-template <int NI, bool CG = false>
+// mma chains interleave (independent accumulators). XS: x is in shared memory (generic loads),
+// else read through the read-only path.
+template <int NI, bool XS = false>
 __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
                                                 const float* x_0, const float* x_1, int k_begin,
                                                 int k_end, int t, float (&c)[2][4]) {
@@ -804,8 +807,8 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
         w0[j][i] = in ? moe_lds16(a[j] + 64 * i) : z;
         w1[j][i] = in ? moe_lds16(a[j] + 64 * i + 8 * pitch) : z;
         const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
-        xa[j][i] = in ? (CG ? __ldcg(x4) : __ldg(x4)) : zf;
-        xb[j][i] = in ? (CG ? __ldcg(x4 + 1) : __ldg(x4 + 1)) : zf;
+        xa[j][i] = in ? (XS ? x4[0] : __ldg(x4)) : zf;
+        xb[j][i] = in ? (XS ? x4[1] : __ldg(x4 + 1)) : zf;
       }
     }
 #pragma unroll
@@ -905,16 +908,11 @@ __device__ __forceinline__ void moe_tma_ring_init(const MoeTmaRing& r, int cons,
   }
 }
 
-struct MoeTmaNoHook {
-  __device__ __forceinline__ void operator()(unsigned) {}
-};
-
 // The producer warp of moe_tma_gate_up_kernel: streams the block's work items' stages into the
-// ring (see the kernel); hook(q) after the q-th stage's copies are issued.
-template <class Hook>
+// ring (see the kernel).
 __device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const MoeTmaRing& R,
                                                 int sk, int ns, int stages, int items,
-                                                int tiles, int lane, Hook& hook) {
+                                                int tiles, int lane) {
   const int G = gridDim.x;
   const unsigned long long policy = l2_evict_first_policy();
   const int r = lane & 15;  // this lane's tile row
@@ -940,7 +938,6 @@ __device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const Mo
         bulk_copy_g2s(R.ring + slot * R.stage_bytes + r * R.pitch, src + (i64)s * sk, bytes,
                       R.full + slot, policy);
       ++q;
-      hook(q);
     }
   }
 }
@@ -1046,6 +1043,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
                                                                           int stages,
                                                                           int pairs) {
 #if BULK_COPY_OK
+  const TimelineMarks marks;  // (phase marks: timeline build only; thread 0 is a consumer)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
   const MoeTmaRing ring = moe_tma_ring(sk);
@@ -1058,42 +1056,50 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   // successor waits for this whole grid, so it may launch now
   pdl_wait();
   pdl_launch_dependents();
+  timeline_mark(0);
   const int tiles = (p.m + 7) >> 3;
   const int items = *p.num_groups * tiles;
   if (warp == cons) {  // producer
-    MoeTmaNoHook none;
-    moe_tma_produce(p, ring, sk, ns, stages, items, tiles, lane, none);
+    moe_tma_produce(p, ring, sk, ns, stages, items, tiles, lane);
     return;
   }
   moe_tma_consume_items<XR>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
+  timeline_mark(1);  // thread 0: its last item's outputs stored
 #else
   __trap();
 #endif
 }
 
 // ---- moe_tma_experts_kernel: both expert stages and the combine in one persistent launch ----
-// (moe.py PERSIST, NINFER_MOE_PERSIST: opt-in.) moe_tma_gate_up_kernel's grid (one persistent
-// block per SM) first runs that kernel's gate_up + SwiGLU stage into act (the same producer and
-// consumers, the same bits), while its producer also bulk-copies the block's down tiles into
-// shared memory: block b owns output columns [16 b, 16 b + 16) (moe_fused_down_kernel's block b)
-// and copies those 16 rows of every group's expert down matrix (at most MOE_EXPERTS_GROUPS
-// groups) once the ring's first fill is issued. A grid barrier (every block is resident: the
-// grid is at most one block per SM and the next kernel may launch only after it) makes every
-// block's act visible; then teams of dn.splits consumer warps compute each group's 16-row down
-// tile from the staged rows with moe_tma_consume (act read through the L2: other blocks wrote
-// it in this launch), the split sum per (row, pair) as moe_fused_down_kernel (NaN for a bad
-// expert), and the block combines its columns as that kernel does: bitwise its `out`. The down
-// stage's weights stream while the gate_up stage runs instead of after it, and one launch and
-// one PDL hand-off less per MoE layer.
-// Dynamic shared memory (moe.py experts_plan): moe_tma_gate_up_kernel's (barriers, partials,
-// `stages` ring stages), then MOE_EXPERTS_GROUPS down tiles of 16 rows moe_tma_pitch(dn.k)
-// bytes apart, then the down tiles' mbarrier.
-#define MOE_EXPERTS_GROUPS 8  // moe_tma_experts_kernel: groups whose down tiles are staged
+// (moe.py PERSIST, NINFER_MOE_PERSIST: opt-in; measured slower than the two launches, see
+// docs/performance.md.) moe_tma_gate_up_kernel's grid (one persistent block per SM) and ring
+// first run that kernel's gate_up + SwiGLU stage into act (the same producer and consumers,
+// the same bits). Block b owns output columns [16 b, 16 b + 16) (moe_fused_down_kernel's block
+// b): once its producer has issued the block's gate_up items it goes on bulk-copying into the
+// ring's next stages the 16 rows of the folded shared down matrix (sd, where set; one stage)
+// and then those rows of every group's expert down matrix (the down tiles: `gps` groups side by
+// side per stage, row r of group j at byte 2 dn.k j of the stage's row r). A slot is refilled
+// only after its consumers released it, so these copies stream while the block's last items
+// compute. After its items the consumer warps compute the shared tile as linear_tma_kernel
+// does (tma_gemv_warps_c: bitwise `linear`), and read the tables the down stage and the
+// combine need into shared memory. A grid barrier (every block is resident: the grid is at most
+// one block per SM and the next kernel may launch only after it) makes every block's act
+// visible; the block copies all act rows into the ring stage after the down tiles (cp.async:
+// one round trip), then teams of dn.splits consumer warps compute two groups' 16-row down tiles
+// at a time (moe_tma_consume<2>), the split sum per (row, pair) as moe_fused_down_kernel (NaN
+// for a bad expert), and the block combines its columns as that kernel does: bitwise its `out`.
+// Ring: every slot's uses before the shared and down tiles were filled and consumed by the time
+// their waiters wait (the consumers' last named barrier; the grid barrier), so those parity
+// waits are exact although the waiters are not the warps that waited on those slots before.
+// Dynamic shared memory: moe_tma_gate_up_kernel's (moe.py persist_plan: its ring must hold the
+// shared tile, the down tiles of MOE_EXPERTS_GROUPS groups and their act rows).
+#define MOE_EXPERTS_GROUPS 8  // moe_tma_experts_kernel: groups whose down tiles it stages
 #define MOE_EXPERTS_TEAMS 4   // its down teams (one MmaPartials<8> each; named barriers 2..5)
 
 struct MoeTmaExpertsParams {
   MoeGemvParams gu;  // the gate_up stage (moe_tma_gate_up_kernel's p; out = act)
   MoeGemvParams dn;  // the down stage (moe_fused_down_kernel's p: x = act by pair, k % 32 == 0)
+  MoeSharedDown sd;  // the folded shared down (moe_fused_down_kernel's sd; w null: none)
   const float* w;       // routing weights [N, top_k], rows w_rs apart
   const int* ids;       // routing ids [N, top_k], contiguous
   const float* shared;  // the gated shared expert's output [N, H] or null, rows shared_rs apart
@@ -1103,7 +1109,7 @@ struct MoeTmaExpertsParams {
   i64 w_rs, shared_rs, gate_rs, out_rs;
   int n_rows, sk, sw, stages, pairs, pad;
 };
-static_assert(sizeof(MoeTmaExpertsParams) == 328, "mirrored in moe.py");
+static_assert(sizeof(MoeTmaExpertsParams) == 376, "mirrored in moe.py");
 
 // Every block of the grid (all co-resident) meets here: writes before it by any thread of any
 // block are visible to reads after it. bar[0] counts arrivals (the last one resets it to 0),
@@ -1127,83 +1133,139 @@ __device__ __forceinline__ void moe_grid_barrier(unsigned* bar) {
 }
 
 #if BULK_COPY_OK
-// The producer's hook in moe_tma_experts_kernel: once the ring's first `stages` stages are
-// issued (or at the end, `finish`), bulk-copies the block's 16 down rows of every group's expert
-// into the down tiles, all counted on one mbarrier (lanes 0..15: one row each).
-struct MoeDownCopies {
-  const MoeGemvParams* d;
-  char* tiles;
-  mbar_t* full;
-  int tile_bytes, pitch, stages, groups, lane;
-  bool issued;
-  __device__ __forceinline__ void issue() {
-    issued = true;
-    const int m0 = blockIdx.x * 16, r = lane & 15;
-    const unsigned row_bytes = 2u * (unsigned)d->k;
-    if (lane == 0) {
-      unsigned total = 0;
-      for (int grp = 0; grp < groups; ++grp) {
-        const int e = d->group_expert[grp];
-        if (e >= 0 && e < d->experts) total += row_bytes * (unsigned)max(0, min(16, d->m - m0));
-      }
-      mbar_arrive_expect_tx(full, total);
-    }
-    __syncwarp();
-    const unsigned long long policy = l2_evict_first_policy();
-    for (int grp = 0; grp < groups; ++grp) {
-      const int e = d->group_expert[grp];
-      if (lane < 16 && e >= 0 && e < d->experts && m0 + r < d->m)
-        bulk_copy_g2s(tiles + grp * tile_bytes + r * pitch,
-                      static_cast<const bf16raw*>(d->w) + (i64)e * d->w_es + (i64)(m0 + r) * d->w_rs,
-                      row_bytes, full, policy);
-    }
+// The producer of moe_tma_experts_kernel: ring stage q (lane 0 waits for its slot) holds `ng`
+// tiles of `live` rows side by side, tile j's row r (< live) bulk-copied from src[j] + r rs
+// (row_bytes each, at byte j row_bytes of the stage's row r; lanes 0..15: one row each; a null
+// src is not copied).
+__device__ __forceinline__ void moe_tma_stage_tiles(const MoeTmaRing& R, int stages, unsigned q,
+                                                    const bf16raw* const (&src)[MOE_EXPERTS_GROUPS],
+                                                    int ng, i64 rs, int live, unsigned row_bytes,
+                                                    int lane) {
+  const unsigned slot = q % (unsigned)stages, use = q / (unsigned)stages;
+  if (lane == 0) {
+    unsigned total = 0;
+    for (int j = 0; j < ng; ++j) total += src[j] ? row_bytes * (unsigned)live : 0u;
+    mbar_wait(R.empty + slot, (use & 1u) ^ 1u);
+    mbar_arrive_expect_tx(R.full + slot, total);
   }
-  __device__ __forceinline__ void operator()(unsigned q) {
-    if (!issued && q == (unsigned)stages) issue();
+  __syncwarp();
+  const unsigned long long policy = l2_evict_first_policy();
+  const int r = lane & 15;
+  for (int j = 0; j < ng; ++j)
+    if (lane < 16 && r < live && src[j])
+      bulk_copy_g2s(R.ring + slot * R.stage_bytes + r * R.pitch + j * row_bytes,
+                    src[j] + (i64)r * rs, row_bytes, R.full + slot, policy);
+}
+
+// Its down tiles from ring stage q0 on: the block's 16 rows of group grp's expert down matrix
+// (none for a bad expert), `gps` groups per stage.
+__device__ __forceinline__ void moe_tma_produce_down(const MoeGemvParams& d, const MoeTmaRing& R,
+                                                     int stages, unsigned q0, int groups,
+                                                     int gps, int lane) {
+  const int m0 = blockIdx.x * 16, live = max(0, min(16, d.m - m0));
+  for (int g0 = 0; g0 < groups; g0 += gps) {
+    const bf16raw* src[MOE_EXPERTS_GROUPS];
+    const int ng = min(gps, groups - g0);
+    for (int j = 0; j < ng; ++j) {
+      const int e = d.group_expert[g0 + j];
+      src[j] = e >= 0 && e < d.experts ? static_cast<const bf16raw*>(d.w) + (i64)e * d.w_es +
+                                             (i64)m0 * d.w_rs
+                                       : nullptr;
+    }
+    moe_tma_stage_tiles(R, stages, q0 + (unsigned)(g0 / gps), src, ng, d.w_rs, live,
+                        2u * (unsigned)d.k, lane);
   }
-};
+}
 #endif
 
 template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1)
     moe_tma_experts_kernel(const __grid_constant__ MoeTmaExpertsParams q) {
 #if BULK_COPY_OK
-  __shared__ float s_y[MOE_EXPERTS_GROUPS * 16];  // [pair][r] (pairs <= MOE_EXPERTS_GROUPS)
-  __shared__ int s_pair[MOE_EXPERTS_GROUPS];      // [n][rank]: the pair of row n's rank-th expert
-  __shared__ float s_cw[MOE_EXPERTS_GROUPS];      // its weight
+  __shared__ float s_y[MOE_EXPERTS_GROUPS * 16];   // [pair][r] (pairs <= MOE_EXPERTS_GROUPS)
+  __shared__ float s_ys[MOE_EXPERTS_GROUPS * 16];  // the folded shared down: [n][r]
+  __shared__ int s_pair[MOE_EXPERTS_GROUPS];       // [n][rank]: the pair of row n's rank-th expert
+  __shared__ float s_cw[MOE_EXPERTS_GROUPS];       // its weight
+  __shared__ float s_gate[MOE_EXPERTS_GROUPS];     // [n]: sigmoid(gate[n])
+  __shared__ int s_gp[MOE_EXPERTS_GROUPS * MOE_GROUP];  // the down groups' pair tables
+  __shared__ int s_ge[MOE_EXPERTS_GROUPS];              // and experts
+  const TimelineMarks marks;  // (phase marks: timeline build only; thread 0 is a consumer)
   const MoeGemvParams& p = q.gu;
   const MoeGemvParams& d = q.dn;
+  const MoeSharedDown& sd = q.sd;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
   const int cons = p.splits, ns = cons / q.sw;
   const MoeTmaRing ring = moe_tma_ring(q.sk);
-  const int dpitch = moe_tma_pitch(d.k), tile_bytes = 16 * dpitch;
-  char* const tiles = ring.ring + q.stages * ring.stage_bytes;
-  mbar_t* const dfull = reinterpret_cast<mbar_t*>(tiles + MOE_EXPERTS_GROUPS * tile_bytes);
+  const int gps = min(MOE_EXPERTS_GROUPS, ring.pitch / (2 * d.k));  // down tiles per stage
   const int top_k = d.top_k, n_pairs = q.n_rows * top_k;
+  const bool fold = sd.w != nullptr;
   if (threadIdx.x == 0) {
-    moe_tma_ring_init(ring, cons, q.sw, q.stages, MOE_EXPERTS_GROUPS * tile_bytes + 8);
+    moe_tma_ring_init(ring, cons, q.sw, q.stages, 0u);
     if (d.splits > cons || n_pairs > MOE_EXPERTS_GROUPS || (int)gridDim.x * 16 < d.m ||
-        d.k % 32 != 0)
+        d.k % 32 != 0 || gps < 1 ||
+        (MOE_EXPERTS_GROUPS + gps - 1) / gps + (fold ? 2 : 1) > q.stages ||
+        n_pairs * (d.k + 4) * 4 > ring.stage_bytes ||
+        (fold && (sd.m != d.m || sd.cons > 2 * cons || 2 * sd.k > ring.pitch ||
+                  sd.cons > MOE_SHARED_MAX_CONS)))
       __trap();
-    mbar_init(dfull, 1);
     mbar_init_fence();
   }
   __syncthreads();
   // the routing, the group tables, x, shared and gate belong to earlier kernels of the step;
   // the next kernel may launch only once every block is resident (after the grid barrier)
   pdl_wait();
+  timeline_mark(0);
   const int tiles_m = (p.m + 7) >> 3;
   const int groups = *p.num_groups;
   const int items = groups * tiles_m;
-  if (warp == cons) {  // producer: the gate_up ring, then (hook) the down tiles
-    MoeDownCopies copies{&d, tiles, dfull, tile_bytes, dpitch, q.stages,
-                         min(groups, MOE_EXPERTS_GROUPS), lane, false};
-    moe_tma_produce(p, ring, q.sk, ns, q.stages, items, tiles_m, lane, copies);
-    if (!copies.issued) copies.issue();
+  const int my_items =
+      items > (int)blockIdx.x ? (items - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+  const int m0 = blockIdx.x * 16;
+  const bool owns = m0 < d.m;  // the block owns output columns (down tiles, combine)
+  // the ring stages after the block's gate_up items: the shared down tile (fold), then the
+  // down tiles
+  const unsigned q_shared = (unsigned)(my_items * ns);
+  const unsigned q_down = q_shared + (fold ? 1u : 0u);
+  const int down_groups = owns ? min(groups, MOE_EXPERTS_GROUPS) : 0;
+  // after the shared and down tiles: the slot that stages act (f32 rows x_pitch floats apart;
+  // 16 bytes of padding: the 8 rows a quarter warp reads fall in distinct banks)
+  const unsigned q_act = q_down + (unsigned)((down_groups + gps - 1) / gps);
+  const int x_pitch = d.k + 4;
+  if (warp == cons) {  // producer: the gate_up items, then the shared and down tiles
+    moe_tma_produce(p, ring, q.sk, ns, q.stages, items, tiles_m, lane);
+    if (fold && owns) {
+      const bf16raw* src[MOE_EXPERTS_GROUPS] = {sd.w + (i64)m0 * sd.w_rs};
+      moe_tma_stage_tiles(ring, q.stages, q_shared, src, 1, sd.w_rs, min(16, sd.m - m0),
+                          2u * (unsigned)sd.k, lane);
+    }
+    moe_tma_produce_down(d, ring, q.stages, q_down, down_groups, gps, lane);
   } else {
     moe_tma_consume_items<XR>(p, ring, q.sk, q.sw, q.stages, q.pairs, items, tiles_m, warp,
                               lane);
   }
+  timeline_mark(1);
+  if (fold && owns && warp < cons) {  // linear(sd.x, sd.w)'s tile, as linear_tma_kernel sums it
+    const unsigned slot = q_shared % (unsigned)q.stages;
+    mbar_wait(ring.full + slot, (q_shared / (unsigned)q.stages) & 1u);
+    float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+    // x rows past N read row N - 1 (their outputs are not stored)
+    tma_gemv_warps_c<2>(ring.ring + slot * ring.stage_bytes, ring.pitch,
+                        sd.x + (i64)min(g, q.n_rows - 1) * sd.x_rs, sd.k, sd.sk, sd.cons, warp,
+                        cons, lane, c);
+    MmaPartials<16>& red = *reinterpret_cast<MmaPartials<16>*>(ring.red);
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");  // the last item's partials read
+#pragma unroll
+    for (int v = 0; v < 2; ++v)
+      if (warp + v * cons < sd.cons) mma_store_partials(red, warp + v * cons, g, t, c[v]);
+    asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");
+    for (int idx = threadIdx.x; idx < 16 * 8; idx += 32 * cons) {
+      const int r = idx >> 3, n = idx & 7;
+      if (m0 + r < sd.m && n < q.n_rows) s_ys[n * 16 + r] = mma_reduce_partials<0>(red, sd.cons, r, n);
+    }
+    timeline_mark(5);
+  }
+  // what the down stage and the combine read of earlier kernels' tables, before the barrier
   for (int qq = threadIdx.x; qq < n_pairs; qq += blockDim.x) {  // the combine's order
     const int n = qq / top_k, k = qq - n * top_k, id = q.ids[qq];
     int rank = 0;
@@ -1211,36 +1273,75 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     s_pair[n * top_k + rank] = qq;
     s_cw[n * top_k + rank] = q.w[n * q.w_rs + k];
   }
+  for (int i = threadIdx.x; i < down_groups * MOE_GROUP; i += blockDim.x)
+    s_gp[i] = d.group_pairs[i];
+  for (int i = threadIdx.x; i < down_groups; i += blockDim.x) s_ge[i] = d.group_expert[i];
+  if (q.gate)
+    for (int n = threadIdx.x; n < q.n_rows; n += blockDim.x)
+      s_gate[n] = sigmoid_f(q.gate[n * q.gate_rs]);
   moe_grid_barrier(q.barrier);  // every block's act is written and visible
   pdl_launch_dependents();
-  const int m0 = blockIdx.x * 16;
-  if (m0 >= d.m) return;
+  timeline_mark(2);
+  if (!owns) return;
+  // act (every block's) into the slot after the down tiles: one round trip through the L2
+  float* const xs =
+      reinterpret_cast<float*>(ring.ring + (q_act % (unsigned)q.stages) * ring.stage_bytes);
+  {
+    const int units = d.k >> 2;  // 16-byte units of an act row
+    const unsigned xs_s = smem_addr(xs);
+    for (int u = threadIdx.x; u < n_pairs * units; u += blockDim.x) {
+      const int pr = u / units, c = u - pr * units;
+      cp_async_16(xs_s + 4 * (pr * x_pitch + 4 * c), d.x + (i64)pr * d.x_rs + 4 * c);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+  }
+  timeline_mark(6);
+  // teams of d.splits warps; a team takes two groups at a time (grp, grp + slots) where their
+  // partials fit its MmaPartials<8> (splits [0, d.splits) and [d.splits, 2 d.splits)): their
+  // mma chains interleave, each group's arithmetic that of one group alone
   const int slots = min(MOE_EXPERTS_TEAMS, cons / d.splits);
+  const int per = 2 * d.splits <= 8 ? 2 : 1;
   const int team = warp / d.splits, split = warp - team * d.splits;
   if (warp < cons && team < slots) {
-    const int g = lane >> 2, t = lane & 3;
     int k_begin, k_end;
     mma_warp_k_range(d.k, d.splits, split, k_begin, k_end);
-    mbar_wait(dfull, 0u);
     const int tt = threadIdx.x - team * 32 * d.splits;
-    for (int grp = team; grp < groups; grp += slots) {
-      const int e = d.group_expert[grp];
-      const int* gp = d.group_pairs + grp * MOE_GROUP;
-      // pair slot g's act row; an empty slot reads slot 0's (it only feeds its own column)
-      const int pr = gp[g];
-      const int p0 = __shfl_sync(0xffffffffu, pr, 0);
-      const float* xp = d.x + (i64)(pr >= 0 ? pr : p0) * d.x_rs;
+    const MmaPartials<8>& red = ring.red[team];
+    for (int grp = team; grp < down_groups; grp += per * slots) {
+      const int n_g = grp + slots < down_groups && per == 2 ? 2 : 1;
+      unsigned a[2];
+      const float* xp[2];
       float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-      const unsigned a0 = smem_addr(tiles) + (unsigned)(grp * tile_bytes + g * dpitch +
-                                                        2 * k_begin + 16 * t);
-      moe_tma_consume<1, true>(a0, 0u, dpitch, xp, nullptr, k_begin, k_end, t, c);
-      mma_store_partials(ring.red[team], split, g, t, c[0]);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int gj = j < n_g ? grp + j * slots : grp;
+        // pair slot g's act row; an empty slot reads slot 0's (it only feeds its own column)
+        const int pr = s_gp[gj * MOE_GROUP + g];
+        const int p0 = s_gp[gj * MOE_GROUP];
+        xp[j] = xs + (pr >= 0 ? pr : p0) * x_pitch;
+        const unsigned qd = q_down + (unsigned)(gj / gps);
+        const unsigned slot = qd % (unsigned)q.stages;
+        if (j < n_g) mbar_wait(ring.full + slot, (qd / (unsigned)q.stages) & 1u);
+        a[j] = smem_addr(ring.ring) + (unsigned)(slot * ring.stage_bytes + g * ring.pitch +
+                                                 (gj % gps) * 2 * d.k + 2 * k_begin + 16 * t);
+      }
+      if (grp == 0) timeline_mark(3);  // (thread 0) the first down tiles have landed
+      if (n_g == 2)
+        moe_tma_consume<2, true>(a[0], a[1], ring.pitch, xp[0], xp[1], k_begin, k_end, t, c);
+      else
+        moe_tma_consume<1, true>(a[0], 0u, ring.pitch, xp[0], nullptr, k_begin, k_end, t, c);
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        if (j < n_g) mma_store_partials(ring.red[team], j * d.splits + split, g, t, c[j]);
       asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
-      for (int idx = tt; idx < 16 * 8; idx += 32 * d.splits) {
-        const int r = idx >> 3, n = idx & 7;
-        const int pn = gp[n];
+      for (int idx = tt; idx < 16 * 8 * n_g; idx += 32 * d.splits) {
+        const int j = idx >> 7, r = (idx >> 3) & 15, n = idx & 7, gj = grp + j * slots;
+        const int pn = s_gp[gj * MOE_GROUP + n];
         if (m0 + r >= d.m || pn < 0) continue;
-        float v = mma_reduce_partials<0>(ring.red[team], d.splits, r, n);
+        float v = 0.0f;  // mma_reduce_partials<0>'s sum over the splits in order
+        for (int w = 0; w < d.splits; ++w) v += red[j * d.splits + w][r][n];
+        const int e = s_ge[gj];
         if (e < 0 || e >= d.experts) v = NINFER_NAN;
         s_y[pn * 16 + r] = v;
       }
@@ -1248,12 +1349,16 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     }
   }
   __syncthreads();
+  timeline_mark(4);
   for (int idx = threadIdx.x; idx < q.n_rows * 16; idx += blockDim.x) {
     const int n = idx >> 4, r = idx & 15, j = m0 + r;
     if (j >= d.m) continue;
     float acc = 0.0f;
     for (int i = 0; i < top_k; ++i) acc += s_cw[n * top_k + i] * s_y[s_pair[n * top_k + i] * 16 + r];
-    if (q.shared) acc = acc + sigmoid_f(q.gate[n * q.gate_rs]) * q.shared[n * q.shared_rs + j];
+    if (fold)
+      acc = acc + s_gate[n] * s_ys[n * 16 + r];
+    else if (q.shared)
+      acc = acc + s_gate[n] * q.shared[n * q.shared_rs + j];
     q.out[n * q.out_rs + j] = acc;
   }
 #else

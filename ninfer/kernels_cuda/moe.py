@@ -95,8 +95,9 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 TMA_X_REGS = envs.moe_tma_x_regs()
 # NINFER_MOE_PERSIST (read once at import; default off): moe_block's fused decode path with the
 # bulk-copy gate_up runs both expert stages and the combine as one persistent launch
-# (moe_tma_experts_kernel: the down tiles stream during the gate_up stage, a grid barrier on
-# act) where `persist_plan` fits; bitwise the two launches. Opt-in: written without a GPU run.
+# (moe_tma_experts_kernel: the down tiles stream through the gate_up ring behind the block's
+# last items, a grid barrier on act) where `persist_plan` fits; bitwise the two launches.
+# Off by default: slower than the two launches at 35B-A3B B=1 (docs/performance.md).
 PERSIST = envs.moe_persist()
 PERSIST_GROUPS = 8  # moe.cu MOE_EXPERTS_GROUPS: the pairs (so groups) whose down tiles it stages
 # NINFER_MOE_SHARED_EARLY (read once at import; default on): the folded shared down projection
@@ -206,17 +207,20 @@ def _down_fields(dn, hidden: int, inter: int, top_k: int, experts: int,
     return _stage_fields(dn, inter, hidden * inter, ws.act, ws.act.shape[1], 1, None, hidden,
                          inter, splits=mma_splits(inter, MMA_SPLITS), top_k=top_k,
                          up_offset=inter, experts=experts, ws=ws)
-# moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), then the combine's operands
+_SHARED_DOWN_FIELDS = (("w", "ptr"), ("x", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
+                       ("m", "i32"), ("k", "i32"), ("sk", "i32"), ("cons", "i32"))
+_SHARED_DOWN = C.struct(*_SHARED_DOWN_FIELDS)
+assert _SHARED_DOWN.itemsize == 48  # moe.cu MoeSharedDown
+# moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), a MoeSharedDown (sd_*), then the
+# combine's operands
 _EXPERTS = C.struct(*[("gu_" + n, t) for n, t in _GEMV_FIELDS],
                     *[("dn_" + n, t) for n, t in _GEMV_FIELDS],
+                    *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
                     ("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
                     ("out", "ptr"), ("barrier", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"),
                     ("gate_rs", "i64"), ("out_rs", "i64"), ("n_rows", "i32"), ("sk", "i32"),
                     ("sw", "i32"), ("stages", "i32"), ("pairs", "i32"), ("pad", "i32"))
-assert _EXPERTS.itemsize == 328
-_SHARED_DOWN = C.struct(("w", "ptr"), ("x", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
-                        ("m", "i32"), ("k", "i32"), ("sk", "i32"), ("cons", "i32"))
-assert _SHARED_DOWN.itemsize == 48  # moe.cu MoeSharedDown
+assert _EXPERTS.itemsize == 376
 _NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
 
 
@@ -442,9 +446,9 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     persist = persist_plan(n, top_k, hidden, inter) if fuse and tma is not None else None
-    if persist is not None and folded is None and ws.barrier is not None:
+    if persist is not None and ws.barrier is not None:  # (shared_down_folds checked the fold)
         _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
-                         persist)
+                         persist, folded)
         return
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
         _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
@@ -480,36 +484,59 @@ def shared_down_folds(x, top_k: int, gate_up, down, shared_down, shared_act, *,
     use_mma, _ = _gemv_plan(x, gu, dn, kind)
     if not _takes_fused(n, top_k, experts, use_mma, fused):
         return False
-    if _tma_plan(use_mma, hidden) is not None and persist_plan(n, top_k, hidden,
-                                                              gu.shape[1] // 2) is not None:
-        return False  # the persistent launch adds a shared output, it does not compute one
     sd, _ = C.weight_array(shared_down, "shared_down")
     if (sd.ndim != 2 or sd.shape[0] != hidden or shared_act.ndim != 2
             or shared_act.shape != (n, sd.shape[1]) or sd.shape[1] > FOLD_MAX_K):
         return False
-    return tma_geometry(shared_act, shared_down, batch_invariant=batch_invariant) is not None
+    geometry = tma_geometry(shared_act, shared_down, batch_invariant=batch_invariant)
+    if geometry is None:
+        return False
+    inter = gu.shape[1] // 2
+    persist = (persist_plan(n, top_k, hidden, inter) if _tma_plan(use_mma, hidden) is not None
+               else None)
+    return persist is None or persist_folds(persist, inter, sd.shape[1], geometry[1])
 
 
 def persist_plan(n: int, top_k: int, hidden: int, inter: int) -> TmaPlan | None:
-    """moe_tma_experts_kernel's gate_up ring (PERSIST; None where it does not run): at most
-    PERSIST_GROUPS pairs, Im % 32 == 0, a down split that fits the consumer warps, one block
-    per 16 output columns within one block per SM, and a ring that fits beside the
-    PERSIST_GROUPS staged down tiles (`smem` includes them and their barrier)."""
+    """moe_tma_experts_kernel's ring (PERSIST; None where it does not run): moe_tma_gate_up_kernel's
+    (`tma_gate_up_plan`), at most PERSIST_GROUPS pairs, Im % 32 == 0, a down split that fits the
+    consumer warps, one block per 16 output columns within one block per SM, and a ring whose
+    stages hold the PERSIST_GROUPS down tiles (`persist_down_tiles_per_stage` side by side) and
+    then the act rows of PERSIST_GROUPS pairs (Im + 4 floats apart) in one more stage."""
     if not PERSIST or n * top_k > PERSIST_GROUPS or inter % 32 or hidden % 16:
         return None
     if -(-hidden // 16) > current_device().sm_count:
         return None
-    extra = PERSIST_GROUPS * 16 * tma_pitch(inter) + 8
-    plan = tma_gate_up_plan(hidden, smem_limit=TMA_SMEM_LIMIT - extra)
+    plan = tma_gate_up_plan(hidden)
     if plan is None or mma_splits(inter, MMA_SPLITS) > plan.splits:
         return None
-    return dataclasses.replace(plan, smem=plan.smem + extra)
+    gps = persist_down_tiles_per_stage(plan, inter)
+    if gps < 1 or PERSIST_GROUPS * (inter + 4) * 4 > 16 * tma_pitch(plan.sk):
+        return None
+    return plan if -(-PERSIST_GROUPS // gps) + 1 <= plan.stages else None
+
+
+def persist_down_tiles_per_stage(plan: TmaPlan, inter: int) -> int:
+    """moe.cu moe_tma_experts_kernel's gps: 16-row down tiles (rows of Im bf16) per ring stage,
+    side by side in the stage's rows of tma_pitch(sk) bytes (at most PERSIST_GROUPS)."""
+    return min(PERSIST_GROUPS, tma_pitch(plan.sk) // (2 * inter))
+
+
+def persist_folds(plan: TmaPlan, inter: int, shared_k: int, shared_cons: int) -> bool:
+    """Whether moe_tma_experts_kernel (ring `plan`) also computes a folded shared down
+    projection of K = shared_k whose linear_tma_kernel geometry has shared_cons consumer warps:
+    its 16-row tile fits one more ring stage (before the down tiles and act) and the block's
+    consumer warps take two of those warps' partials each."""
+    gps = persist_down_tiles_per_stage(plan, inter)
+    return (2 * shared_k <= tma_pitch(plan.sk) and shared_cons <= min(2 * plan.splits, 16)
+            and -(-PERSIST_GROUPS // gps) + 2 <= plan.stages)
 
 
 def _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
-                     plan: TmaPlan) -> None:
+                     plan: TmaPlan, folded=None) -> None:
     """moe_tma_experts_kernel over the group tables in `ws`: act, then out (the experts' sum
-    and the gated shared add), bitwise _gate_up_mma (bulk-copy) + _fused_down."""
+    and the gated shared add), bitwise _gate_up_mma (bulk-copy) + _fused_down (`folded` as
+    there, where `persist_folds`)."""
     n, hidden = x.shape
     pairs = n * top_k
     gu_f = _stage_fields(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
@@ -519,6 +546,8 @@ def _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out
     shared, shared_rs, gate, gate_rs = gated if gated is not None else (None, 0, None, 0)
     params = C.pack(_EXPERTS, **{"gu_" + k: v for k, v in gu_f.items()},
                     **{"dn_" + k: v for k, v in dn_f.items()},
+                    **({} if folded is None else
+                       {"sd_" + k: v for k, v in _shared_down_fields(folded, hidden).items()}),
                     w=C.ptr(weights_out), ids=C.ptr(ids_out),
                     shared=0 if shared is None else C.ptr(shared),
                     gate=0 if gate is None else C.ptr(gate), out=C.ptr(out),
@@ -599,15 +628,10 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     params = C.pack(_GEMV, **fields)
     team, sd_params, smem = 0, _NO_FOLD, fused_down_smem(dn_splits)
     if folded is not None:
-        weight, act = folded
-        sk, cons = tma_geometry(act, weight)
-        sd, _ = C.weight_array(weight, "shared_down")
-        inner = sd.shape[1]
+        sd = _shared_down_fields(folded, hidden)
         team = FUSED_DOWN_SHARED_WARPS
-        sd_params = C.pack(_SHARED_DOWN, w=C.ptr(sd), x=C.ptr(act),
-                           w_rs=C.row_stride(sd, "shared_down"), x_rs=C.row_stride(act, "shared"),
-                           m=hidden, k=inner, sk=sk, cons=cons)
-        smem = fused_down_smem(dn_splits, shared_k=inner, shared_cons=cons)
+        sd_params = C.pack(_SHARED_DOWN, **sd)
+        smem = fused_down_smem(dn_splits, shared_k=sd["k"], shared_cons=sd["cons"])
     flags = (DOWN_PREFETCH if prewait and DOWN_PREWAIT else 0) | (
         DOWN_SHARED_EARLY if shared_early and folded is not None and SHARED_EARLY else 0)
     fn = get_function(SOURCE, "moe_fused_down_kernel")
@@ -619,6 +643,16 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
             ids_out, np.int32(n)) + shared_args
            + (out, np.int64(C.row_stride(out, "out")), np.int32(flags)),
            shared_mem=smem, name="moe_fused_down", pdl=True)
+
+
+def _shared_down_fields(folded, hidden: int) -> dict:
+    """MoeSharedDown's fields for `folded` = (shared_down bf16 [H, Is], shared act f32 [N, Is]):
+    linear_tma_kernel's geometry for linear(act, shared_down) (`shared_down_folds` holds)."""
+    weight, act = folded
+    sk, cons = tma_geometry(act, weight)
+    sd, _ = C.weight_array(weight, "shared_down")
+    return dict(w=C.ptr(sd), x=C.ptr(act), w_rs=C.row_stride(sd, "shared_down"),
+                x_rs=C.row_stride(act, "shared"), m=hidden, k=sd.shape[1], sk=sk, cons=cons)
 
 
 def _gated_shared(shared, gate, n: int, hidden: int) -> tuple | None:

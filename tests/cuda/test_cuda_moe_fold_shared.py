@@ -116,6 +116,46 @@ def test_fold_equals_linear_odd_shapes(rng, monkeypatch, n, hidden, inter, share
                 f"n={n} H={hidden} Is={shared_inter} sk={sk} cons={cons}", fused=True)
 
 
+@pytest.mark.parametrize("n,hidden,inter,shared_inter,experts,top_k,sub,cons", [
+    (1, 2048, 512, 512, 256, 8, 24, 16),   # 35B-A3B (the default geometry)
+    (1, 2048, 512, 512, 256, 8, 24, 8),
+    (2, 1040, 256, 272, 100, 4, None, 8),  # 4 consumer warps, Is != Im, 2 rows
+    (1, 1040, 256, 1024, 64, 8, None, 8),  # Is = one stage of 1024 k
+])
+def test_persistent_fold_equals_linear(rng, monkeypatch, n, hidden, inter, shared_inter,
+                                       experts, top_k, sub, cons):
+    """The persistent expert launch (kmoe.PERSIST) computes the folded shared down itself:
+    bitwise linear(act, W) + the two launches, routed and unrouted."""
+    monkeypatch.setattr(kmoe, "PERSIST", True)
+    monkeypatch.setattr(klinear, "TMA_CONSUMERS", cons)
+    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, n, experts, hidden, inter, shared_inter,
+                                                  sub)
+    names = []
+    real = kmoe.launch
+
+    def spy(*a, **kw):
+        names.append(kw.get("name"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(kmoe, "launch", spy)
+    _check_fold(x, logits, top_k, gu, dn, act, sd, f"persistent n={n} H={hidden} cons={cons}",
+                fused=True)
+    assert "moe_tma_experts" in names and "moe_fused_down" not in names, names
+
+
+def test_persistent_fold_refusal(rng, monkeypatch):
+    """Where the persistent launch runs but cannot take the fold (linear_tma's 16 consumer
+    warps > twice its 4), shared_down_folds is False (the caller runs the GEMV); without
+    PERSIST the two launches fold it."""
+    monkeypatch.setattr(klinear, "TMA_CONSUMERS", 16)
+    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, 1, 64, 1040, 256, 272)
+    monkeypatch.setattr(kmoe, "PERSIST", True)
+    assert kmoe.persist_plan(1, 8, 1040, 256) is not None
+    assert not kmoe.shared_down_folds(x, 8, gu, dn, sd, act, fused=True)
+    monkeypatch.setattr(kmoe, "PERSIST", False)
+    assert kmoe.shared_down_folds(x, 8, gu, dn, sd, act, fused=True)
+
+
 def test_fold_batch_invariance(rng):
     """A row's folded result does not depend on the other rows of the launch."""
     gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, 8, 64, 1040, 264, 272)

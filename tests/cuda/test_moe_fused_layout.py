@@ -82,27 +82,55 @@ def test_folded_shared_down_constants_mirror_moe_cu():
 
 def test_persistent_experts_params_mirror_moe_cu():
     """moe.py's _EXPERTS record and PERSIST_GROUPS are moe.cu's MoeTmaExpertsParams and
-    MOE_EXPERTS_GROUPS; its two MoeGemvParams come first, in the order gu, dn."""
+    MOE_EXPERTS_GROUPS; its two MoeGemvParams come first, in the order gu, dn, then its
+    MoeSharedDown sd."""
     text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
     assert f"#define MOE_EXPERTS_GROUPS {kmoe.PERSIST_GROUPS}" in text
     assert f"sizeof(MoeTmaExpertsParams) == {kmoe._EXPERTS.itemsize}" in text
     struct = text[text.index("struct MoeTmaExpertsParams {"):
                   text.index("static_assert(sizeof(MoeTmaExpertsParams)")]
-    fields = re.findall(r"\n  (?:const \w+\*|\w+\*|i64|int|MoeGemvParams) ([\w, ]+);", struct)
+    fields = re.findall(
+        r"\n  (?:const \w+\*|\w+\*|i64|int|MoeGemvParams|MoeSharedDown) ([\w, ]+);", struct)
     names = [n.strip() for f in fields for n in f.split(",")]
     gemv = [n for n, _ in kmoe._GEMV_FIELDS]
-    expect = ["gu", "dn"] + [n for n in kmoe._EXPERTS.names if not n.startswith(("gu_", "dn_"))]
+    sd = list(kmoe._SHARED_DOWN.names)
+    expect = ["gu", "dn", "sd"] + [n for n in kmoe._EXPERTS.names
+                                   if not n.startswith(("gu_", "dn_", "sd_"))]
     assert names == expect, names
-    assert list(kmoe._EXPERTS.names[:2 * len(gemv)]) == (
-        [f"gu_{n}" for n in gemv] + [f"dn_{n}" for n in gemv])
+    assert list(kmoe._EXPERTS.names[:2 * len(gemv) + len(sd)]) == (
+        [f"gu_{n}" for n in gemv] + [f"dn_{n}" for n in gemv] + [f"sd_{n}" for n in sd])
 
 
 @pytest.mark.parametrize("hidden,inter", [(2048, 512), (304, 96), (1040, 256), (64, 32)])
-def test_persistent_experts_ring_fits_beside_the_down_tiles(hidden, inter):
-    """persist_plan's arithmetic: the gate_up ring (at least one item) plus PERSIST_GROUPS down
-    tiles of 16 rows tma_pitch(Im) apart and their barrier fit the 227 KiB opt-in."""
-    extra = kmoe.PERSIST_GROUPS * 16 * kmoe.tma_pitch(inter) + 8
-    plan = kmoe.tma_gate_up_plan(hidden, smem_limit=kmoe.TMA_SMEM_LIMIT - extra)
-    assert plan is not None and plan.stages >= plan.per_item
-    assert plan.smem + extra <= kmoe.TMA_SMEM_LIMIT
+def test_persistent_experts_ring_holds_the_down_tiles(monkeypatch, hidden, inter):
+    """persist_plan's arithmetic at the shapes test_cuda_moe_persist runs: the gate_up ring of
+    moe_tma_gate_up_kernel, whose stages hold PERSIST_GROUPS down tiles of 16 rows of Im bf16
+    side by side (each within its stage's row of tma_pitch(sk) bytes) and then the act rows of
+    PERSIST_GROUPS pairs, and a down split that fits the consumer warps."""
+    monkeypatch.setattr(kmoe, "PERSIST", True)
+    monkeypatch.setattr(kmoe, "current_device", lambda: type("D", (), {"sm_count": 132})())
+    plan = kmoe.persist_plan(1, 8, hidden, inter)
+    assert plan == kmoe.tma_gate_up_plan(hidden)
+    gps = kmoe.persist_down_tiles_per_stage(plan, inter)
+    assert gps >= 1 and gps * 2 * inter <= kmoe.tma_pitch(plan.sk)
+    assert -(-kmoe.PERSIST_GROUPS // gps) + 1 <= plan.stages  # + the stage of act
+    assert kmoe.PERSIST_GROUPS * (inter + 4) * 4 <= 16 * kmoe.tma_pitch(plan.sk)
     assert mma_splits(inter, kmoe.MMA_SPLITS) <= plan.splits
+    assert kmoe.persist_plan(2, 8, hidden, inter) is None  # 16 pairs
+    monkeypatch.setattr(kmoe, "PERSIST", False)
+    assert kmoe.persist_plan(1, 8, hidden, inter) is None
+
+
+@pytest.mark.parametrize("hidden,inter,shared_k,cons,folds", [
+    (2048, 512, 512, 16, True),    # 35B-A3B: 1 shared + 4 down + 1 act stage of 6
+    (2048, 512, 2048, 16, False),  # the shared tile's rows exceed a stage's
+    (1040, 256, 272, 8, True),
+    (1040, 256, 272, 16, False),   # 16 consumer warps' partials > 2 x 4 warps
+])
+def test_persistent_experts_fold_arithmetic(monkeypatch, hidden, inter, shared_k, cons, folds):
+    """persist_folds: the shared down tile takes one more ring stage and the block's consumer
+    warps compute two of linear_tma's consumer warps each."""
+    monkeypatch.setattr(kmoe, "PERSIST", True)
+    monkeypatch.setattr(kmoe, "current_device", lambda: type("D", (), {"sm_count": 132})())
+    plan = kmoe.persist_plan(1, 8, hidden, inter)
+    assert kmoe.persist_folds(plan, inter, shared_k, cons) is folds
