@@ -85,6 +85,13 @@ def moe_tma_pairs() -> bool:
     return _flag("NINFER_MOE_TMA_PAIRS", True)
 
 
+def moe_tma_sk() -> int:
+    """NINFER_MOE_TMA_SK (default 1024; 512, 1024 or 2048): the k per ring stage that
+    moe_tma_gate_up_kernel's plan aims at (bytes / 2 of each weight row's bulk copy; the same
+    bits for every plan). Read once, at import of the launcher."""
+    return _choice("NINFER_MOE_TMA_SK", 1024, MOE_TMA_STAGE_K)
+
+
 def moe_tma_x_regs() -> bool:
     """NINFER_MOE_TMA_XREGS (default on; "0" turns it off): where every pair reads one x row
     (B = 1) and each consumer warp's K range is short enough, moe_tma_gate_up_kernel's
@@ -170,6 +177,7 @@ def _choice(name: str, default: int | None, allowed: tuple[int, ...]) -> int | N
 
 
 TMA_STAGE_K = (1024, 2048)
+MOE_TMA_STAGE_K = (512, 1024, 2048)
 TMA_CONSUMERS = (8, 16)
 TMA_RING_KIB = (64, 96, 128, 160, 192)
 TMA_X_STAGES = (0, 4, 5)

@@ -1105,27 +1105,27 @@ struct MoeTmaExpertsParams {
   const float* shared;  // the gated shared expert's output [N, H] or null, rows shared_rs apart
   const float* gate;    // its gate logit, rows gate_rs apart
   float* out;           // [N, H], rows out_rs apart
-  unsigned* barrier;    // the grid barrier's [arrivals, generation] (zero before first use)
+  unsigned long long* barrier;  // the grid barrier's word (moe_grid_barrier; zero before first use)
   i64 w_rs, shared_rs, gate_rs, out_rs;
   int n_rows, sk, sw, stages, pairs, pad;
 };
 static_assert(sizeof(MoeTmaExpertsParams) == 376, "mirrored in moe.py");
 
 // Every block of the grid (all co-resident) meets here: writes before it by any thread of any
-// block are visible to reads after it. bar[0] counts arrivals (the last one resets it to 0),
-// bar[1] is the generation the waiting blocks spin on.
-__device__ __forceinline__ void moe_grid_barrier(unsigned* bar) {
+// block are visible to reads after it. `word`: arrivals (low 32 bits) and generation (high):
+// a block arrives with one atomic; the last arrival's second atomic sets the arrivals back to
+// 0 and moves the generation on, which the others wait for (any grid size, any number of uses).
+__device__ __forceinline__ void moe_grid_barrier(unsigned long long* word) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile unsigned* gen = bar + 1;
-    const unsigned g0 = *gen;  // before arriving: the last arrival moves it on
     __threadfence();
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
+    const unsigned long long old = atomicAdd(word, 1ull);
+    if ((unsigned)old == gridDim.x - 1) {
+      atomicAdd(word, (1ull << 32) - gridDim.x);
     } else {
-      while (*gen == g0) __nanosleep(32);
+      const unsigned gen = (unsigned)(old >> 32);
+      while ((unsigned)(*reinterpret_cast<volatile unsigned long long*>(word) >> 32) == gen)
+        __nanosleep(32);
     }
     __threadfence();
   }
@@ -1133,15 +1133,32 @@ __device__ __forceinline__ void moe_grid_barrier(unsigned* bar) {
 }
 
 #if BULK_COPY_OK
+// Where tile j of a ring stage of moe_tma_stage_tiles lies: 16 rows `pitch` bytes apart from
+// byte offset(j) of the stage. Tiles whose rows are contiguous in global memory (row stride =
+// the row) are one bulk copy each (rows row_bytes apart, tiles one after another); others one
+// copy per row (rows the ring's pitch apart, tiles side by side). Both fit the stage where
+// (j + 1) row_bytes <= the ring's pitch.
+struct MoeTileLayout {
+  bool whole;
+  int pitch, row_bytes;
+  __device__ __forceinline__ int offset(int j) const {
+    return whole ? j * 16 * row_bytes : j * row_bytes;
+  }
+};
+__device__ __forceinline__ MoeTileLayout moe_tile_layout(i64 rs, int row_bytes, int ring_pitch) {
+  const bool whole = 2 * rs == row_bytes;
+  return MoeTileLayout{whole, whole ? row_bytes : ring_pitch, row_bytes};
+}
+
 // The producer of moe_tma_experts_kernel: ring stage q (lane 0 waits for its slot) holds `ng`
-// tiles of `live` rows side by side, tile j's row r (< live) bulk-copied from src[j] + r rs
-// (row_bytes each, at byte j row_bytes of the stage's row r; lanes 0..15: one row each; a null
-// src is not copied).
+// tiles of `live` rows (layout L), tile j's row r (< live) from src[j] + r rs (a null src is
+// not copied): one bulk copy per tile (lanes 0..ng-1) or per row (lanes 0..15).
 __device__ __forceinline__ void moe_tma_stage_tiles(const MoeTmaRing& R, int stages, unsigned q,
                                                     const bf16raw* const (&src)[MOE_EXPERTS_GROUPS],
-                                                    int ng, i64 rs, int live, unsigned row_bytes,
-                                                    int lane) {
+                                                    int ng, i64 rs, int live,
+                                                    const MoeTileLayout& L, int lane) {
   const unsigned slot = q % (unsigned)stages, use = q / (unsigned)stages;
+  const unsigned row_bytes = (unsigned)L.row_bytes;
   if (lane == 0) {
     unsigned total = 0;
     for (int j = 0; j < ng; ++j) total += src[j] ? row_bytes * (unsigned)live : 0u;
@@ -1150,11 +1167,18 @@ __device__ __forceinline__ void moe_tma_stage_tiles(const MoeTmaRing& R, int sta
   }
   __syncwarp();
   const unsigned long long policy = l2_evict_first_policy();
+  char* const stage = R.ring + slot * R.stage_bytes;
+  if (L.whole) {
+    if (lane < ng && live > 0 && src[lane])
+      bulk_copy_g2s(stage + L.offset(lane), src[lane], row_bytes * (unsigned)live, R.full + slot,
+                    policy);
+    return;
+  }
   const int r = lane & 15;
   for (int j = 0; j < ng; ++j)
     if (lane < 16 && r < live && src[j])
-      bulk_copy_g2s(R.ring + slot * R.stage_bytes + r * R.pitch + j * row_bytes,
-                    src[j] + (i64)r * rs, row_bytes, R.full + slot, policy);
+      bulk_copy_g2s(stage + r * L.pitch + L.offset(j), src[j] + (i64)r * rs, row_bytes,
+                    R.full + slot, policy);
 }
 
 // Its down tiles from ring stage q0 on: the block's 16 rows of group grp's expert down matrix
@@ -1173,7 +1197,7 @@ __device__ __forceinline__ void moe_tma_produce_down(const MoeGemvParams& d, con
                                        : nullptr;
     }
     moe_tma_stage_tiles(R, stages, q0 + (unsigned)(g0 / gps), src, ng, d.w_rs, live,
-                        2u * (unsigned)d.k, lane);
+                        moe_tile_layout(d.w_rs, 2 * d.k, R.pitch), lane);
   }
 }
 #endif
@@ -1237,7 +1261,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     if (fold && owns) {
       const bf16raw* src[MOE_EXPERTS_GROUPS] = {sd.w + (i64)m0 * sd.w_rs};
       moe_tma_stage_tiles(ring, q.stages, q_shared, src, 1, sd.w_rs, min(16, sd.m - m0),
-                          2u * (unsigned)sd.k, lane);
+                          moe_tile_layout(sd.w_rs, 2 * sd.k, ring.pitch), lane);
     }
     moe_tma_produce_down(d, ring, q.stages, q_down, down_groups, gps, lane);
   } else {
@@ -1250,7 +1274,8 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     mbar_wait(ring.full + slot, (q_shared / (unsigned)q.stages) & 1u);
     float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
     // x rows past N read row N - 1 (their outputs are not stored)
-    tma_gemv_warps_c<2>(ring.ring + slot * ring.stage_bytes, ring.pitch,
+    tma_gemv_warps_c<2>(ring.ring + slot * ring.stage_bytes,
+                        moe_tile_layout(sd.w_rs, 2 * sd.k, ring.pitch).pitch,
                         sd.x + (i64)min(g, q.n_rows - 1) * sd.x_rs, sd.k, sd.sk, sd.cons, warp,
                         cons, lane, c);
     MmaPartials<16>& red = *reinterpret_cast<MmaPartials<16>*>(ring.red);
@@ -1308,6 +1333,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     mma_warp_k_range(d.k, d.splits, split, k_begin, k_end);
     const int tt = threadIdx.x - team * 32 * d.splits;
     const MmaPartials<8>& red = ring.red[team];
+    const MoeTileLayout dl = moe_tile_layout(d.w_rs, 2 * d.k, ring.pitch);
     for (int grp = team; grp < down_groups; grp += per * slots) {
       const int n_g = grp + slots < down_groups && per == 2 ? 2 : 1;
       unsigned a[2];
@@ -1323,14 +1349,14 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
         const unsigned qd = q_down + (unsigned)(gj / gps);
         const unsigned slot = qd % (unsigned)q.stages;
         if (j < n_g) mbar_wait(ring.full + slot, (qd / (unsigned)q.stages) & 1u);
-        a[j] = smem_addr(ring.ring) + (unsigned)(slot * ring.stage_bytes + g * ring.pitch +
-                                                 (gj % gps) * 2 * d.k + 2 * k_begin + 16 * t);
+        a[j] = smem_addr(ring.ring) + (unsigned)(slot * ring.stage_bytes + g * dl.pitch +
+                                                 dl.offset(gj % gps) + 2 * k_begin + 16 * t);
       }
       if (grp == 0) timeline_mark(3);  // (thread 0) the first down tiles have landed
       if (n_g == 2)
-        moe_tma_consume<2, true>(a[0], a[1], ring.pitch, xp[0], xp[1], k_begin, k_end, t, c);
+        moe_tma_consume<2, true>(a[0], a[1], dl.pitch, xp[0], xp[1], k_begin, k_end, t, c);
       else
-        moe_tma_consume<1, true>(a[0], 0u, ring.pitch, xp[0], nullptr, k_begin, k_end, t, c);
+        moe_tma_consume<1, true>(a[0], 0u, dl.pitch, xp[0], nullptr, k_begin, k_end, t, c);
 #pragma unroll
       for (int j = 0; j < 2; ++j)
         if (j < n_g) mma_store_partials(ring.red[team], j * d.splits + split, g, t, c[j]);

@@ -104,7 +104,7 @@ PERSIST_GROUPS = 8  # moe.cu MOE_EXPERTS_GROUPS: the pairs (so groups) whose dow
 # is computed before moe_fused_down_kernel's PDL wait where the gate_up stage before it is
 # moe_tma_gate_up_kernel (the same bits either way).
 SHARED_EARLY = envs.moe_shared_early()
-TMA_TARGET_SK = 1024  # k per ring stage aimed at (2 KiB bulk copies per weight row)
+TMA_TARGET_SK = envs.moe_tma_sk()  # k per ring stage aimed at (2 sk bytes per row's copy)
 TMA_MAX_STAGES = 16  # moe.cu MOE_TMA_MAX_STAGES
 TMA_PAD = 64  # moe.cu MOE_TMA_PAD (tma_pitch)
 TMA_XR_STEPS = 8  # moe.cu MOE_TMA_XR_STEPS
@@ -333,7 +333,8 @@ class MoeWorkspace:
     group_expert: object  # i32 [pairs]
     group_pairs: object   # i32 [pairs * 8]
     num_groups: object    # i32 [1]
-    barrier: object = None  # u32 [2], zeros: moe_tma_experts_kernel's grid barrier
+    # u32 [2], zeros: moe_tma_experts_kernel's grid barrier (one u64: arrivals | generation << 32)
+    barrier: object = None
 
     @classmethod
     def allocate(cls, max_rows: int, top_k: int, hidden: int, inter: int):

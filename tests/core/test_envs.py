@@ -32,6 +32,7 @@ def test_switch(monkeypatch, reader, name, default):
 
 @pytest.mark.parametrize("reader, name, default, allowed", [
     (envs.gemv_tma_sk, "NINFER_GEMV_TMA_SK", 1024, envs.TMA_STAGE_K),
+    (envs.moe_tma_sk, "NINFER_MOE_TMA_SK", 1024, envs.MOE_TMA_STAGE_K),
     (envs.gemv_tma_consumers, "NINFER_GEMV_TMA_CONSUMERS", 16, envs.TMA_CONSUMERS),
     (envs.gemv_tma_x_stages, "NINFER_GEMV_TMA_X_STAGES", 4, envs.TMA_X_STAGES),
     (envs.gemv_tma_tile_group, "NINFER_GEMV_TMA_TILE_GROUP", 4, envs.TMA_TILE_GROUPS),
