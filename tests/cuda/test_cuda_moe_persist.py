@@ -120,7 +120,7 @@ def test_persist_barrier_survives_many_launches(rng, monkeypatch):
         logits[...] = dev(randn(rng, (1, experts), 2.0))
         kmoe.moe_block(x, logits, top_k, gu, dn, w, ids, out, workspace=ws)
         results.append((host(x), host(logits), host(out)))
-    assert host(ws.barrier)[0] == 0
+    assert host(ws.barrier)[0] == 0 and host(ws.barrier)[1] == 40  # arrivals, generation
     monkeypatch.setattr(kmoe, "PERSIST", False)
     for xh, lh, oh in results[::7]:
         x[...] = dev(xh)
