@@ -6,6 +6,8 @@ so an unwritten element fails the comparison.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ninfer.core.dtypes import DType, f32_to_bf16_bits
@@ -48,6 +50,28 @@ def tiled_experts(rng, experts: int, hidden: int, inter: int, sub: int | None = 
         gu = Weight(cp().tile(gu.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
         dn = Weight(cp().tile(dn.data, (reps, 1, 1))[:experts], DType.BFLOAT16)
     return gu, dn, gu_h, dn_h
+
+
+@contextlib.contextmanager
+def launch_names(*modules, attrs: tuple[str, ...] = ("launch",)):
+    """Inside the block, every call of `module.<attr>` (each of `attrs` the module has) appends
+    its `name` keyword to the yielded list, in call order; the originals are restored on exit."""
+    names: list = []
+    spied = [(m, a, getattr(m, a)) for m in modules for a in attrs if hasattr(m, a)]
+
+    def spy(real):
+        def call(*args, **kw):
+            names.append(kw.get("name"))
+            return real(*args, **kw)
+        return call
+
+    try:
+        for m, a, real in spied:
+            setattr(m, a, spy(real))
+        yield names
+    finally:
+        for m, a, real in spied:
+            setattr(m, a, real)
 
 
 def dev(a: np.ndarray):

@@ -19,6 +19,7 @@ from cuda_testutil import (
     cp,
     dev,
     host,
+    launch_names,
     poisoned,
     randn,
     randn_refill,
@@ -679,24 +680,17 @@ def _routed_run(monkeypatch, x, logits, top_k, gu, dn, shared, *, routed, fused)
     ws = _poisoned_ws(n, top_k, hidden, inter)
     w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
     gate = logits[:, experts:] if shared is not None else None
-    names = []
-    real = kmoe.launch
-
-    def spy(*a, **kw):
-        names.append(kw.get("name"))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(kmoe, "launch", spy)
     route_names = []
-    if routed:
-        kmoe.moe_route(logits[:, :experts], top_k, w, ids, workspace=ws)
-        route_names, names = names, []  # spy appends to the new list
-        kmoe.moe_block(x, poisoned((n, experts)), top_k, gu, dn, w, ids, out, shared=shared,
-                       shared_gate=gate, workspace=ws, fused=fused, routed=True)
-    else:
-        kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
-                       shared_gate=gate, workspace=ws, fused=fused)
-    monkeypatch.setattr(kmoe, "launch", real)
+    with launch_names(kmoe) as names:
+        if routed:
+            kmoe.moe_route(logits[:, :experts], top_k, w, ids, workspace=ws)
+            route_names = names[:]
+            names.clear()
+            kmoe.moe_block(x, poisoned((n, experts)), top_k, gu, dn, w, ids, out, shared=shared,
+                           shared_gate=gate, workspace=ws, fused=fused, routed=True)
+        else:
+            kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
+                           shared_gate=gate, workspace=ws, fused=fused)
     return (w, ids, ws.act[:n * top_k], out), route_names, names
 
 
@@ -820,28 +814,13 @@ def _swiglu_route_run(logits, top_k, x, gate_up, *, fused: bool):
     inter = gate_up.shape[0] // 2
     ws = _poisoned_ws(n, top_k, hidden, inter)
     w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, inter))
-    names = []
-    spied = [(mod, attr, getattr(mod, attr)) for mod in (klinear, kmoe)
-             for attr in ("launch", "launch_dependent") if hasattr(mod, attr)]
-
-    def spy(real):
-        def call(*a, **kw):
-            names.append(kw.get("name"))
-            return real(*a, **kw)
-        return call
-
-    try:
-        for mod, attr, real in spied:
-            setattr(mod, attr, spy(real))
+    with launch_names(klinear, kmoe, attrs=("launch", "launch_dependent")) as names:
         if fused:
             assert ops.moe_route_with_swiglu_applies(logits, top_k, x, gate_up, workspace=ws)
             ops.moe_route_with_swiglu(logits, top_k, w, ids, x, gate_up, act, workspace=ws)
         else:
             ops.moe_route(logits, top_k, w, ids, workspace=ws)
             ops.linear_swiglu(x, gate_up, act)
-    finally:
-        for mod, attr, real in spied:
-            setattr(mod, attr, real)
     return (w, ids, act) + _tables(ws, n * top_k), names
 
 

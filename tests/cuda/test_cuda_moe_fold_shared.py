@@ -14,6 +14,7 @@ from cuda_testutil import (
     assert_same_bits,
     dev,
     host,
+    launch_names,
     poisoned,
     randn,
     randn_refill,
@@ -130,16 +131,9 @@ def test_persistent_fold_equals_linear(rng, monkeypatch, n, hidden, inter, share
     monkeypatch.setattr(klinear, "TMA_CONSUMERS", cons)
     gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, n, experts, hidden, inter, shared_inter,
                                                   sub)
-    names = []
-    real = kmoe.launch
-
-    def spy(*a, **kw):
-        names.append(kw.get("name"))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(kmoe, "launch", spy)
-    _check_fold(x, logits, top_k, gu, dn, act, sd, f"persistent n={n} H={hidden} cons={cons}",
-                fused=True)
+    with launch_names(kmoe) as names:
+        _check_fold(x, logits, top_k, gu, dn, act, sd,
+                    f"persistent n={n} H={hidden} cons={cons}", fused=True)
     assert "moe_tma_experts" in names and "moe_fused_down" not in names, names
 
 

@@ -14,6 +14,7 @@ from cuda_testutil import (
     assert_same_bits,
     dev,
     host,
+    launch_names,
     poisoned,
     randn,
     randn_refill,
@@ -36,21 +37,11 @@ def _run(monkeypatch, persist, x, logits, top_k, gu, dn, shared, routed):
     ws.act.fill(np.nan)
     w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
     gate = logits[:, experts:] if shared is not None else None
-    names = []
-    real = kmoe.launch
-
-    def spy(*a, **kw):
-        names.append(kw.get("name"))
-        return real(*a, **kw)
-
-    monkeypatch.setattr(kmoe, "launch", spy)
-    try:
+    with launch_names(kmoe) as names:
         if routed:
             kmoe.moe_route(logits[:, :experts], top_k, w, ids, workspace=ws)
         kmoe.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out, shared=shared,
                        shared_gate=gate, workspace=ws, fused=True, routed=routed)
-    finally:
-        monkeypatch.setattr(kmoe, "launch", real)
     return (w, ids, ws.act[:n * top_k], out), names
 
 
