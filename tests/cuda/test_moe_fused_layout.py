@@ -90,7 +90,8 @@ def test_persistent_experts_params_mirror_moe_cu():
     struct = text[text.index("struct MoeTmaExpertsParams {"):
                   text.index("static_assert(sizeof(MoeTmaExpertsParams)")]
     fields = re.findall(
-        r"\n  (?:const \w+\*|\w+\*|i64|int|MoeGemvParams|MoeSharedDown) ([\w, ]+);", struct)
+        r"\n  (?:const \w+\*|unsigned long long\*|\w+\*|i64|int|MoeGemvParams|MoeSharedDown) "
+        r"([\w, ]+);", struct)
     names = [n.strip() for f in fields for n in f.split(",")]
     gemv = [n for n, _ in kmoe._GEMV_FIELDS]
     sd = list(kmoe._SHARED_DOWN.names)
