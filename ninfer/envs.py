@@ -133,6 +133,14 @@ def moe_shared_early() -> bool:
     return _flag("NINFER_MOE_SHARED_EARLY", True)
 
 
+def moe_tma_down() -> bool:
+    """NINFER_MOE_TMA_DOWN (default off; "1" turns it on): after the bulk-copy gate_up stage, the
+    MoE decode's fused down stage runs moe_tma_down_kernel (weights bulk-copied and tables read
+    before its PDL wait, act after it); bitwise moe_fused_down_kernel. Written without a GPU
+    run: opt-in until measured. Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA_DOWN", False)
+
+
 def moe_persist() -> bool:
     """NINFER_MOE_PERSIST (default off; "1" turns it on): the MoE decode's fused path with the
     bulk-copy gate_up runs both expert stages, the folded shared down and the combine as one

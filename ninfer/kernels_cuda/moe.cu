@@ -39,6 +39,8 @@
 //   of extra warps; bitwise linear_tma_kernel's result, moe.py shared_down_folds).
 //   moe_tma_experts_kernel (moe.py PERSIST, NINFER_MOE_PERSIST, opt-in): the bulk-copy gate_up
 //   stage, a grid barrier and the fused down stage in one persistent launch (see the kernel).
+//   moe_tma_down_kernel (moe.py TMA_DOWN, NINFER_MOE_TMA_DOWN, opt-in): the fused down stage
+//   after the bulk-copy gate_up with its weights copied and tables read before pdl_wait.
 // Every kernel of the decode path (route, group, route_group, the expert stages, combine, the
 // fused pair) may be launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
@@ -1202,23 +1204,188 @@ __device__ __forceinline__ void moe_tma_produce_down(const MoeGemvParams& d, con
 }
 #endif
 
+#if BULK_COPY_OK
+// ---- The fused down stage from shared memory: moe_tma_experts_kernel's and moe_tma_down_kernel's
+// block (output columns [m0, m0 + 16)), bitwise moe_fused_down_kernel's ----
+
+// The block's small tables: its down groups' pair tables and experts, the combine's order
+// (pair and weight of row n's rank-th expert), sigmoid of the shared gate per row, and the
+// stage's results (y per pair, the folded shared down per row).
+struct MoeDownBlock {
+  float y[MOE_EXPERTS_GROUPS * 16];   // [pair][r] (pairs <= MOE_EXPERTS_GROUPS)
+  float ys[MOE_EXPERTS_GROUPS * 16];  // the folded shared down: [n][r]
+  int pair[MOE_EXPERTS_GROUPS];       // [n][rank]: the pair of row n's rank-th expert
+  float cw[MOE_EXPERTS_GROUPS];       // its weight
+  float gate[MOE_EXPERTS_GROUPS];     // [n]: sigmoid(gate[n])
+  int gp[MOE_EXPERTS_GROUPS * MOE_GROUP];
+  int ge[MOE_EXPERTS_GROUPS];
+};
+
+// The block's threads read those tables (earlier kernels' outputs) into b; the caller
+// synchronises the block before they are read.
+__device__ __forceinline__ void moe_down_tables(const MoeGemvParams& d, const int* ids,
+                                                const float* w, i64 w_rs, const float* gate,
+                                                i64 gate_rs, int n_rows, int down_groups,
+                                                MoeDownBlock& b) {
+  const int top_k = d.top_k, n_pairs = n_rows * top_k;
+  for (int qq = threadIdx.x; qq < n_pairs; qq += blockDim.x) {  // the combine's order
+    const int n = qq / top_k, k = qq - n * top_k, id = ids[qq];
+    int rank = 0;
+    for (int k2 = 0; k2 < top_k; ++k2) rank += ids[n * top_k + k2] < id;
+    b.pair[n * top_k + rank] = qq;
+    b.cw[n * top_k + rank] = w[n * w_rs + k];
+  }
+  for (int i = threadIdx.x; i < down_groups * MOE_GROUP; i += blockDim.x) b.gp[i] = d.group_pairs[i];
+  for (int i = threadIdx.x; i < down_groups; i += blockDim.x) b.ge[i] = d.group_expert[i];
+  if (gate)
+    for (int n = threadIdx.x; n < n_rows; n += blockDim.x) b.gate[n] = sigmoid_f(gate[n * gate_rs]);
+}
+
+// linear(sd.x, sd.w)'s 16-row tile at `a` (rows a_pitch bytes apart), as linear_tma_kernel sums
+// it, into b.ys by warps 0..cons-1 (two of its consumer warps each: sd.cons <= 2 cons), which
+// meet at named barrier 1 (32 cons threads) before writing `red` and before reducing it.
+__device__ __forceinline__ void moe_shared_tile(const MoeSharedDown& sd, int n_rows, int m0,
+                                                const char* a, int a_pitch,
+                                                MmaPartials<16>& red, MoeDownBlock& b, int cons,
+                                                int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+  // x rows past N read row N - 1 (their outputs are not stored)
+  tma_gemv_warps_c<2>(a, a_pitch, sd.x + (i64)min(g, n_rows - 1) * sd.x_rs, sd.k, sd.sk,
+                      sd.cons, warp, cons, lane, c);
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");  // red's earlier readers done
+#pragma unroll
+  for (int v = 0; v < 2; ++v)
+    if (warp + v * cons < sd.cons) mma_store_partials(red, warp + v * cons, g, t, c[v]);
+  asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");
+  for (int idx = threadIdx.x; idx < 16 * 8; idx += 32 * cons) {
+    const int r = idx >> 3, n = idx & 7;
+    if (m0 + r < sd.m && n < n_rows) b.ys[n * 16 + r] = mma_reduce_partials<0>(red, sd.cons, r, n);
+  }
+}
+
+// The block's threads copy the n_pairs act rows (f32, d.x by pair) into xs, x_pitch floats
+// apart (16 bytes of padding: the 8 rows a quarter warp reads fall in distinct banks): one
+// round trip through the L2 (cp.async.cg: act may have been written by other blocks of this
+// launch); the block is synchronised after.
+__device__ __forceinline__ void moe_stage_act(const MoeGemvParams& d, int n_pairs, float* xs,
+                                              int x_pitch) {
+  const int units = d.k >> 2;  // 16-byte units of an act row
+  const unsigned xs_s = smem_addr(xs);
+  for (int u = threadIdx.x; u < n_pairs * units; u += blockDim.x) {
+    const int pr = u / units, c = u - pr * units;
+    cp_async_16(xs_s + 4 * (pr * x_pitch + 4 * c), d.x + (i64)pr * d.x_rs + 4 * c);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+}
+
+// The down tiles of groups 0..down_groups-1 into b.y: teams of d.splits warps among warps
+// 0..cons-1 (at most MOE_EXPERTS_TEAMS; team i meets at named barrier 2 + i and sums into
+// red[i]); a team takes two groups at a time (grp, grp + slots) where their partials fit its
+// MmaPartials<8> (splits [0, d.splits) and [d.splits, 2 d.splits)): their mma chains
+// interleave, each group's arithmetic that of one group alone (moe_tma_consume: the
+// fragments and order of moe_fused_down_kernel's tiles). tile.wait(grp) waits for group grp's
+// 16 rows, tile.addr(grp) is their shared address (rows tile.pitch bytes apart); act rows at
+// xs, x_pitch floats apart. The caller synchronises the block after.
+template <class Tiles>
+__device__ __forceinline__ void moe_down_teams(const MoeGemvParams& d, int down_groups, int m0,
+                                               const Tiles& tile, const float* xs, int x_pitch,
+                                               MmaPartials<8>* red, MoeDownBlock& b, int cons,
+                                               int warp, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int slots = min(MOE_EXPERTS_TEAMS, cons / d.splits);
+  const int per = 2 * d.splits <= 8 ? 2 : 1;
+  const int team = warp / d.splits, split = warp - team * d.splits;
+  if (warp >= cons || team >= slots) return;
+  int k_begin, k_end;
+  mma_warp_k_range(d.k, d.splits, split, k_begin, k_end);
+  const int tt = threadIdx.x - team * 32 * d.splits;
+  for (int grp = team; grp < down_groups; grp += per * slots) {
+    const int n_g = grp + slots < down_groups && per == 2 ? 2 : 1;
+    unsigned a[2];
+    const float* xp[2];
+    float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int gj = j < n_g ? grp + j * slots : grp;
+      // pair slot g's act row; an empty slot reads slot 0's (it only feeds its own column)
+      const int pr = b.gp[gj * MOE_GROUP + g];
+      const int p0 = b.gp[gj * MOE_GROUP];
+      xp[j] = xs + (pr >= 0 ? pr : p0) * x_pitch;
+      if (j < n_g) tile.wait(gj);
+      a[j] = tile.addr(gj) + (unsigned)(g * tile.pitch + 2 * k_begin + 16 * t);
+    }
+    if (grp == 0) timeline_mark(3);  // (thread 0) the first down tiles have landed
+    if (n_g == 2)
+      moe_tma_consume<2, true>(a[0], a[1], tile.pitch, xp[0], xp[1], k_begin, k_end, t, c);
+    else
+      moe_tma_consume<1, true>(a[0], 0u, tile.pitch, xp[0], nullptr, k_begin, k_end, t, c);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      if (j < n_g) mma_store_partials(red[team], j * d.splits + split, g, t, c[j]);
+    asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
+    for (int idx = tt; idx < 16 * 8 * n_g; idx += 32 * d.splits) {
+      const int j = idx >> 7, r = (idx >> 3) & 15, n = idx & 7, gj = grp + j * slots;
+      const int pn = b.gp[gj * MOE_GROUP + n];
+      if (m0 + r >= d.m || pn < 0) continue;
+      float v = 0.0f;  // mma_reduce_partials<0>'s sum over the splits in order
+      for (int w = 0; w < d.splits; ++w) v += red[team][j * d.splits + w][r][n];
+      const int e = b.ge[gj];
+      if (e < 0 || e >= d.experts) v = NINFER_NAN;
+      b.y[pn * 16 + r] = v;
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
+  }
+}
+
+// The combine of the block's columns (moe_fused_down_kernel's): out[n][m0 + r] = the routing
+// weights' sum of the row's experts' y in ascending expert order, + sigmoid(gate) times the
+// folded shared down (fold) or `shared`.
+__device__ __forceinline__ void moe_down_combine(const MoeDownBlock& b, int n_rows, int top_k,
+                                                 int m0, int m, bool fold, const float* shared,
+                                                 i64 shared_rs, float* out, i64 out_rs) {
+  for (int idx = threadIdx.x; idx < n_rows * 16; idx += blockDim.x) {
+    const int n = idx >> 4, r = idx & 15, j = m0 + r;
+    if (j >= m) continue;
+    float acc = 0.0f;
+    for (int i = 0; i < top_k; ++i) acc += b.cw[n * top_k + i] * b.y[b.pair[n * top_k + i] * 16 + r];
+    if (fold)
+      acc = acc + b.gate[n] * b.ys[n * 16 + r];
+    else if (shared)
+      acc = acc + b.gate[n] * shared[n * shared_rs + j];
+    out[n * out_rs + j] = acc;
+  }
+}
+
+// moe_tma_experts_kernel's down tiles: in the ring stages from q_down on, `gps` per stage
+// (layout `layout`; `base`: the ring's shared address).
+struct MoeRingTiles {
+  mbar_t* full;
+  unsigned base, q_down;
+  MoeTileLayout layout;
+  int gps, stages, stage_bytes, pitch;
+  __device__ __forceinline__ void wait(int grp) const {
+    const unsigned qd = q_down + (unsigned)(grp / gps);
+    mbar_wait(full + qd % (unsigned)stages, (qd / (unsigned)stages) & 1u);
+  }
+  __device__ __forceinline__ unsigned addr(int grp) const {
+    const unsigned qd = q_down + (unsigned)(grp / gps);
+    return base + (unsigned)((qd % (unsigned)stages) * stage_bytes + layout.offset(grp % gps));
+  }
+};
+#endif
+
 template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1)
     moe_tma_experts_kernel(const __grid_constant__ MoeTmaExpertsParams q) {
 #if BULK_COPY_OK
-  __shared__ float s_y[MOE_EXPERTS_GROUPS * 16];   // [pair][r] (pairs <= MOE_EXPERTS_GROUPS)
-  __shared__ float s_ys[MOE_EXPERTS_GROUPS * 16];  // the folded shared down: [n][r]
-  __shared__ int s_pair[MOE_EXPERTS_GROUPS];       // [n][rank]: the pair of row n's rank-th expert
-  __shared__ float s_cw[MOE_EXPERTS_GROUPS];       // its weight
-  __shared__ float s_gate[MOE_EXPERTS_GROUPS];     // [n]: sigmoid(gate[n])
-  __shared__ int s_gp[MOE_EXPERTS_GROUPS * MOE_GROUP];  // the down groups' pair tables
-  __shared__ int s_ge[MOE_EXPERTS_GROUPS];              // and experts
+  __shared__ MoeDownBlock b;
   const TimelineMarks marks;  // (phase marks: timeline build only; thread 0 is a consumer)
   const MoeGemvParams& p = q.gu;
   const MoeGemvParams& d = q.dn;
   const MoeSharedDown& sd = q.sd;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t = lane & 3;
   const int cons = p.splits, ns = cons / q.sw;
   const MoeTmaRing ring = moe_tma_ring(q.sk);
   const int gps = min(MOE_EXPERTS_GROUPS, ring.pitch / (2 * d.k));  // down tiles per stage
@@ -1248,12 +1415,10 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
   const int m0 = blockIdx.x * 16;
   const bool owns = m0 < d.m;  // the block owns output columns (down tiles, combine)
   // the ring stages after the block's gate_up items: the shared down tile (fold), then the
-  // down tiles
+  // down tiles, then (a slot of its own) act
   const unsigned q_shared = (unsigned)(my_items * ns);
   const unsigned q_down = q_shared + (fold ? 1u : 0u);
   const int down_groups = owns ? min(groups, MOE_EXPERTS_GROUPS) : 0;
-  // after the shared and down tiles: the slot that stages act (f32 rows x_pitch floats apart;
-  // 16 bytes of padding: the 8 rows a quarter warp reads fall in distinct banks)
   const unsigned q_act = q_down + (unsigned)((down_groups + gps - 1) / gps);
   const int x_pitch = d.k + 4;
   if (warp == cons) {  // producer: the gate_up items, then the shared and down tiles
@@ -1269,124 +1434,172 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
                               lane);
   }
   timeline_mark(1);
-  if (fold && owns && warp < cons) {  // linear(sd.x, sd.w)'s tile, as linear_tma_kernel sums it
+  if (fold && owns && warp < cons) {
     const unsigned slot = q_shared % (unsigned)q.stages;
     mbar_wait(ring.full + slot, (q_shared / (unsigned)q.stages) & 1u);
-    float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-    // x rows past N read row N - 1 (their outputs are not stored)
-    tma_gemv_warps_c<2>(ring.ring + slot * ring.stage_bytes,
-                        moe_tile_layout(sd.w_rs, 2 * sd.k, ring.pitch).pitch,
-                        sd.x + (i64)min(g, q.n_rows - 1) * sd.x_rs, sd.k, sd.sk, sd.cons, warp,
-                        cons, lane, c);
-    MmaPartials<16>& red = *reinterpret_cast<MmaPartials<16>*>(ring.red);
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");  // the last item's partials read
-#pragma unroll
-    for (int v = 0; v < 2; ++v)
-      if (warp + v * cons < sd.cons) mma_store_partials(red, warp + v * cons, g, t, c[v]);
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");
-    for (int idx = threadIdx.x; idx < 16 * 8; idx += 32 * cons) {
-      const int r = idx >> 3, n = idx & 7;
-      if (m0 + r < sd.m && n < q.n_rows) s_ys[n * 16 + r] = mma_reduce_partials<0>(red, sd.cons, r, n);
-    }
+    // (red: the gate_up consumers' partials until their last item's named barrier 1)
+    moe_shared_tile(sd, q.n_rows, m0, ring.ring + slot * ring.stage_bytes,
+                    moe_tile_layout(sd.w_rs, 2 * sd.k, ring.pitch).pitch,
+                    *reinterpret_cast<MmaPartials<16>*>(ring.red), b, cons, warp, lane);
     timeline_mark(5);
   }
   // what the down stage and the combine read of earlier kernels' tables, before the barrier
-  for (int qq = threadIdx.x; qq < n_pairs; qq += blockDim.x) {  // the combine's order
-    const int n = qq / top_k, k = qq - n * top_k, id = q.ids[qq];
-    int rank = 0;
-    for (int k2 = 0; k2 < top_k; ++k2) rank += q.ids[n * top_k + k2] < id;
-    s_pair[n * top_k + rank] = qq;
-    s_cw[n * top_k + rank] = q.w[n * q.w_rs + k];
-  }
-  for (int i = threadIdx.x; i < down_groups * MOE_GROUP; i += blockDim.x)
-    s_gp[i] = d.group_pairs[i];
-  for (int i = threadIdx.x; i < down_groups; i += blockDim.x) s_ge[i] = d.group_expert[i];
-  if (q.gate)
-    for (int n = threadIdx.x; n < q.n_rows; n += blockDim.x)
-      s_gate[n] = sigmoid_f(q.gate[n * q.gate_rs]);
+  moe_down_tables(d, q.ids, q.w, q.w_rs, q.gate, q.gate_rs, q.n_rows, down_groups, b);
   moe_grid_barrier(q.barrier);  // every block's act is written and visible
   pdl_launch_dependents();
   timeline_mark(2);
   if (!owns) return;
-  // act (every block's) into the slot after the down tiles: one round trip through the L2
   float* const xs =
       reinterpret_cast<float*>(ring.ring + (q_act % (unsigned)q.stages) * ring.stage_bytes);
-  {
-    const int units = d.k >> 2;  // 16-byte units of an act row
-    const unsigned xs_s = smem_addr(xs);
-    for (int u = threadIdx.x; u < n_pairs * units; u += blockDim.x) {
-      const int pr = u / units, c = u - pr * units;
-      cp_async_16(xs_s + 4 * (pr * x_pitch + 4 * c), d.x + (i64)pr * d.x_rs + 4 * c);
-    }
-    cp_async_wait_all();
-    __syncthreads();
-  }
+  moe_stage_act(d, n_pairs, xs, x_pitch);
   timeline_mark(6);
-  // teams of d.splits warps; a team takes two groups at a time (grp, grp + slots) where their
-  // partials fit its MmaPartials<8> (splits [0, d.splits) and [d.splits, 2 d.splits)): their
-  // mma chains interleave, each group's arithmetic that of one group alone
-  const int slots = min(MOE_EXPERTS_TEAMS, cons / d.splits);
-  const int per = 2 * d.splits <= 8 ? 2 : 1;
-  const int team = warp / d.splits, split = warp - team * d.splits;
-  if (warp < cons && team < slots) {
-    int k_begin, k_end;
-    mma_warp_k_range(d.k, d.splits, split, k_begin, k_end);
-    const int tt = threadIdx.x - team * 32 * d.splits;
-    const MmaPartials<8>& red = ring.red[team];
-    const MoeTileLayout dl = moe_tile_layout(d.w_rs, 2 * d.k, ring.pitch);
-    for (int grp = team; grp < down_groups; grp += per * slots) {
-      const int n_g = grp + slots < down_groups && per == 2 ? 2 : 1;
-      unsigned a[2];
-      const float* xp[2];
-      float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int gj = j < n_g ? grp + j * slots : grp;
-        // pair slot g's act row; an empty slot reads slot 0's (it only feeds its own column)
-        const int pr = s_gp[gj * MOE_GROUP + g];
-        const int p0 = s_gp[gj * MOE_GROUP];
-        xp[j] = xs + (pr >= 0 ? pr : p0) * x_pitch;
-        const unsigned qd = q_down + (unsigned)(gj / gps);
-        const unsigned slot = qd % (unsigned)q.stages;
-        if (j < n_g) mbar_wait(ring.full + slot, (qd / (unsigned)q.stages) & 1u);
-        a[j] = smem_addr(ring.ring) + (unsigned)(slot * ring.stage_bytes + g * dl.pitch +
-                                                 dl.offset(gj % gps) + 2 * k_begin + 16 * t);
-      }
-      if (grp == 0) timeline_mark(3);  // (thread 0) the first down tiles have landed
-      if (n_g == 2)
-        moe_tma_consume<2, true>(a[0], a[1], dl.pitch, xp[0], xp[1], k_begin, k_end, t, c);
-      else
-        moe_tma_consume<1, true>(a[0], 0u, dl.pitch, xp[0], nullptr, k_begin, k_end, t, c);
-#pragma unroll
-      for (int j = 0; j < 2; ++j)
-        if (j < n_g) mma_store_partials(ring.red[team], j * d.splits + split, g, t, c[j]);
-      asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
-      for (int idx = tt; idx < 16 * 8 * n_g; idx += 32 * d.splits) {
-        const int j = idx >> 7, r = (idx >> 3) & 15, n = idx & 7, gj = grp + j * slots;
-        const int pn = s_gp[gj * MOE_GROUP + n];
-        if (m0 + r >= d.m || pn < 0) continue;
-        float v = 0.0f;  // mma_reduce_partials<0>'s sum over the splits in order
-        for (int w = 0; w < d.splits; ++w) v += red[j * d.splits + w][r][n];
-        const int e = s_ge[gj];
-        if (e < 0 || e >= d.experts) v = NINFER_NAN;
-        s_y[pn * 16 + r] = v;
-      }
-      asm volatile("bar.sync %0, %1;" ::"r"(2 + team), "r"(32 * d.splits) : "memory");
-    }
-  }
+  const MoeTileLayout dl = moe_tile_layout(d.w_rs, 2 * d.k, ring.pitch);
+  const MoeRingTiles tiles{ring.full, smem_addr(ring.ring), q_down, dl, gps, q.stages,
+                           ring.stage_bytes, dl.pitch};
+  moe_down_teams(d, down_groups, m0, tiles, xs, x_pitch, ring.red, b, cons, warp, lane);
   __syncthreads();
   timeline_mark(4);
-  for (int idx = threadIdx.x; idx < q.n_rows * 16; idx += blockDim.x) {
-    const int n = idx >> 4, r = idx & 15, j = m0 + r;
-    if (j >= d.m) continue;
-    float acc = 0.0f;
-    for (int i = 0; i < top_k; ++i) acc += s_cw[n * top_k + i] * s_y[s_pair[n * top_k + i] * 16 + r];
-    if (fold)
-      acc = acc + s_gate[n] * s_ys[n * 16 + r];
-    else if (q.shared)
-      acc = acc + s_gate[n] * q.shared[n * q.shared_rs + j];
-    q.out[n * q.out_rs + j] = acc;
+  moe_down_combine(b, q.n_rows, top_k, m0, d.m, fold, q.shared, q.shared_rs, q.out, q.out_rs);
+#else
+  __trap();
+#endif
+}
+
+// ---- moe_tma_down_kernel: the fused down stage with every read but act before pdl_wait ----
+// (moe.py TMA_DOWN, NINFER_MOE_TMA_DOWN: opt-in until measured.) Launched only right after
+// moe_tma_gate_up_kernel, which waits before it lets this launch start: the group tables, the
+// routing, the gate, `shared` and the folded shared act were written by earlier kernels and are
+// complete when this kernel starts; only act is the previous kernel's. Block b owns output
+// columns [16 b, 16 b + 16) (moe_fused_down_kernel's block b). Before pdl_wait, warp 0
+// bulk-copies the block's 16 rows of the folded shared down matrix (constant; first) and of
+// every group's expert down matrix into shared memory (rows 2 K bytes apart; one copy per tile
+// where the rows are contiguous, else one per row; rows past M and a bad expert's rows are not
+// copied), the block reads the tables (moe_down_tables) and computes the shared tile
+// (moe_shared_tile). After it: act (moe_stage_act), the groups' tiles (moe_down_teams: teams
+// of dn.splits warps, two groups at a time) and the combine (moe_down_combine): bitwise
+// moe_fused_down_kernel's `out`, whose L2 prefetch and table reads after its wait this
+// replaces by copies before the wait.
+// MOE_TMA_DOWN_WARPS warps. Dynamic shared memory (moe.py tma_down_smem): the two mbarriers
+// (MOE_TMA_DOWN_HEAD bytes), the teams' MOE_EXPERTS_TEAMS MmaPartials<8> (the shared tile's
+// MmaPartials<16> over them, before the wait), MOE_EXPERTS_GROUPS tiles of 16 x 2 dn.k bytes,
+// the shared tile (16 x 2 sd.k bytes, fold), then MOE_EXPERTS_GROUPS act rows of dn.k + 4
+// floats.
+#define MOE_TMA_DOWN_WARPS 8
+#define MOE_TMA_DOWN_HEAD 128
+
+struct MoeTmaDownParams {
+  MoeGemvParams dn;  // moe_fused_down_kernel's p (x = act by pair, k % 32 == 0)
+  MoeSharedDown sd;  // the folded shared down (moe_fused_down_kernel's sd; w null: none)
+  const float* w;       // routing weights [N, top_k], rows w_rs apart
+  const int* ids;       // routing ids [N, top_k], contiguous
+  const float* shared;  // the gated shared expert's output [N, H] or null, rows shared_rs apart
+  const float* gate;    // its gate logit, rows gate_rs apart
+  float* out;           // [N, H], rows out_rs apart
+  i64 w_rs, shared_rs, gate_rs, out_rs;
+  int n_rows, pad;
+};
+static_assert(sizeof(MoeTmaDownParams) == 240, "mirrored in moe.py");
+
+#if BULK_COPY_OK
+// moe_tma_down_kernel's tiles: all on one mbarrier, group grp's at base + 16 grp pitch.
+struct MoeFlatTiles {
+  mbar_t* full;
+  unsigned base;
+  int pitch;
+  __device__ __forceinline__ void wait(int) const { mbar_wait(full, 0u); }
+  __device__ __forceinline__ unsigned addr(int grp) const {
+    return base + (unsigned)(grp * 16 * pitch);
   }
+};
+
+// Lanes of one warp: `live` rows of row_bytes from src (rows rs elements apart) to dst (rows
+// row_bytes apart) on `full`: one copy by lane 0 where the rows are contiguous, else one per
+// row (lanes 0..15). The caller counted the bytes on `full` before.
+__device__ __forceinline__ void moe_copy_tile(char* dst, const bf16raw* src, i64 rs, int live,
+                                              unsigned row_bytes, mbar_t* full,
+                                              unsigned long long policy, int lane) {
+  if (2 * rs == (i64)row_bytes) {
+    if (lane == 0 && live > 0) bulk_copy_g2s(dst, src, row_bytes * (unsigned)live, full, policy);
+  } else if (lane < live) {
+    bulk_copy_g2s(dst + lane * row_bytes, src + (i64)lane * rs, row_bytes, full, policy);
+  }
+}
+#endif
+
+__global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
+    moe_tma_down_kernel(const __grid_constant__ MoeTmaDownParams q) {
+#if BULK_COPY_OK
+  __shared__ MoeDownBlock b;
+  const TimelineMarks marks;  // (phase marks: timeline build only)
+  const MoeGemvParams& d = q.dn;
+  const MoeSharedDown& sd = q.sd;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int top_k = d.top_k, n_pairs = q.n_rows * top_k;
+  const bool fold = sd.w != nullptr;
+  const int m0 = blockIdx.x * 16, live = max(0, min(16, d.m - m0));
+  const unsigned tile_bytes = 16u * 2u * (unsigned)d.k;
+  const unsigned shared_bytes = fold ? 16u * 2u * (unsigned)sd.k : 0u;
+  const int x_pitch = d.k + 4;
+  char* const smem = reinterpret_cast<char*>(moe_rows_smem);
+  mbar_t* const full = reinterpret_cast<mbar_t*>(smem);  // the expert tiles
+  mbar_t* const sfull = full + 1;                        // the shared tile
+  MmaPartials<8>* const red = reinterpret_cast<MmaPartials<8>*>(smem + MOE_TMA_DOWN_HEAD);
+  char* const tiles = smem + MOE_TMA_DOWN_HEAD + MOE_EXPERTS_TEAMS * sizeof(MmaPartials<8>);
+  char* const stile = tiles + MOE_EXPERTS_GROUPS * tile_bytes;
+  float* const xs = reinterpret_cast<float*>(stile + shared_bytes);
+  if (threadIdx.x == 0) {
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (blockDim.x != 32 * MOE_TMA_DOWN_WARPS || d.splits > MOE_TMA_DOWN_WARPS ||
+        n_pairs > MOE_EXPERTS_GROUPS || d.k % 32 != 0 ||
+        (unsigned)((char*)(xs + MOE_EXPERTS_GROUPS * x_pitch) - smem) > dyn ||
+        (fold && (sd.m != d.m || sd.k % 16 != 0 || sd.cons > MOE_SHARED_MAX_CONS)))
+      __trap();
+    mbar_init(full, 1);
+    mbar_init(sfull, 1);
+    mbar_init_fence();
+  }
+  __syncthreads();
+  const int groups = *d.num_groups;
+  const int down_groups = min(groups, MOE_EXPERTS_GROUPS);
+  if (warp == 0) {  // the copies: the shared tile, then the experts' tiles
+    const unsigned long long policy = l2_evict_first_policy();
+    if (fold) {
+      if (lane == 0) mbar_arrive_expect_tx(sfull, 2u * (unsigned)sd.k * (unsigned)live);
+      __syncwarp();
+      moe_copy_tile(stile, sd.w + (i64)m0 * sd.w_rs, sd.w_rs, live, 2u * (unsigned)sd.k, sfull,
+                    policy, lane);
+    }
+    const int my_e = lane < down_groups ? d.group_expert[lane] : -1;  // lane j: group j's
+    const unsigned ok = __ballot_sync(0xffffffffu, my_e >= 0 && my_e < d.experts);
+    if (lane == 0) mbar_arrive_expect_tx(full, (unsigned)__popc(ok) * 2u * (unsigned)d.k * live);
+    __syncwarp();
+    for (int j = 0; j < down_groups; ++j) {
+      const int ej = __shfl_sync(0xffffffffu, my_e, j);
+      if ((ok >> j) & 1u)
+        moe_copy_tile(tiles + j * tile_bytes,
+                      static_cast<const bf16raw*>(d.w) + (i64)ej * d.w_es + (i64)m0 * d.w_rs,
+                      d.w_rs, live, 2u * (unsigned)d.k, full, policy, lane);
+    }
+  }
+  moe_down_tables(d, q.ids, q.w, q.w_rs, q.gate, q.gate_rs, q.n_rows, down_groups, b);
+  __syncthreads();
+  if (fold) {
+    mbar_wait(sfull, 0u);
+    moe_shared_tile(sd, q.n_rows, m0, stile, 2 * sd.k,
+                    *reinterpret_cast<MmaPartials<16>*>(red), b, MOE_TMA_DOWN_WARPS, warp, lane);
+    timeline_mark(5);
+  }
+  pdl_wait();  // act: the previous kernel's
+  pdl_launch_dependents();
+  timeline_mark(0);
+  moe_stage_act(d, n_pairs, xs, x_pitch);
+  timeline_mark(1);
+  moe_down_teams(d, down_groups, m0, MoeFlatTiles{full, smem_addr(tiles), 2 * d.k}, xs, x_pitch,
+                 red, b, MOE_TMA_DOWN_WARPS, warp, lane);
+  __syncthreads();
+  timeline_mark(2);
+  moe_down_combine(b, q.n_rows, top_k, m0, d.m, fold, q.shared, q.shared_rs, q.out, q.out_rs);
 #else
   __trap();
 #endif

@@ -12,8 +12,9 @@ paths:
   with MOE_TMA (NINFER_MOE_TMA, sm_90, K % 16 == 0) the gate_up stage is
   `moe_tma_gate_up_kernel` (bulk-copy ring; bitwise the rows kernel), and the fused path
   route_group -> TMA gate_up -> fused down (`moe_block(..., shared_down=)`: the gated shared
-  expert's down projection inside the fused down launch, where `shared_down_folds`; PERSIST:
-  TMA gate_up + fused down as one persistent launch, where `persist_plan`);
+  expert's down projection inside the fused down launch, where `shared_down_folds`; TMA_DOWN:
+  that launch as moe_tma_down_kernel, where `tma_down_applies`; PERSIST: TMA gate_up + fused
+  down as one persistent launch, where `persist_plan`);
   `moe_route(..., workspace=)` writes the group tables too and `moe_block(..., routed=True)`
   then runs only the expert stages (routing done earlier);
 - prefill (eager): the (row, slot) pairs are grouped by expert on the host (one device->host
@@ -100,6 +101,15 @@ TMA_X_REGS = envs.moe_tma_x_regs()
 # Off by default: slower than the two launches at 35B-A3B B=1 (docs/performance.md).
 PERSIST = envs.moe_persist()
 PERSIST_GROUPS = 8  # moe.cu MOE_EXPERTS_GROUPS: the pairs (so groups) whose down tiles it stages
+# NINFER_MOE_TMA_DOWN (read once at import; default off until measured): after the bulk-copy
+# gate_up stage, the fused down stage runs moe_tma_down_kernel where `tma_down_smem` fits: its
+# weight tiles are bulk-copied and its tables read before its PDL wait, act after it; bitwise
+# moe_fused_down_kernel. Written without a GPU run.
+TMA_DOWN = envs.moe_tma_down()
+TMA_DOWN_WARPS = 8    # moe.cu MOE_TMA_DOWN_WARPS
+TMA_DOWN_HEAD = 128   # moe.cu MOE_TMA_DOWN_HEAD: its two mbarriers
+TMA_DOWN_TEAMS = 4    # moe.cu MOE_EXPERTS_TEAMS: its teams' MmaPartials<8>
+TMA_DOWN_STATIC = 2048  # bound on its static shared memory (MoeDownBlock: 1408 bytes; marks)
 # NINFER_MOE_SHARED_EARLY (read once at import; default on): the folded shared down projection
 # is computed before moe_fused_down_kernel's PDL wait where the gate_up stage before it is
 # moe_tma_gate_up_kernel (the same bits either way).
@@ -177,7 +187,7 @@ SOURCE = KernelSource("moe.cu", tuple(
        "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
     + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>"]
-    + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>"]
+    + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
@@ -221,6 +231,13 @@ _EXPERTS = C.struct(*[("gu_" + n, t) for n, t in _GEMV_FIELDS],
                     ("gate_rs", "i64"), ("out_rs", "i64"), ("n_rows", "i32"), ("sk", "i32"),
                     ("sw", "i32"), ("stages", "i32"), ("pairs", "i32"), ("pad", "i32"))
 assert _EXPERTS.itemsize == 376
+# moe.cu MoeTmaDownParams: a MoeGemvParams (dn_*), a MoeSharedDown (sd_*), the combine's operands
+_TMA_DOWN = C.struct(*[("dn_" + n, t) for n, t in _GEMV_FIELDS],
+                     *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
+                     ("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
+                     ("out", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"), ("gate_rs", "i64"),
+                     ("out_rs", "i64"), ("n_rows", "i32"), ("pad", "i32"))
+assert _TMA_DOWN.itemsize == 240
 _NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
 
 
@@ -613,6 +630,46 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
                 folded=folded)
 
 
+def tma_down_smem(inter: int, shared_k: int = 0) -> int:
+    """Dynamic shared memory of moe_tma_down_kernel (moe.cu): its mbarriers, the teams' partial
+    tiles, PERSIST_GROUPS expert tiles of 16 rows of Im bf16, the folded shared tile (16 rows
+    of shared_k bf16) and PERSIST_GROUPS act rows of Im + 4 floats (176.25 KiB at the
+    35B-A3B shape with Is = 512)."""
+    return (TMA_DOWN_HEAD + TMA_DOWN_TEAMS * 8 * 16 * 8 * 4 + PERSIST_GROUPS * 16 * 2 * inter
+            + 16 * 2 * shared_k + PERSIST_GROUPS * (inter + 4) * 4)
+
+
+def tma_down_applies(n: int, top_k: int, inter: int, shared_k: int = 0) -> bool:
+    """Whether the fused down stage after the bulk-copy gate_up runs moe_tma_down_kernel
+    (TMA_DOWN): at most PERSIST_GROUPS pairs, Im % 32 == 0, and its shared memory (with a
+    folded shared down of K = shared_k, 0: none) within the opt-in limit."""
+    return (TMA_DOWN and n * top_k <= PERSIST_GROUPS and inter % 32 == 0
+            and tma_down_smem(inter, shared_k) + TMA_DOWN_STATIC <= TMA_SMEM_LIMIT)
+
+
+def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
+              folded) -> None:
+    """moe_tma_down_kernel: _fused_down's results (see there; launched only where every input
+    but act is complete when the launch starts)."""
+    sd = _shared_down_fields(folded, hidden) if folded is not None else None
+    shared, shared_rs, gate, gate_rs = gated if gated is not None else (None, 0, None, 0)
+    params = C.pack(_TMA_DOWN,
+                    **{"dn_" + k: v for k, v in
+                       _down_fields(dn, hidden, inter, top_k, experts, ws).items()},
+                    **({} if sd is None else {"sd_" + k: v for k, v in sd.items()}),
+                    w=C.ptr(weights_out), ids=C.ptr(ids_out),
+                    shared=0 if shared is None else C.ptr(shared),
+                    gate=0 if gate is None else C.ptr(gate), out=C.ptr(out),
+                    w_rs=C.row_stride(weights_out, "weights_out"), shared_rs=int(shared_rs),
+                    gate_rs=int(gate_rs), out_rs=C.row_stride(out, "out"), n_rows=n)
+    smem = tma_down_smem(inter, 0 if sd is None else sd["k"])
+    fn = get_function(SOURCE, "moe_tma_down_kernel")
+    if fn.max_dynamic_shared_size_bytes < smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    launch(fn, ((hidden + 15) // 16,), (32 * TMA_DOWN_WARPS,), (params,), shared_mem=smem,
+           name="moe_tma_down", pdl=True)
+
+
 def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
                 gated, prewait: bool = False, folded=None, shared_early: bool = False) -> None:
     """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
@@ -623,7 +680,13 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     shared team computes linear(act, shared_down) (`gated` then carries the act in place of the
     shared output; the kernel does not read it there); before its PDL wait where
     `shared_early` (the kernel before this launch waited before letting it start, so act is
-    complete)."""
+    complete). Where `shared_early` and `tma_down_applies`: moe_tma_down_kernel instead (the
+    same bits; everything but act read before its PDL wait)."""
+    shared_k = 0 if folded is None else C.weight_array(folded[0], "shared_down")[0].shape[1]
+    if shared_early and tma_down_applies(n, top_k, inter, shared_k):
+        _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
+                  folded)
+        return
     fields = _down_fields(dn, hidden, inter, top_k, experts, ws)
     dn_splits = fields["splits"]
     params = C.pack(_GEMV, **fields)

@@ -17,6 +17,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.attention_mma, "NINFER_ATTN_MMA", False),
     (envs.attention_tma, "NINFER_ATTN_TMA", False),
     (envs.gemv_bf16_x, "NINFER_GEMV_BF16_X", True),
+    (envs.moe_tma_down, "NINFER_MOE_TMA_DOWN", False),
 ]
 
 

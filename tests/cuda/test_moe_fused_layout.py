@@ -135,3 +135,44 @@ def test_persistent_experts_fold_arithmetic(monkeypatch, hidden, inter, shared_k
     monkeypatch.setattr(kmoe, "current_device", lambda: type("D", (), {"sm_count": 132})())
     plan = kmoe.persist_plan(1, 8, hidden, inter)
     assert kmoe.persist_folds(plan, inter, shared_k, cons) is folds
+
+
+def test_tma_down_params_mirror_moe_cu():
+    """moe.py's _TMA_DOWN record is moe.cu's MoeTmaDownParams (its MoeGemvParams dn, then its
+    MoeSharedDown sd, then the combine's operands) and its constants the kernel's."""
+    text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
+    assert f"sizeof(MoeTmaDownParams) == {kmoe._TMA_DOWN.itemsize}" in text
+    assert f"#define MOE_TMA_DOWN_WARPS {kmoe.TMA_DOWN_WARPS}" in text
+    assert f"#define MOE_TMA_DOWN_HEAD {kmoe.TMA_DOWN_HEAD}" in text
+    assert f"#define MOE_EXPERTS_TEAMS {kmoe.TMA_DOWN_TEAMS}" in text
+    struct = text[text.index("struct MoeTmaDownParams {"):
+                  text.index("static_assert(sizeof(MoeTmaDownParams)")]
+    fields = re.findall(r"\n  (?:const \w+\*|\w+\*|i64|int|MoeGemvParams|MoeSharedDown) "
+                        r"([\w, ]+);", struct)
+    names = [n.strip() for f in fields for n in f.split(",")]
+    expect = ["dn", "sd"] + [n for n in kmoe._TMA_DOWN.names if not n.startswith(("dn_", "sd_"))]
+    assert names == expect, names
+    gemv = [n for n, _ in kmoe._GEMV_FIELDS]
+    sd = list(kmoe._SHARED_DOWN.names)
+    assert list(kmoe._TMA_DOWN.names[:len(gemv) + len(sd)]) == (
+        [f"dn_{n}" for n in gemv] + [f"sd_{n}" for n in sd])
+
+
+@pytest.mark.parametrize("inter,shared_k,fits", [
+    (512, 512, True),     # 35B-A3B: 176.25 KiB
+    (512, 2048, True),    # Is = FOLD_MAX_K: 224.25 KiB
+    (512, 0, True),
+    (1024, 0, False),     # 256 KiB of expert tiles
+    (32, 32, True),
+])
+def test_tma_down_smem_layout(monkeypatch, inter, shared_k, fits):
+    """tma_down_smem is moe_tma_down_kernel's layout: head, the teams' partials, the expert
+    tiles, the shared tile, the act rows (each region 16-byte aligned for the bulk copies and
+    cp.async); tma_down_applies takes it where it fits beside the static tables."""
+    monkeypatch.setattr(kmoe, "TMA_DOWN", True)
+    head = kmoe.TMA_DOWN_HEAD + kmoe.TMA_DOWN_TEAMS * 8 * 16 * 8 * 4
+    tiles = kmoe.PERSIST_GROUPS * 16 * 2 * inter
+    assert head % 16 == 0 and tiles % 16 == 0 and (16 * 2 * shared_k) % 16 == 0
+    assert kmoe.tma_down_smem(inter, shared_k) == (
+        head + tiles + 16 * 2 * shared_k + kmoe.PERSIST_GROUPS * (inter + 4) * 4)
+    assert kmoe.tma_down_applies(1, 8, inter, shared_k) is fits

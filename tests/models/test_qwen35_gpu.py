@@ -338,6 +338,20 @@ def test_moe_fold_shared_down_equals_linear(tmp_path, monkeypatch):
     assert any(folds), folds  # B <= 4 fold (larger batches run the linear)
 
 
+def test_moe_tma_down_equals_fused_down(tmp_path, monkeypatch):
+    """NINFER_MOE_TMA_DOWN (kernels_cuda.moe.TMA_DOWN): the MoE layers' fused down stage as
+    moe_tma_down_kernel (weights copied and tables read before its PDL wait) gives bitwise the
+    logits and tokens of moe_fused_down_kernel (decode graphs at several batch sizes; tiny-moe
+    takes it where B * top_k <= 8), and the captured graphs do hold it."""
+    from ninfer.kernels_cuda import moe as kmoe
+
+    def configure(backend, on):
+        monkeypatch.setattr(kmoe, "TMA_DOWN", on)
+
+    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
+                                 configure, launch="moe_tma_down")
+
+
 def test_moe_persist_equals_two_launches(tmp_path, monkeypatch):
     """NINFER_MOE_PERSIST (kernels_cuda.moe.PERSIST): the MoE layers' expert stages and combine
     as one persistent launch give bitwise the logits and tokens of the two launches (decode
