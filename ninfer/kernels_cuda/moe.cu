@@ -891,17 +891,17 @@ __device__ __forceinline__ MoeTmaRing moe_tma_ring(int sk) {
   return r;
 }
 
-// Thread 0: traps on a geometry the ring cannot take (`extra`: bytes the caller places after
-// the ring), then initialises the ring's barriers. The caller synchronises the block after.
+// Thread 0: traps on a geometry the ring cannot take, then initialises the ring's barriers.
+// The caller synchronises the block after.
 __device__ __forceinline__ void moe_tma_ring_init(const MoeTmaRing& r, int cons, int sw,
-                                                  int stages, unsigned extra) {
+                                                  int stages) {
   const int ns = cons / sw;
   unsigned dyn;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
   if (stages < ns || stages > MOE_TMA_MAX_STAGES || stages % ns != 0 || cons > 8 ||
       ns * sw != cons ||
       (unsigned)(MOE_TMA_BAR_BYTES + 4 * sizeof(MmaPartials<8>)) +
-              (unsigned)(stages * r.stage_bytes) + extra > dyn ||
+              (unsigned)(stages * r.stage_bytes) > dyn ||
       (int)blockDim.x != 32 * (cons + 1))
     __trap();
   for (int i = 0; i < stages; ++i) {
@@ -1050,7 +1050,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   const int cons = p.splits, ns = cons / sw;  // consumer warps, stages per item
   const MoeTmaRing ring = moe_tma_ring(sk);
   if (threadIdx.x == 0) {
-    moe_tma_ring_init(ring, cons, sw, stages, 0u);
+    moe_tma_ring_init(ring, cons, sw, stages);
     mbar_init_fence();
   }
   __syncthreads();
@@ -1098,17 +1098,24 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
 #define MOE_EXPERTS_GROUPS 8  // moe_tma_experts_kernel: groups whose down tiles it stages
 #define MOE_EXPERTS_TEAMS 4   // its down teams (one MmaPartials<8> each; named barriers 2..5)
 
-struct MoeTmaExpertsParams {
-  MoeGemvParams gu;  // the gate_up stage (moe_tma_gate_up_kernel's p; out = act)
-  MoeGemvParams dn;  // the down stage (moe_fused_down_kernel's p: x = act by pair, k % 32 == 0)
-  MoeSharedDown sd;  // the folded shared down (moe_fused_down_kernel's sd; w null: none)
+// The combine's operands of the kernels that end in the fused down stage (moe_down_tables,
+// moe_down_combine).
+struct MoeCombine {
   const float* w;       // routing weights [N, top_k], rows w_rs apart
   const int* ids;       // routing ids [N, top_k], contiguous
   const float* shared;  // the gated shared expert's output [N, H] or null, rows shared_rs apart
   const float* gate;    // its gate logit, rows gate_rs apart
   float* out;           // [N, H], rows out_rs apart
-  unsigned long long* barrier;  // the grid barrier's word (moe_grid_barrier; zero before first use)
   i64 w_rs, shared_rs, gate_rs, out_rs;
+};
+static_assert(sizeof(MoeCombine) == 72, "mirrored in moe.py");
+
+struct MoeTmaExpertsParams {
+  MoeGemvParams gu;  // the gate_up stage (moe_tma_gate_up_kernel's p; out = act)
+  MoeGemvParams dn;  // the down stage (moe_fused_down_kernel's p: x = act by pair, k % 32 == 0)
+  MoeSharedDown sd;  // the folded shared down (moe_fused_down_kernel's sd; w null: none)
+  MoeCombine c;
+  unsigned long long* barrier;  // the grid barrier's word (moe_grid_barrier; zero before first use)
   int n_rows, sk, sw, stages, pairs, pad;
 };
 static_assert(sizeof(MoeTmaExpertsParams) == 376, "mirrored in moe.py");
@@ -1152,9 +1159,22 @@ __device__ __forceinline__ MoeTileLayout moe_tile_layout(i64 rs, int row_bytes, 
   return MoeTileLayout{whole, whole ? row_bytes : ring_pitch, row_bytes};
 }
 
+// Lanes of one warp: `live` rows of row_bytes from src (rows rs elements apart) to dst (rows
+// pitch bytes apart) on `full`: one copy by lane 0 where the rows are contiguous at both ends,
+// else one per row (lanes 0..15). The caller counted the bytes on `full` before.
+__device__ __forceinline__ void moe_copy_tile(char* dst, int pitch, const bf16raw* src, i64 rs,
+                                              int live, unsigned row_bytes, mbar_t* full,
+                                              unsigned long long policy, int lane) {
+  if (2 * rs == (i64)row_bytes && pitch == (int)row_bytes) {
+    if (lane == 0 && live > 0) bulk_copy_g2s(dst, src, row_bytes * (unsigned)live, full, policy);
+  } else if (lane < live) {
+    bulk_copy_g2s(dst + lane * pitch, src + (i64)lane * rs, row_bytes, full, policy);
+  }
+}
+
 // The producer of moe_tma_experts_kernel: ring stage q (lane 0 waits for its slot) holds `ng`
 // tiles of `live` rows (layout L), tile j's row r (< live) from src[j] + r rs (a null src is
-// not copied): one bulk copy per tile (lanes 0..ng-1) or per row (lanes 0..15).
+// not copied; moe_copy_tile).
 __device__ __forceinline__ void moe_tma_stage_tiles(const MoeTmaRing& R, int stages, unsigned q,
                                                     const bf16raw* const (&src)[MOE_EXPERTS_GROUPS],
                                                     int ng, i64 rs, int live,
@@ -1170,17 +1190,10 @@ __device__ __forceinline__ void moe_tma_stage_tiles(const MoeTmaRing& R, int sta
   __syncwarp();
   const unsigned long long policy = l2_evict_first_policy();
   char* const stage = R.ring + slot * R.stage_bytes;
-  if (L.whole) {
-    if (lane < ng && live > 0 && src[lane])
-      bulk_copy_g2s(stage + L.offset(lane), src[lane], row_bytes * (unsigned)live, R.full + slot,
-                    policy);
-    return;
-  }
-  const int r = lane & 15;
   for (int j = 0; j < ng; ++j)
-    if (lane < 16 && r < live && src[j])
-      bulk_copy_g2s(stage + r * L.pitch + L.offset(j), src[j] + (i64)r * rs, row_bytes,
-                    R.full + slot, policy);
+    if (src[j])
+      moe_copy_tile(stage + L.offset(j), L.pitch, src[j], rs, live, row_bytes, R.full + slot,
+                    policy, lane);
 }
 
 // Its down tiles from ring stage q0 on: the block's 16 rows of group grp's expert down matrix
@@ -1223,22 +1236,21 @@ struct MoeDownBlock {
 
 // The block's threads read those tables (earlier kernels' outputs) into b; the caller
 // synchronises the block before they are read.
-__device__ __forceinline__ void moe_down_tables(const MoeGemvParams& d, const int* ids,
-                                                const float* w, i64 w_rs, const float* gate,
-                                                i64 gate_rs, int n_rows, int down_groups,
-                                                MoeDownBlock& b) {
+__device__ __forceinline__ void moe_down_tables(const MoeGemvParams& d, const MoeCombine& c,
+                                                int n_rows, int down_groups, MoeDownBlock& b) {
   const int top_k = d.top_k, n_pairs = n_rows * top_k;
   for (int qq = threadIdx.x; qq < n_pairs; qq += blockDim.x) {  // the combine's order
-    const int n = qq / top_k, k = qq - n * top_k, id = ids[qq];
+    const int n = qq / top_k, k = qq - n * top_k, id = c.ids[qq];
     int rank = 0;
-    for (int k2 = 0; k2 < top_k; ++k2) rank += ids[n * top_k + k2] < id;
+    for (int k2 = 0; k2 < top_k; ++k2) rank += c.ids[n * top_k + k2] < id;
     b.pair[n * top_k + rank] = qq;
-    b.cw[n * top_k + rank] = w[n * w_rs + k];
+    b.cw[n * top_k + rank] = c.w[n * c.w_rs + k];
   }
   for (int i = threadIdx.x; i < down_groups * MOE_GROUP; i += blockDim.x) b.gp[i] = d.group_pairs[i];
   for (int i = threadIdx.x; i < down_groups; i += blockDim.x) b.ge[i] = d.group_expert[i];
-  if (gate)
-    for (int n = threadIdx.x; n < n_rows; n += blockDim.x) b.gate[n] = sigmoid_f(gate[n * gate_rs]);
+  if (c.gate)
+    for (int n = threadIdx.x; n < n_rows; n += blockDim.x)
+      b.gate[n] = sigmoid_f(c.gate[n * c.gate_rs]);
 }
 
 // linear(sd.x, sd.w)'s 16-row tile at `a` (rows a_pitch bytes apart), as linear_tma_kernel sums
@@ -1339,12 +1351,12 @@ __device__ __forceinline__ void moe_down_teams(const MoeGemvParams& d, int down_
   }
 }
 
-// The combine of the block's columns (moe_fused_down_kernel's): out[n][m0 + r] = the routing
+// The combine of the block's columns (moe_fused_down_kernel's): c.out[n][m0 + r] = the routing
 // weights' sum of the row's experts' y in ascending expert order, + sigmoid(gate) times the
-// folded shared down (fold) or `shared`.
-__device__ __forceinline__ void moe_down_combine(const MoeDownBlock& b, int n_rows, int top_k,
-                                                 int m0, int m, bool fold, const float* shared,
-                                                 i64 shared_rs, float* out, i64 out_rs) {
+// folded shared down (fold) or c.shared.
+__device__ __forceinline__ void moe_down_combine(const MoeDownBlock& b, const MoeCombine& c,
+                                                 int n_rows, int top_k, int m0, int m,
+                                                 bool fold) {
   for (int idx = threadIdx.x; idx < n_rows * 16; idx += blockDim.x) {
     const int n = idx >> 4, r = idx & 15, j = m0 + r;
     if (j >= m) continue;
@@ -1352,9 +1364,9 @@ __device__ __forceinline__ void moe_down_combine(const MoeDownBlock& b, int n_ro
     for (int i = 0; i < top_k; ++i) acc += b.cw[n * top_k + i] * b.y[b.pair[n * top_k + i] * 16 + r];
     if (fold)
       acc = acc + b.gate[n] * b.ys[n * 16 + r];
-    else if (shared)
-      acc = acc + b.gate[n] * shared[n * shared_rs + j];
-    out[n * out_rs + j] = acc;
+    else if (c.shared)
+      acc = acc + b.gate[n] * c.shared[n * c.shared_rs + j];
+    c.out[n * c.out_rs + j] = acc;
   }
 }
 
@@ -1392,7 +1404,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
   const int top_k = d.top_k, n_pairs = q.n_rows * top_k;
   const bool fold = sd.w != nullptr;
   if (threadIdx.x == 0) {
-    moe_tma_ring_init(ring, cons, q.sw, q.stages, 0u);
+    moe_tma_ring_init(ring, cons, q.sw, q.stages);
     if (d.splits > cons || n_pairs > MOE_EXPERTS_GROUPS || (int)gridDim.x * 16 < d.m ||
         d.k % 32 != 0 || gps < 1 ||
         (MOE_EXPERTS_GROUPS + gps - 1) / gps + (fold ? 2 : 1) > q.stages ||
@@ -1444,7 +1456,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     timeline_mark(5);
   }
   // what the down stage and the combine read of earlier kernels' tables, before the barrier
-  moe_down_tables(d, q.ids, q.w, q.w_rs, q.gate, q.gate_rs, q.n_rows, down_groups, b);
+  moe_down_tables(d, q.c, q.n_rows, down_groups, b);
   moe_grid_barrier(q.barrier);  // every block's act is written and visible
   pdl_launch_dependents();
   timeline_mark(2);
@@ -1459,7 +1471,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
   moe_down_teams(d, down_groups, m0, tiles, xs, x_pitch, ring.red, b, cons, warp, lane);
   __syncthreads();
   timeline_mark(4);
-  moe_down_combine(b, q.n_rows, top_k, m0, d.m, fold, q.shared, q.shared_rs, q.out, q.out_rs);
+  moe_down_combine(b, q.c, q.n_rows, top_k, m0, d.m, fold);
 #else
   __trap();
 #endif
@@ -1490,12 +1502,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
 struct MoeTmaDownParams {
   MoeGemvParams dn;  // moe_fused_down_kernel's p (x = act by pair, k % 32 == 0)
   MoeSharedDown sd;  // the folded shared down (moe_fused_down_kernel's sd; w null: none)
-  const float* w;       // routing weights [N, top_k], rows w_rs apart
-  const int* ids;       // routing ids [N, top_k], contiguous
-  const float* shared;  // the gated shared expert's output [N, H] or null, rows shared_rs apart
-  const float* gate;    // its gate logit, rows gate_rs apart
-  float* out;           // [N, H], rows out_rs apart
-  i64 w_rs, shared_rs, gate_rs, out_rs;
+  MoeCombine c;
   int n_rows, pad;
 };
 static_assert(sizeof(MoeTmaDownParams) == 240, "mirrored in moe.py");
@@ -1512,18 +1519,6 @@ struct MoeFlatTiles {
   }
 };
 
-// Lanes of one warp: `live` rows of row_bytes from src (rows rs elements apart) to dst (rows
-// row_bytes apart) on `full`: one copy by lane 0 where the rows are contiguous, else one per
-// row (lanes 0..15). The caller counted the bytes on `full` before.
-__device__ __forceinline__ void moe_copy_tile(char* dst, const bf16raw* src, i64 rs, int live,
-                                              unsigned row_bytes, mbar_t* full,
-                                              unsigned long long policy, int lane) {
-  if (2 * rs == (i64)row_bytes) {
-    if (lane == 0 && live > 0) bulk_copy_g2s(dst, src, row_bytes * (unsigned)live, full, policy);
-  } else if (lane < live) {
-    bulk_copy_g2s(dst + lane * row_bytes, src + (i64)lane * rs, row_bytes, full, policy);
-  }
-}
 #endif
 
 __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
@@ -1567,8 +1562,8 @@ __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
     if (fold) {
       if (lane == 0) mbar_arrive_expect_tx(sfull, 2u * (unsigned)sd.k * (unsigned)live);
       __syncwarp();
-      moe_copy_tile(stile, sd.w + (i64)m0 * sd.w_rs, sd.w_rs, live, 2u * (unsigned)sd.k, sfull,
-                    policy, lane);
+      moe_copy_tile(stile, 2 * sd.k, sd.w + (i64)m0 * sd.w_rs, sd.w_rs, live,
+                    2u * (unsigned)sd.k, sfull, policy, lane);
     }
     const int my_e = lane < down_groups ? d.group_expert[lane] : -1;  // lane j: group j's
     const unsigned ok = __ballot_sync(0xffffffffu, my_e >= 0 && my_e < d.experts);
@@ -1577,12 +1572,12 @@ __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
     for (int j = 0; j < down_groups; ++j) {
       const int ej = __shfl_sync(0xffffffffu, my_e, j);
       if ((ok >> j) & 1u)
-        moe_copy_tile(tiles + j * tile_bytes,
+        moe_copy_tile(tiles + j * tile_bytes, 2 * d.k,
                       static_cast<const bf16raw*>(d.w) + (i64)ej * d.w_es + (i64)m0 * d.w_rs,
                       d.w_rs, live, 2u * (unsigned)d.k, full, policy, lane);
     }
   }
-  moe_down_tables(d, q.ids, q.w, q.w_rs, q.gate, q.gate_rs, q.n_rows, down_groups, b);
+  moe_down_tables(d, q.c, q.n_rows, down_groups, b);
   __syncthreads();
   if (fold) {
     mbar_wait(sfull, 0u);
@@ -1599,7 +1594,7 @@ __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
                  red, b, MOE_TMA_DOWN_WARPS, warp, lane);
   __syncthreads();
   timeline_mark(2);
-  moe_down_combine(b, q.n_rows, top_k, m0, d.m, fold, q.shared, q.shared_rs, q.out, q.out_rs);
+  moe_down_combine(b, q.c, q.n_rows, top_k, m0, d.m, fold);
 #else
   __trap();
 #endif

@@ -221,22 +221,24 @@ _SHARED_DOWN_FIELDS = (("w", "ptr"), ("x", "ptr"), ("w_rs", "i64"), ("x_rs", "i6
                        ("m", "i32"), ("k", "i32"), ("sk", "i32"), ("cons", "i32"))
 _SHARED_DOWN = C.struct(*_SHARED_DOWN_FIELDS)
 assert _SHARED_DOWN.itemsize == 48  # moe.cu MoeSharedDown
-# moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), a MoeSharedDown (sd_*), then the
-# combine's operands
+# moe.cu MoeCombine: the combine's operands (c_* in the records below)
+_COMBINE_FIELDS = (("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
+                   ("out", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"), ("gate_rs", "i64"),
+                   ("out_rs", "i64"))
+# moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), a MoeSharedDown (sd_*), a
+# MoeCombine (c_*), then the barrier and the ring's geometry
 _EXPERTS = C.struct(*[("gu_" + n, t) for n, t in _GEMV_FIELDS],
                     *[("dn_" + n, t) for n, t in _GEMV_FIELDS],
                     *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
-                    ("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
-                    ("out", "ptr"), ("barrier", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"),
-                    ("gate_rs", "i64"), ("out_rs", "i64"), ("n_rows", "i32"), ("sk", "i32"),
-                    ("sw", "i32"), ("stages", "i32"), ("pairs", "i32"), ("pad", "i32"))
+                    *[("c_" + n, t) for n, t in _COMBINE_FIELDS],
+                    ("barrier", "ptr"), ("n_rows", "i32"), ("sk", "i32"), ("sw", "i32"),
+                    ("stages", "i32"), ("pairs", "i32"), ("pad", "i32"))
 assert _EXPERTS.itemsize == 376
-# moe.cu MoeTmaDownParams: a MoeGemvParams (dn_*), a MoeSharedDown (sd_*), the combine's operands
+# moe.cu MoeTmaDownParams: a MoeGemvParams (dn_*), a MoeSharedDown (sd_*), a MoeCombine (c_*)
 _TMA_DOWN = C.struct(*[("dn_" + n, t) for n, t in _GEMV_FIELDS],
                      *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
-                     ("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
-                     ("out", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"), ("gate_rs", "i64"),
-                     ("out_rs", "i64"), ("n_rows", "i32"), ("pad", "i32"))
+                     *[("c_" + n, t) for n, t in _COMBINE_FIELDS],
+                     ("n_rows", "i32"), ("pad", "i32"))
 assert _TMA_DOWN.itemsize == 240
 _NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
 
@@ -561,18 +563,11 @@ def _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out
                          inter, hidden, splits=plan.splits, top_k=top_k, up_offset=inter,
                          experts=experts, ws=ws)
     dn_f = _down_fields(dn, hidden, inter, top_k, experts, ws)
-    shared, shared_rs, gate, gate_rs = gated if gated is not None else (None, 0, None, 0)
-    params = C.pack(_EXPERTS, **{"gu_" + k: v for k, v in gu_f.items()},
-                    **{"dn_" + k: v for k, v in dn_f.items()},
-                    **({} if folded is None else
-                       {"sd_" + k: v for k, v in _shared_down_fields(folded, hidden).items()}),
-                    w=C.ptr(weights_out), ids=C.ptr(ids_out),
-                    shared=0 if shared is None else C.ptr(shared),
-                    gate=0 if gate is None else C.ptr(gate), out=C.ptr(out),
-                    barrier=C.ptr(ws.barrier),
-                    w_rs=C.row_stride(weights_out, "weights_out"), shared_rs=int(shared_rs),
-                    gate_rs=int(gate_rs), out_rs=C.row_stride(out, "out"), n_rows=n,
-                    sk=plan.sk, sw=plan.stage_warps, stages=plan.stages, pairs=MOE_TMA_PAIRS)
+    sd = None if folded is None else _shared_down_fields(folded, hidden)
+    params = C.pack(_EXPERTS, **_prefixed("gu_", gu_f), **_prefixed("dn_", dn_f),
+                    **_prefixed("sd_", sd), **_combine_fields(weights_out, ids_out, gated, out),
+                    barrier=C.ptr(ws.barrier), n_rows=n, sk=plan.sk, sw=plan.stage_warps,
+                    stages=plan.stages, pairs=MOE_TMA_PAIRS)
     xr = tma_x_regs_ok(hidden, plan.splits, 0, pairs, top_k) and TMA_X_REGS
     fn = get_function(SOURCE, f"moe_tma_experts_kernel<{int(xr)}>")
     if fn.max_dynamic_shared_size_bytes < plan.smem:
@@ -647,21 +642,31 @@ def tma_down_applies(n: int, top_k: int, inter: int, shared_k: int = 0) -> bool:
             and tma_down_smem(inter, shared_k) + TMA_DOWN_STATIC <= TMA_SMEM_LIMIT)
 
 
-def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
-              folded) -> None:
-    """moe_tma_down_kernel: _fused_down's results (see there; launched only where every input
-    but act is complete when the launch starts)."""
-    sd = _shared_down_fields(folded, hidden) if folded is not None else None
+def _prefixed(prefix: str, fields: dict | None) -> dict:
+    """A nested record's fields under its prefix in a packed launch record (None: none)."""
+    return {} if fields is None else {prefix + k: v for k, v in fields.items()}
+
+
+def _combine_fields(weights_out, ids_out, gated, out) -> dict:
+    """moe.cu MoeCombine's fields (c_*): the routing, the gated shared operands (`gated`, as
+    moe_combine_kernel's, or None) and out."""
     shared, shared_rs, gate, gate_rs = gated if gated is not None else (None, 0, None, 0)
+    return _prefixed("c_", dict(
+        w=C.ptr(weights_out), ids=C.ptr(ids_out), shared=0 if shared is None else C.ptr(shared),
+        gate=0 if gate is None else C.ptr(gate), out=C.ptr(out),
+        w_rs=C.row_stride(weights_out, "weights_out"), shared_rs=int(shared_rs),
+        gate_rs=int(gate_rs), out_rs=C.row_stride(out, "out")))
+
+
+def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
+              sd: dict | None) -> None:
+    """moe_tma_down_kernel: _fused_down's results (see there; launched only where every input
+    but act is complete when the launch starts). `sd`: the folded shared down's MoeSharedDown
+    fields (`_shared_down_fields`), or None."""
     params = C.pack(_TMA_DOWN,
-                    **{"dn_" + k: v for k, v in
-                       _down_fields(dn, hidden, inter, top_k, experts, ws).items()},
-                    **({} if sd is None else {"sd_" + k: v for k, v in sd.items()}),
-                    w=C.ptr(weights_out), ids=C.ptr(ids_out),
-                    shared=0 if shared is None else C.ptr(shared),
-                    gate=0 if gate is None else C.ptr(gate), out=C.ptr(out),
-                    w_rs=C.row_stride(weights_out, "weights_out"), shared_rs=int(shared_rs),
-                    gate_rs=int(gate_rs), out_rs=C.row_stride(out, "out"), n_rows=n)
+                    **_prefixed("dn_", _down_fields(dn, hidden, inter, top_k, experts, ws)),
+                    **_prefixed("sd_", sd), **_combine_fields(weights_out, ids_out, gated, out),
+                    n_rows=n)
     smem = tma_down_smem(inter, 0 if sd is None else sd["k"])
     fn = get_function(SOURCE, "moe_tma_down_kernel")
     if fn.max_dynamic_shared_size_bytes < smem:
@@ -682,17 +687,15 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     `shared_early` (the kernel before this launch waited before letting it start, so act is
     complete). Where `shared_early` and `tma_down_applies`: moe_tma_down_kernel instead (the
     same bits; everything but act read before its PDL wait)."""
-    shared_k = 0 if folded is None else C.weight_array(folded[0], "shared_down")[0].shape[1]
-    if shared_early and tma_down_applies(n, top_k, inter, shared_k):
-        _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
-                  folded)
+    sd = None if folded is None else _shared_down_fields(folded, hidden)
+    if shared_early and tma_down_applies(n, top_k, inter, 0 if sd is None else sd["k"]):
+        _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated, sd)
         return
     fields = _down_fields(dn, hidden, inter, top_k, experts, ws)
     dn_splits = fields["splits"]
     params = C.pack(_GEMV, **fields)
     team, sd_params, smem = 0, _NO_FOLD, fused_down_smem(dn_splits)
-    if folded is not None:
-        sd = _shared_down_fields(folded, hidden)
+    if sd is not None:
         team = FUSED_DOWN_SHARED_WARPS
         sd_params = C.pack(_SHARED_DOWN, **sd)
         smem = fused_down_smem(dn_splits, shared_k=sd["k"], shared_cons=sd["cons"])

@@ -74,6 +74,22 @@ def launch_names(*modules, attrs: tuple[str, ...] = ("launch",)):
             setattr(m, a, real)
 
 
+def moe_shared_inputs(rng, n, experts, hidden, inter, shared_inter, sub=None,
+                      same_rows: bool = False):
+    """Random inputs of an MoE layer with a gated shared expert: experts (tiled from `sub`
+    random ones when given), x, logits [router | gate], the shared act [N, Is] and shared down
+    [H, Is] bf16: (gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h). same_rows: rows 0 and 1 pick
+    the same experts (groups of more than one pair)."""
+    gu, dn, gu_h, dn_h = tiled_experts(rng, experts, hidden, inter, sub)
+    sd_h, sd = weight_pair(rng, (hidden, shared_inter), DType.BFLOAT16, shared_inter ** -0.5)
+    x = dev(randn(rng, (n, hidden)))
+    logits = dev(randn(rng, (n, experts + 1), 2.0))
+    if same_rows and n > 1:
+        logits[1, :experts] = logits[0, :experts]
+    act = dev(randn(rng, (n, shared_inter)))
+    return gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h
+
+
 def dev(a: np.ndarray):
     return cp().asarray(a)
 

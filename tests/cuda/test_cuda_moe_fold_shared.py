@@ -15,10 +15,10 @@ from cuda_testutil import (
     dev,
     host,
     launch_names,
+    moe_shared_inputs,
     poisoned,
     randn,
     randn_refill,
-    tiled_experts,
     weight_pair,
 )
 
@@ -29,17 +29,6 @@ from ninfer.kernels_cuda import moe as kmoe
 from ninfer.ops import reference as ref
 
 pytestmark = pytest.mark.gpu
-
-
-def _inputs(rng, n, experts, hidden, inter, shared_inter, sub=None):
-    """Experts (tiled from `sub` random ones when given), x, logits [router | gate], shared act
-    and shared down: (gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h)."""
-    gu, dn, gu_h, dn_h = tiled_experts(rng, experts, hidden, inter, sub)
-    sd_h, sd = weight_pair(rng, (hidden, shared_inter), DType.BFLOAT16, shared_inter ** -0.5)
-    x = dev(randn(rng, (n, hidden)))
-    logits = dev(randn(rng, (n, experts + 1), 2.0))
-    act = dev(randn(rng, (n, shared_inter)))
-    return gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h
 
 
 def _linear(sd, act):
@@ -89,8 +78,8 @@ def test_fold_equals_linear_35b_shape(rng, monkeypatch, n, tma, early):
     monkeypatch.setattr(kmoe, "MOE_TMA", tma)
     monkeypatch.setattr(kmoe, "SHARED_EARLY", early)
     experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 24
-    gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h = _inputs(rng, n, experts, hidden, inter, inter,
-                                                           sub)
+    gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h = moe_shared_inputs(
+        rng, n, experts, hidden, inter, inter, sub)
     fused = None if n == 1 else True  # the default takes the fused path at one row
     w, ids, out = _check_fold(x, logits, top_k, gu, dn, act, sd, f"35B n={n} tma={tma}", fused)
     gate = host(logits)[:, experts:].astype(np.float64)
@@ -112,7 +101,8 @@ def test_fold_equals_linear_odd_shapes(rng, monkeypatch, n, hidden, inter, share
     """Every linear_tma geometry (NINFER_GEMV_TMA_SK / _CONSUMERS): the fold follows it."""
     monkeypatch.setattr(klinear, "TMA_SK", sk)
     monkeypatch.setattr(klinear, "TMA_CONSUMERS", cons)
-    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, n, experts, hidden, inter, shared_inter)
+    gu, dn, _, _, x, logits, act, sd, _ = moe_shared_inputs(rng, n, experts, hidden, inter,
+                                                            shared_inter)
     _check_fold(x, logits, top_k, gu, dn, act, sd,
                 f"n={n} H={hidden} Is={shared_inter} sk={sk} cons={cons}", fused=True)
 
@@ -129,8 +119,8 @@ def test_persistent_fold_equals_linear(rng, monkeypatch, n, hidden, inter, share
     bitwise linear(act, W) + the two launches, routed and unrouted."""
     monkeypatch.setattr(kmoe, "PERSIST", True)
     monkeypatch.setattr(klinear, "TMA_CONSUMERS", cons)
-    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, n, experts, hidden, inter, shared_inter,
-                                                  sub)
+    gu, dn, _, _, x, logits, act, sd, _ = moe_shared_inputs(rng, n, experts, hidden, inter,
+                                                            shared_inter, sub)
     with launch_names(kmoe) as names:
         _check_fold(x, logits, top_k, gu, dn, act, sd,
                     f"persistent n={n} H={hidden} cons={cons}", fused=True)
@@ -142,7 +132,7 @@ def test_persistent_fold_refusal(rng, monkeypatch):
     warps > twice its 4), shared_down_folds is False (the caller runs the GEMV); without
     PERSIST the two launches fold it."""
     monkeypatch.setattr(klinear, "TMA_CONSUMERS", 16)
-    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, 1, 64, 1040, 256, 272)
+    gu, dn, _, _, x, logits, act, sd, _ = moe_shared_inputs(rng, 1, 64, 1040, 256, 272)
     monkeypatch.setattr(kmoe, "PERSIST", True)
     assert kmoe.persist_plan(1, 8, 1040, 256) is not None
     assert not kmoe.shared_down_folds(x, 8, gu, dn, sd, act, fused=True)
@@ -152,7 +142,7 @@ def test_persistent_fold_refusal(rng, monkeypatch):
 
 def test_fold_batch_invariance(rng):
     """A row's folded result does not depend on the other rows of the launch."""
-    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, 8, 64, 1040, 264, 272)
+    gu, dn, _, _, x, logits, act, sd, _ = moe_shared_inputs(rng, 8, 64, 1040, 264, 272)
     full = _block(x, logits, 8, gu, dn, shared=act, shared_down=sd, fused=True)
     for rows in ([0], [5, 6], [1, 2, 3, 7]):
         part = _block(x[rows], logits[rows], 8, gu, dn, shared=act[rows], shared_down=sd,
@@ -169,7 +159,8 @@ def test_fold_graph_replay_equals_eager(rng):
     n, hidden, inter, experts, top_k = 1, 2048, 512, 256, 8
     ctx = DeviceContext(0)
     with ctx.activate():
-        gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, n, experts, hidden, inter, inter, 16)
+        gu, dn, _, _, x, logits, act, sd, _ = moe_shared_inputs(rng, n, experts, hidden, inter,
+                                                                inter, 16)
         ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
         w, ids, out = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, hidden))
 
@@ -194,7 +185,7 @@ def test_fold_predicate_refusals(rng, monkeypatch):
     past FOLD_MAX_K and for a mis-shaped activation; moe_block then refuses shared_down with a
     ValueError (the caller runs the GEMV)."""
     n, experts, hidden, inter, top_k = 2, 64, 136, 40, 8
-    gu, dn, _, _, x, logits, act, sd, _ = _inputs(rng, n, experts, hidden, inter, 48)
+    gu, dn, _, _, x, logits, act, sd, _ = moe_shared_inputs(rng, n, experts, hidden, inter, 48)
     assert kmoe.shared_down_folds(x, top_k, gu, dn, sd, act, fused=True)
     assert not kmoe.shared_down_folds(x, top_k, gu, dn, sd, act)  # 16 pairs: not fused by default
     assert not kmoe.shared_down_folds(x, top_k, gu, dn, sd, act, fused=False)

@@ -16,14 +16,13 @@ from cuda_testutil import (
     dev,
     host,
     launch_names,
+    moe_shared_inputs,
     poisoned,
     randn,
     randn_refill,
-    tiled_experts,
-    weight_pair,
 )
 
-from ninfer.core.dtypes import DType, bf16_bits_to_f32
+from ninfer.core.dtypes import bf16_bits_to_f32
 from ninfer.kernels_cuda import linear as klinear
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.ops import reference as ref
@@ -32,16 +31,9 @@ pytestmark = pytest.mark.gpu
 
 
 def _inputs(rng, n, experts, hidden, inter, shared_inter, sub=None):
-    """(gu, dn, gu_h, dn_h, x, logits [router | gate], act, sd, sd_h, shared)."""
-    gu, dn, gu_h, dn_h = tiled_experts(rng, experts, hidden, inter, sub)
-    sd_h, sd = weight_pair(rng, (hidden, shared_inter), DType.BFLOAT16, shared_inter ** -0.5)
-    x = dev(randn(rng, (n, hidden)))
-    logits = dev(randn(rng, (n, experts + 1), 2.0))
-    if n > 1:  # rows 0 and 1 pick the same experts: groups of more than one pair
-        logits[1, :experts] = logits[0, :experts]
-    act = dev(randn(rng, (n, shared_inter)))
-    shared = dev(randn(rng, (n, hidden)))
-    return gu, dn, gu_h, dn_h, x, logits, act, sd, sd_h, shared
+    """moe_shared_inputs (rows 0 and 1 sharing experts) and a gated shared output [N, H]."""
+    return moe_shared_inputs(rng, n, experts, hidden, inter, shared_inter, sub,
+                             same_rows=True) + (dev(randn(rng, (n, hidden))),)
 
 
 def _run(monkeypatch, on, x, logits, top_k, gu, dn, mode, act, sd, shared, routed):

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _nvcc
 from ninfer.kernels_cuda import moe as kmoe
 from ninfer.kernels_cuda.linear import MMA_ROWS_ALIGN, MMA_ROWS_WARP_SMEM, mma_splits
@@ -80,26 +81,28 @@ def test_folded_shared_down_constants_mirror_moe_cu():
     assert names == list(kmoe._SHARED_DOWN.names), names
 
 
+def _record_fields(text: str, struct: str) -> list[str]:
+    """moe.cu's `struct` as moe.py packs it: its fields in order, a nested MoeGemvParams,
+    MoeSharedDown or MoeCombine member m as m_<its fields>."""
+    nested = {"MoeGemvParams": kmoe._GEMV_FIELDS, "MoeSharedDown": kmoe._SHARED_DOWN_FIELDS,
+              "MoeCombine": kmoe._COMBINE_FIELDS}
+    body = text[text.index(f"struct {struct} {{"):text.index(f"static_assert(sizeof({struct})")]
+    names = []
+    for typ, members in re.findall(r"\n  ((?:const )?\w+(?: \w+)*\*?) ([\w, ]+);", body):
+        for m in (m.strip() for m in members.split(",")):
+            names += [f"{m}_{n}" for n, _ in nested[typ]] if typ in nested else [m]
+    return names
+
+
 def test_persistent_experts_params_mirror_moe_cu():
     """moe.py's _EXPERTS record and PERSIST_GROUPS are moe.cu's MoeTmaExpertsParams and
-    MOE_EXPERTS_GROUPS; its two MoeGemvParams come first, in the order gu, dn, then its
-    MoeSharedDown sd."""
+    MOE_EXPERTS_GROUPS (its MoeGemvParams gu, dn, MoeSharedDown sd and MoeCombine c nested)."""
     text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
     assert f"#define MOE_EXPERTS_GROUPS {kmoe.PERSIST_GROUPS}" in text
     assert f"sizeof(MoeTmaExpertsParams) == {kmoe._EXPERTS.itemsize}" in text
-    struct = text[text.index("struct MoeTmaExpertsParams {"):
-                  text.index("static_assert(sizeof(MoeTmaExpertsParams)")]
-    fields = re.findall(
-        r"\n  (?:const \w+\*|unsigned long long\*|\w+\*|i64|int|MoeGemvParams|MoeSharedDown) "
-        r"([\w, ]+);", struct)
-    names = [n.strip() for f in fields for n in f.split(",")]
-    gemv = [n for n, _ in kmoe._GEMV_FIELDS]
-    sd = list(kmoe._SHARED_DOWN.names)
-    expect = ["gu", "dn", "sd"] + [n for n in kmoe._EXPERTS.names
-                                   if not n.startswith(("gu_", "dn_", "sd_"))]
-    assert names == expect, names
-    assert list(kmoe._EXPERTS.names[:2 * len(gemv) + len(sd)]) == (
-        [f"gu_{n}" for n in gemv] + [f"dn_{n}" for n in gemv] + [f"sd_{n}" for n in sd])
+    assert f"sizeof(MoeCombine) == {C.struct(*kmoe._COMBINE_FIELDS).itemsize}" in text
+    assert _record_fields(text, "MoeCombine") == [n for n, _ in kmoe._COMBINE_FIELDS]
+    assert _record_fields(text, "MoeTmaExpertsParams") == list(kmoe._EXPERTS.names)
 
 
 @pytest.mark.parametrize("hidden,inter", [(2048, 512), (304, 96), (1040, 256), (64, 32)])
@@ -138,24 +141,14 @@ def test_persistent_experts_fold_arithmetic(monkeypatch, hidden, inter, shared_k
 
 
 def test_tma_down_params_mirror_moe_cu():
-    """moe.py's _TMA_DOWN record is moe.cu's MoeTmaDownParams (its MoeGemvParams dn, then its
-    MoeSharedDown sd, then the combine's operands) and its constants the kernel's."""
+    """moe.py's _TMA_DOWN record is moe.cu's MoeTmaDownParams (its MoeGemvParams dn,
+    MoeSharedDown sd and MoeCombine c nested) and its constants the kernel's."""
     text = (_nvcc.PACKAGE_DIR / "moe.cu").read_text()
     assert f"sizeof(MoeTmaDownParams) == {kmoe._TMA_DOWN.itemsize}" in text
     assert f"#define MOE_TMA_DOWN_WARPS {kmoe.TMA_DOWN_WARPS}" in text
     assert f"#define MOE_TMA_DOWN_HEAD {kmoe.TMA_DOWN_HEAD}" in text
     assert f"#define MOE_EXPERTS_TEAMS {kmoe.TMA_DOWN_TEAMS}" in text
-    struct = text[text.index("struct MoeTmaDownParams {"):
-                  text.index("static_assert(sizeof(MoeTmaDownParams)")]
-    fields = re.findall(r"\n  (?:const \w+\*|\w+\*|i64|int|MoeGemvParams|MoeSharedDown) "
-                        r"([\w, ]+);", struct)
-    names = [n.strip() for f in fields for n in f.split(",")]
-    expect = ["dn", "sd"] + [n for n in kmoe._TMA_DOWN.names if not n.startswith(("dn_", "sd_"))]
-    assert names == expect, names
-    gemv = [n for n, _ in kmoe._GEMV_FIELDS]
-    sd = list(kmoe._SHARED_DOWN.names)
-    assert list(kmoe._TMA_DOWN.names[:len(gemv) + len(sd)]) == (
-        [f"dn_{n}" for n in gemv] + [f"sd_{n}" for n in sd])
+    assert _record_fields(text, "MoeTmaDownParams") == list(kmoe._TMA_DOWN.names)
 
 
 @pytest.mark.parametrize("inter,shared_k,fits", [
