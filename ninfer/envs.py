@@ -141,13 +141,6 @@ def moe_tma_down() -> bool:
     return _flag("NINFER_MOE_TMA_DOWN", False)
 
 
-def moe_tma_down_prewait() -> bool:
-    """NINFER_MOE_TMA_DOWN_PREWAIT (default off; "1" turns it on): moe_tma_down_kernel computes
-    the folded shared tile before its PDL wait instead of after it, beside act's copies (the
-    same bits either way). Read once, at import of the launcher."""
-    return _flag("NINFER_MOE_TMA_DOWN_PREWAIT", False)
-
-
 def moe_persist() -> bool:
     """NINFER_MOE_PERSIST (default off; "1" turns it on): the MoE decode's fused path with the
     bulk-copy gate_up runs both expert stages, the folded shared down and the combine as one

@@ -1279,20 +1279,15 @@ __device__ __forceinline__ void moe_shared_tile(const MoeSharedDown& sd, int n_r
 // The block's threads copy the n_pairs act rows (f32, d.x by pair) into xs, x_pitch floats
 // apart (16 bytes of padding: the 8 rows a quarter warp reads fall in distinct banks): one
 // round trip through the L2 (cp.async.cg: act may have been written by other blocks of this
-// launch); the block is synchronised after. moe_stage_act_issue only issues the copies (the
-// caller then runs cp_async_wait_all and synchronises the block).
-__device__ __forceinline__ void moe_stage_act_issue(const MoeGemvParams& d, int n_pairs,
-                                                    float* xs, int x_pitch) {
+// launch); the block is synchronised after.
+__device__ __forceinline__ void moe_stage_act(const MoeGemvParams& d, int n_pairs, float* xs,
+                                              int x_pitch) {
   const int units = d.k >> 2;  // 16-byte units of an act row
   const unsigned xs_s = smem_addr(xs);
   for (int u = threadIdx.x; u < n_pairs * units; u += blockDim.x) {
     const int pr = u / units, c = u - pr * units;
     cp_async_16(xs_s + 4 * (pr * x_pitch + 4 * c), d.x + (i64)pr * d.x_rs + 4 * c);
   }
-}
-__device__ __forceinline__ void moe_stage_act(const MoeGemvParams& d, int n_pairs, float* xs,
-                                              int x_pitch) {
-  moe_stage_act_issue(d, n_pairs, xs, x_pitch);
   cp_async_wait_all();
   __syncthreads();
 }
@@ -1489,18 +1484,18 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
 // complete when this kernel starts; only act is the previous kernel's. Block b owns output
 // columns [16 b, 16 b + 16) (moe_fused_down_kernel's block b). Before pdl_wait, warp 0
 // bulk-copies the block's 16 rows of the folded shared down matrix (constant; first) and of
-// every group's expert down matrix into shared memory (one copy per row, rows padded so that
-// their readers meet no bank conflict; rows past M and a bad expert's rows are not copied) and
-// the block reads the tables (moe_down_tables). After it: act's copies (moe_stage_act_issue),
-// the shared tile (moe_shared_tile; before the wait with MOE_TMA_DOWN_PREWAIT), the groups'
-// tiles (moe_down_teams: teams of dn.splits warps, two groups at a time) and the combine
-// (moe_down_combine): bitwise moe_fused_down_kernel's `out`, whose L2 prefetch and table reads
-// after its wait this replaces by copies before the wait.
+// every group's expert down matrix into shared memory (rows 2 K bytes apart; one copy per tile
+// where the rows are contiguous, else one per row; rows past M and a bad expert's rows are not
+// copied), the block reads the tables (moe_down_tables) and computes the shared tile
+// (moe_shared_tile). After it: act (moe_stage_act), the groups' tiles (moe_down_teams: teams
+// of dn.splits warps, two groups at a time) and the combine (moe_down_combine): bitwise
+// moe_fused_down_kernel's `out`, whose L2 prefetch and table reads after its wait this
+// replaces by copies before the wait.
 // MOE_TMA_DOWN_WARPS warps. Dynamic shared memory (moe.py tma_down_smem): the two mbarriers
 // (MOE_TMA_DOWN_HEAD bytes), the teams' MOE_EXPERTS_TEAMS MmaPartials<8> (the shared tile's
-// MmaPartials<16> over them), MOE_EXPERTS_GROUPS tiles of 16 rows moe_tma_pitch(dn.k) bytes
-// apart, the shared tile (16 rows moe_shared_a_pitch(sd.k) bytes apart, fold), then
-// MOE_EXPERTS_GROUPS act rows of dn.k + 4 floats.
+// MmaPartials<16> over them, before the wait), MOE_EXPERTS_GROUPS tiles of 16 x 2 dn.k bytes,
+// the shared tile (16 x 2 sd.k bytes, fold), then MOE_EXPERTS_GROUPS act rows of dn.k + 4
+// floats.
 #define MOE_TMA_DOWN_WARPS 8
 #define MOE_TMA_DOWN_HEAD 128
 
@@ -1508,12 +1503,9 @@ struct MoeTmaDownParams {
   MoeGemvParams dn;  // moe_fused_down_kernel's p (x = act by pair, k % 32 == 0)
   MoeSharedDown sd;  // the folded shared down (moe_fused_down_kernel's sd; w null: none)
   MoeCombine c;
-  int n_rows, flags;  // flags: MOE_TMA_DOWN_PREWAIT
+  int n_rows, pad;
 };
 static_assert(sizeof(MoeTmaDownParams) == 240, "mirrored in moe.py");
-// flags: the folded shared tile is computed before the PDL wait (else after it, beside act's
-// round trip: a block made resident late would hold its successor's release behind its copies)
-#define MOE_TMA_DOWN_PREWAIT 1
 
 #if BULK_COPY_OK
 // moe_tma_down_kernel's tiles: all on one mbarrier, group grp's at base + 16 grp pitch.
@@ -1540,12 +1532,8 @@ __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
   const int top_k = d.top_k, n_pairs = q.n_rows * top_k;
   const bool fold = sd.w != nullptr;
   const int m0 = blockIdx.x * 16, live = max(0, min(16, d.m - m0));
-  // rows padded as the gate_up ring's (moe_tma_pitch: the 16-byte reads of moe_tma_consume)
-  // and the fused down's shared tile (moe_shared_a_pitch: tma_gemv_warps_c's 4-byte reads), so
-  // neither reads with bank conflicts; one bulk copy per row
-  const int tile_pitch = moe_tma_pitch(d.k), shared_pitch = moe_shared_a_pitch(sd.k);
-  const unsigned tile_bytes = 16u * (unsigned)tile_pitch;
-  const unsigned shared_bytes = fold ? 16u * (unsigned)shared_pitch : 0u;
+  const unsigned tile_bytes = 16u * 2u * (unsigned)d.k;
+  const unsigned shared_bytes = fold ? 16u * 2u * (unsigned)sd.k : 0u;
   const int x_pitch = d.k + 4;
   char* const smem = reinterpret_cast<char*>(moe_rows_smem);
   mbar_t* const full = reinterpret_cast<mbar_t*>(smem);  // the expert tiles
@@ -1574,7 +1562,7 @@ __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
     if (fold) {
       if (lane == 0) mbar_arrive_expect_tx(sfull, 2u * (unsigned)sd.k * (unsigned)live);
       __syncwarp();
-      moe_copy_tile(stile, shared_pitch, sd.w + (i64)m0 * sd.w_rs, sd.w_rs, live,
+      moe_copy_tile(stile, 2 * sd.k, sd.w + (i64)m0 * sd.w_rs, sd.w_rs, live,
                     2u * (unsigned)sd.k, sfull, policy, lane);
     }
     const int my_e = lane < down_groups ? d.group_expert[lane] : -1;  // lane j: group j's
@@ -1584,31 +1572,26 @@ __global__ void __launch_bounds__(32 * MOE_TMA_DOWN_WARPS, 1)
     for (int j = 0; j < down_groups; ++j) {
       const int ej = __shfl_sync(0xffffffffu, my_e, j);
       if ((ok >> j) & 1u)
-        moe_copy_tile(tiles + j * tile_bytes, tile_pitch,
+        moe_copy_tile(tiles + j * tile_bytes, 2 * d.k,
                       static_cast<const bf16raw*>(d.w) + (i64)ej * d.w_es + (i64)m0 * d.w_rs,
                       d.w_rs, live, 2u * (unsigned)d.k, full, policy, lane);
     }
   }
   moe_down_tables(d, q.c, q.n_rows, down_groups, b);
   __syncthreads();
-  const bool prewait = (q.flags & MOE_TMA_DOWN_PREWAIT) != 0;
-  auto shared_tile = [&]() {
+  if (fold) {
     mbar_wait(sfull, 0u);
-    moe_shared_tile(sd, q.n_rows, m0, stile, shared_pitch,
+    moe_shared_tile(sd, q.n_rows, m0, stile, 2 * sd.k,
                     *reinterpret_cast<MmaPartials<16>*>(red), b, MOE_TMA_DOWN_WARPS, warp, lane);
     timeline_mark(5);
-  };
-  if (fold && prewait) shared_tile();
+  }
   pdl_wait();  // act: the previous kernel's
   pdl_launch_dependents();
   timeline_mark(0);
-  moe_stage_act_issue(d, n_pairs, xs, x_pitch);
-  if (fold && !prewait) shared_tile();  // while act's copies are in flight
-  cp_async_wait_all();
-  __syncthreads();
+  moe_stage_act(d, n_pairs, xs, x_pitch);
   timeline_mark(1);
-  moe_down_teams(d, down_groups, m0, MoeFlatTiles{full, smem_addr(tiles), tile_pitch}, xs,
-                 x_pitch, red, b, MOE_TMA_DOWN_WARPS, warp, lane);
+  moe_down_teams(d, down_groups, m0, MoeFlatTiles{full, smem_addr(tiles), 2 * d.k}, xs, x_pitch,
+                 red, b, MOE_TMA_DOWN_WARPS, warp, lane);
   __syncthreads();
   timeline_mark(2);
   moe_down_combine(b, q.c, q.n_rows, top_k, m0, d.m, fold);

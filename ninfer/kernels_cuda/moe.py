@@ -106,9 +106,6 @@ PERSIST_GROUPS = 8  # moe.cu MOE_EXPERTS_GROUPS: the pairs (so groups) whose dow
 # weight tiles are bulk-copied and its tables read before its PDL wait, act after it; bitwise
 # moe_fused_down_kernel. Written without a GPU run.
 TMA_DOWN = envs.moe_tma_down()
-# NINFER_MOE_TMA_DOWN_PREWAIT: its folded shared tile before the PDL wait (moe.cu flags)
-TMA_DOWN_PREWAIT = envs.moe_tma_down_prewait()
-TMA_DOWN_FLAG_PREWAIT = 1  # moe.cu MOE_TMA_DOWN_PREWAIT
 TMA_DOWN_WARPS = 8    # moe.cu MOE_TMA_DOWN_WARPS
 TMA_DOWN_HEAD = 128   # moe.cu MOE_TMA_DOWN_HEAD: its two mbarriers
 TMA_DOWN_TEAMS = 4    # moe.cu MOE_EXPERTS_TEAMS: its teams' MmaPartials<8>
@@ -241,7 +238,7 @@ assert _EXPERTS.itemsize == 376
 _TMA_DOWN = C.struct(*[("dn_" + n, t) for n, t in _GEMV_FIELDS],
                      *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
                      *[("c_" + n, t) for n, t in _COMBINE_FIELDS],
-                     ("n_rows", "i32"), ("flags", "i32"))
+                     ("n_rows", "i32"), ("pad", "i32"))
 assert _TMA_DOWN.itemsize == 240
 _NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
 
@@ -630,12 +627,11 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
 
 def tma_down_smem(inter: int, shared_k: int = 0) -> int:
     """Dynamic shared memory of moe_tma_down_kernel (moe.cu): its mbarriers, the teams' partial
-    tiles, PERSIST_GROUPS expert tiles of 16 rows of Im bf16 (`tma_pitch(Im)` bytes apart), the
-    folded shared tile (16 rows of shared_k bf16, 2 shared_k + 16 bytes apart) and
-    PERSIST_GROUPS act rows of Im + 4 floats (184.5 KiB at the 35B-A3B shape with Is = 512)."""
-    shared_tile = 16 * (2 * shared_k + 16) if shared_k else 0
-    return (TMA_DOWN_HEAD + TMA_DOWN_TEAMS * 8 * 16 * 8 * 4 + PERSIST_GROUPS * 16 * tma_pitch(inter)
-            + shared_tile + PERSIST_GROUPS * (inter + 4) * 4)
+    tiles, PERSIST_GROUPS expert tiles of 16 rows of Im bf16, the folded shared tile (16 rows
+    of shared_k bf16) and PERSIST_GROUPS act rows of Im + 4 floats (176.25 KiB at the
+    35B-A3B shape with Is = 512)."""
+    return (TMA_DOWN_HEAD + TMA_DOWN_TEAMS * 8 * 16 * 8 * 4 + PERSIST_GROUPS * 16 * 2 * inter
+            + 16 * 2 * shared_k + PERSIST_GROUPS * (inter + 4) * 4)
 
 
 def tma_down_applies(n: int, top_k: int, inter: int, shared_k: int = 0) -> bool:
@@ -670,7 +666,7 @@ def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, w
     params = C.pack(_TMA_DOWN,
                     **_prefixed("dn_", _down_fields(dn, hidden, inter, top_k, experts, ws)),
                     **_prefixed("sd_", sd), **_combine_fields(weights_out, ids_out, gated, out),
-                    n_rows=n, flags=TMA_DOWN_FLAG_PREWAIT if TMA_DOWN_PREWAIT else 0)
+                    n_rows=n)
     smem = tma_down_smem(inter, 0 if sd is None else sd["k"])
     fn = get_function(SOURCE, "moe_tma_down_kernel")
     if fn.max_dynamic_shared_size_bytes < smem:

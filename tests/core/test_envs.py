@@ -18,7 +18,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.attention_tma, "NINFER_ATTN_TMA", False),
     (envs.gemv_bf16_x, "NINFER_GEMV_BF16_X", True),
     (envs.moe_tma_down, "NINFER_MOE_TMA_DOWN", False),
-    (envs.moe_tma_down_prewait, "NINFER_MOE_TMA_DOWN_PREWAIT", False),
 ]
 
 
