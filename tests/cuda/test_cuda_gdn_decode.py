@@ -277,9 +277,8 @@ def test_next_state_prefetch_changes_nothing(rng, shape):
     next_state of another shape or slot stride is refused."""
     hk, hv, dk, dv = SHAPES[shape]
     prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
-    # (the states below are contiguous copies, so the next layer's state is one too)
-    nxt = cp().array(slot_strided(rng, prob.num_slots, (hv, dk, dv), scale=0.1)[1])
-    nxt_before = nxt.copy()
+    _, nxt, _ = slot_strided(rng, prob.num_slots, (hv, dk, dv), pad=ALIGNED, scale=0.1)
+    nxt_before = cp().array(nxt)
     counters = kdec.decode_counters(3, hk)
     conv0, st0 = _copies(prob)
     for n in (1, 3):
