@@ -298,20 +298,6 @@ def attn_gate_fused() -> bool:
     return _flag("NINFER_ATTN_GATE_FUSED", True)
 
 
-def gdn_prefetch_next() -> bool:
-    """NINFER_GDN_PREFETCH_NEXT (default off; "1" turns it on): each CUDA GDN decode kernel asks
-    the L2 to fetch the next GDN layer's recurrent state of its rows (a hint; the same bits).
-    Read when a backend is built."""
-    return _flag("NINFER_GDN_PREFETCH_NEXT", False)
-
-
-def attn_prefetch_next() -> bool:
-    """NINFER_ATTN_PREFETCH_NEXT (default off; "1" turns it on): each CUDA decode attention
-    kernel asks the L2 to fetch the next attention layer's K / V rows of its chunks (a hint; the
-    same bits). Read when a backend is built."""
-    return _flag("NINFER_ATTN_PREFETCH_NEXT", False)
-
-
 def kernel_timeline() -> bool:
     """NINFER_KERNEL_TIMELINE (default off; "1" turns it on): a diagnostic build of every CUDA
     module in which each block's pdl_wait records the global timer before and after the wait

@@ -72,8 +72,7 @@
 // All kernels are launched with programmatic dependent launch (attention.py): `pdl_enter` comes
 // before any early exit and before any read of memory an earlier kernel of the step may write.
 // Only paged_attention_kernel with p.prewait (past_kv_ready) reads before it: the row, its page
-// ids and K / V of keys before the row's own; in split mode with p.next_k set it also asks the
-// L2 to fetch the next attention layer's K / V rows of its chunk (attn_prefetch_next).
+// ids and K / V of keys before the row's own.
 #include "bulk_copy.cuh"
 #include "common.cuh"
 #include "ldmatrix.cuh"
@@ -137,8 +136,6 @@ struct AttnParams {
   int* counters;   // [N, A, 1 + ATTN_GROUP]: [n, g, 0] groups done, [n, g, 1 + q] chunks done
                    // in group q of row n, KV head g; 0 between launches
   const float* gate;  // [N, A, D] output gate (rows / heads strided), or null: no gate
-  const void* next_k;  // the next attention layer's K / V pages (this layout and page ids), or
-  const void* next_v;  // null: with prewait, split blocks prefetch their chunk's rows to L2
   i64 q_rs, q_hs, out_rs, out_hs;
   i64 gate_rs, gate_hs;
   i64 bt_rs;
@@ -152,7 +149,7 @@ struct AttnParams {
                     // launch (decode: one row per sequence); see paged_attention_kernel
   int out_bf16;     // 1: out holds bf16 bits (each final value rounded to nearest even)
 };
-static_assert(sizeof(AttnParams) == 232, "AttnParams layout is mirrored in attention.py");
+static_assert(sizeof(AttnParams) == 216, "AttnParams layout is mirrored in attention.py");
 
 struct AttnRow {
   bool ok;
@@ -317,24 +314,6 @@ __device__ __forceinline__ void attn_store_out(const AttnParams& p, i64 n, int h
     float* out = p.out + at;
 #pragma unroll
     for (int k = 0; k < K; ++k) out[k] = y[k];
-  }
-}
-
-// The L2 hint for the next attention layer (p.next_k / p.next_v, the same page ids): the K and
-// V rows of KV head g for keys [k0, k1) of `row`, one bulk prefetch per page and tensor by the
-// lanes of one warp (lane i: pages i, i + 32, ...). No data returns; invalid pages are skipped.
-template <int D, typename KT>
-__device__ __forceinline__ void attn_prefetch_next(const AttnParams& p, const AttnRow& row, int g,
-                                                   int k0, int k1, int lane) {
-  const int* bt = p.block_tables + (i64)row.seq * p.bt_rs;
-  for (int idx = k0 / p.page_size + lane; idx * p.page_size < k1; idx += 32) {
-    const int page = __ldg(bt + idx);
-    if (page < 0 || page >= p.num_pages) continue;
-    const int s0 = max(k0 - idx * p.page_size, 0), s1 = min(k1 - idx * p.page_size, p.page_size);
-    const i64 e0 = ((i64)page * p.kv_heads + g) * p.page_size + s0;
-    const i64 bytes = (i64)(s1 - s0) * D * (i64)sizeof(KT);
-    bulk_prefetch_l2(static_cast<const KT*>(p.next_k) + e0 * D, bytes);
-    bulk_prefetch_l2(static_cast<const KT*>(p.next_v) + e0 * D, bytes);
   }
 }
 
@@ -865,8 +844,6 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
         attn_cp_async_commit();
       }
     }
-    if (SPLIT && p.next_k != nullptr && row.ok && warp == nwarps - 1)
-      attn_prefetch_next<D, KT>(p, row, g, c_begin * row.chunk_keys, key_end, lane);
   }
   pdl_enter();  // before the early exits: every block waits and triggers
   const TimelineMarks marks;  // (phase marks: timeline build only)

@@ -95,8 +95,7 @@ assert _KVW.itemsize == 120
 _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                  ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"),
                  ("part_o", "ptr"), ("part_ml", "ptr"), ("grp_o", "ptr"), ("grp_ml", "ptr"),
-                 ("counters", "ptr"), ("gate", "ptr"), ("next_k", "ptr"), ("next_v", "ptr"),
-                 ("q_rs", "i64"),
+                 ("counters", "ptr"), ("gate", "ptr"), ("q_rs", "i64"),
                  ("q_hs", "i64"), ("out_rs", "i64"), ("out_hs", "i64"), ("gate_rs", "i64"),
                  ("gate_hs", "i64"), ("bt_rs", "i64"),
                  ("num_pages", "i32"), ("page_size", "i32"), ("kv_heads", "i32"),
@@ -104,7 +103,7 @@ _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
                  ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"),
                  ("prewait", "i32"), ("out_bf16", "i32"))
-assert _ATTN.itemsize == 232
+assert _ATTN.itemsize == 216
 
 
 def chunk_keys(length: int) -> int:
@@ -274,7 +273,7 @@ def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
                     workspace: AttentionWorkspace | None = None, gate=None,
-                    past_kv_ready: bool = False, next_kv=None) -> None:
+                    past_kv_ready: bool = False) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
     q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided) or its bf16 bits
@@ -304,20 +303,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     step, the index arrays copied from the host). The FMA kernel then reads them, and copies
     the first tiles of K / V, before its PDL wait (the same results; a wrong promise reads
     stale keys).
-
-    next_kv: (k_pages, v_pages) of the next attention layer (this layer's shape and dtype, the
-    same block tables), or None. With past_kv_ready, each split-mode block of the FMA kernel
-    asks the L2 to fetch that layer's K / V rows of its chunk before its PDL wait (a hint: no
-    result changes; never written).
     """
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
-    next_k = next_v = 0
-    if next_kv is not None:
-        nk, nv, next_kind = C.kv_pages(*next_kv)
-        C.require(nk.shape == kp.shape and next_kind is kind, "next_kv",
-                  f"shape {tuple(nk.shape)} {next_kind.name}, expected {tuple(kp.shape)} "
-                  f"{kind.name}")
-        next_k, next_v = C.ptr(nk), C.ptr(nv)
     num_pages, kv_heads, page_size, dim = kp.shape
     C.device_array(q, "q", ndim=3)
     n, q_heads = q.shape[0], q.shape[1]
@@ -372,8 +359,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     params = C.pack(_ATTN, q=C.ptr(q), out=C.ptr(out), k_pages=C.ptr(kp), v_pages=C.ptr(vp),
                     block_tables=C.ptr(block_tables), row_seq=C.ptr(row_seq),
                     row_pos=C.ptr(row_pos), part_o=part_o, part_ml=part_ml, grp_o=grp_o,
-                    grp_ml=grp_ml, counters=counters, gate=g_ptr, next_k=next_k,
-                    next_v=next_v,
+                    grp_ml=grp_ml, counters=counters, gate=g_ptr,
                     q_rs=q_rs, q_hs=q_hs, out_rs=o_rs, out_hs=o_hs, gate_rs=g_rs,
                     gate_hs=g_hs, bt_rs=bt_rs,
                     num_pages=num_pages, page_size=page_size, kv_heads=kv_heads,

@@ -153,17 +153,6 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
 #endif
 }
-// [ptr, ptr + bytes) shrunk to 16-byte bounds, by one thread: one bulk L2 prefetch (sm_90 TMA
-// engine; no data, no completion to wait for)
-__device__ __forceinline__ void bulk_prefetch_l2(const void* ptr, i64 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned long long a = (reinterpret_cast<unsigned long long>(ptr) + 15ull) & ~15ull;
-  const unsigned long long e = (reinterpret_cast<unsigned long long>(ptr) + bytes) & ~15ull;
-  if (e > a)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((unsigned)(e - a))
-                 : "memory");
-#endif
-}
 // the 128-byte lines of [ptr, ptr + bytes): line t, t + n, ... for thread t of n
 __device__ __forceinline__ void prefetch_l2_span(const void* ptr, i64 bytes, int t, int n) {
   const i64 first = (i64)reinterpret_cast<unsigned long long>(ptr) & ~(i64)127;

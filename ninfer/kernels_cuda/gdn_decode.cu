@@ -32,8 +32,8 @@
 // shifts it in place. The q/k channels of key head kh are read by the blocks of the Hv/Hk heads
 // of the group, so the last of them to finish reading (counted on counters[n * Hk + kh], which it
 // resets to 0 for the next launch) shifts them. counters must be zero before the first launch.
-// PDL: slots, S and the weights are read before pdl_wait (and the conv-state lines and, where
-// p.next_state is set, the next GDN layer's S of the same head and slot prefetched to the L2); qkv, a, b, z, the conv state and the counters after it, and every write is after it.
+// PDL: slots, S and the weights are read before pdl_wait (and the conv-state lines prefetched to
+// the L2); qkv, a, b, z, the conv state and the counters after it, and every write is after it.
 // Weights (conv, a_log, dt_bias, norm) may each be f32 or bf16 (runtime flags, bit i = bf16).
 // dk, dv <= 128, kc <= 8 (instances for kc <= 4 and kc <= 8).
 #include "common.cuh"
@@ -52,13 +52,12 @@ struct DecodeParams {
   const void* norm_w;
   float* out;
   int* counters;
-  const float* next_state;  // the next GDN layer's state, slot-strided as state (null: none)
   i64 qkv_rs, conv_w_rs, conv_ss, a_rs, b_rs, state_ss, z_rs, z_hs, out_rs, out_hs;
   int key_heads, value_heads, dk, dv, kc, channels;
   float eps, l2_eps, q_scale;
   int bf16_flags;  // bit 0 conv_w, 1 a_log, 2 dt_bias, 3 norm_w, 4 out (DEC_OUT_BF16)
 };
-static_assert(sizeof(DecodeParams) == 232, "DecodeParams layout is mirrored in gdn_decode.py");
+static_assert(sizeof(DecodeParams) == 224, "DecodeParams layout is mirrored in gdn_decode.py");
 
 __device__ __forceinline__ float load_any(const void* p, bool bf16, i64 i) {
   return bf16 ? to_f32(static_cast<const bf16raw*>(p)[i]) : static_cast<const float*>(p)[i];
@@ -183,8 +182,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   // the conv-state lines of this block's channels (written by this layer's previous step only)
   // head for the L2 now, one line per thread of warps 12-15 (those hold no conv channel): they
   // are read after pdl_wait, beside the new qkv row. oc = 16 r + 4 j + l: line l of channel
-  // range r (q, k, v of this head) in window row j; threads 48, 49: a_log[h], dt_bias[h];
-  // thread 50: the next GDN layer's state of this head and slot (p.next_state).
+  // range r (q, k, v of this head) in window row j; threads 48, 49: a_log[h], dt_bias[h].
   if (ow) {
     const int r = oc >> 4, j = (oc >> 2) & 3, l = oc & 3;
     const int len = r == 2 ? dv : dk;
@@ -196,10 +194,6 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     if (oc == 48) prefetch_l2(static_cast<const char*>(p.a_log) + h * (p.bf16_flags & 2 ? 2 : 4));
     if (oc == 49)
       prefetch_l2(static_cast<const char*>(p.dt_bias) + h * (p.bf16_flags & 4 ? 2 : 4));
-    // the next GDN layer's state of this head and slot (an L2 hint, no data): its kernel then
-    // finds it in the L2 instead of queueing in DRAM behind the next GEMV's weight stream
-    if (oc == 50 && p.next_state != nullptr)
-      bulk_prefetch_l2(p.next_state + (i64)slot * p.state_ss + (i64)h * dk * dv, 4ll * dk * dv);
   }
   float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
   const int row0 = warp * DEC_RPW;

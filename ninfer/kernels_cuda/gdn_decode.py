@@ -34,12 +34,12 @@ KERNEL = "gdn_decode_fused_head2_kernel"
 SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
-    "norm_w", "out", "counters", "next_state")],
+    "norm_w", "out", "counters")],
     *[(f, "i64") for f in ("qkv_rs", "conv_w_rs", "conv_ss", "a_rs", "b_rs", "state_ss", "z_rs",
                            "z_hs", "out_rs", "out_hs")],
     *[(f, "i32") for f in ("key_heads", "value_heads", "dk", "dv", "kc", "channels")],
     ("eps", "f32"), ("l2_eps", "f32"), ("q_scale", "f32"), ("bf16_flags", "i32"))
-assert _PARAMS.itemsize == 232
+assert _PARAMS.itemsize == 224
 MAX_DIM = 128
 OUT_BF16 = 16  # DEC_OUT_BF16 of bf16_flags
 THREADS = 512
@@ -52,7 +52,7 @@ def decode_counters(max_rows: int, key_heads: int):
 
 def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, slots, z,
                      norm_weight, eps: float, out, *, l2_eps: float = 1e-6,
-                     counters=None, next_state=None) -> None:
+                     counters=None) -> None:
     """One decode step of a GDN layer for N rows (one token each).
 
     qkv f32[N,C] (pre-conv [q|k|v] projection, rows strided), C = 2*Hk*dk + Hv*dv;
@@ -62,9 +62,7 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     delta-rule output, or uint16 (bf16 bits of that f32 value, rounded to nearest even; the x
     of a bf16-x GEMV), rows and heads strided, last axis contiguous. `counters`: int32[>= N*Hk]
     zeros (decode_counters); allocated per call when None (not capturable). Rows must use
-    distinct slots. dk, dv <= 128. `next_state`: the next GDN layer's state (f32, state's
-    shape and slot stride) or None; the kernel asks the L2 to fetch its slots[n] rows (a hint:
-    no effect on any result; never written).
+    distinct slots. dk, dv <= 128.
     Launched with programmatic dependent launch (the kernel waits before reading qkv, a, b, z,
     the conv state or the counters and before any write; it reads slots, state and weights
     before): the kernel just before it in the stream must not write `state` or `slots` (two
@@ -90,10 +88,6 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     out_bf16 = C.is_bf16_bits(out)
     o_rs, o_hs = O.heads_view(out, "out", n, value_heads, dv,
                               dtype=np.uint16 if out_bf16 else np.float32)
-    if next_state is not None:
-        C.device_array(next_state, "next_state", dtype=np.float32, shape=state.shape)
-        C.require(O.slot_strided(next_state, "next_state", (value_heads, dk, dv)) == ss,
-                  "next_state", "must have state's slot stride")
     C.contiguous(C.device_array(slots, "slots", dtype=np.int32, shape=(n,)), "slots")
     small = []
     for arr, name, size in ((a_log, "a_log", value_heads), (dt_bias, "dt_bias", value_heads),
@@ -113,7 +107,6 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     a=C.ptr(a), b=C.ptr(b), a_log=C.ptr(small[0][0]), dt_bias=C.ptr(small[1][0]),
                     state=C.ptr(state), slots=C.ptr(slots), z=C.ptr(z),
                     norm_w=C.ptr(small[2][0]), out=C.ptr(out), counters=C.ptr(counters),
-                    next_state=0 if next_state is None else C.ptr(next_state),
                     qkv_rs=C.row_stride(qkv, "qkv"), conv_w_rs=w_rs, conv_ss=css, a_rs=a_rs,
                     b_rs=b_rs, state_ss=ss, z_rs=z_rs, z_hs=z_hs, out_rs=o_rs, out_hs=o_hs,
                     key_heads=key_heads, value_heads=value_heads, dk=dk, dv=dv, kc=kc,

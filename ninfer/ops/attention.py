@@ -44,8 +44,7 @@ def kv_write(k, v, k_pages, v_pages, block_tables, row_seq, row_pos) -> None:
 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, *,
-                    workspace=None, gate=None, past_kv_ready: bool = False,
-                    next_kv=None) -> None:
+                    workspace=None, gate=None, past_kv_ready: bool = False) -> None:
     """Causal attention of q[n] (f32[N, A, D], rows/heads strided) over keys 0..row_pos[n] of
     its sequence; query head h reads KV head h // (A // Hkv). out: f32[N, A, D] C-contiguous,
     or on CUDA its bf16 bits (uint16: each value rounded to nearest even; the x of a bf16-x
@@ -57,10 +56,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
 
     past_kv_ready (CUDA; ignored on the CPU): the caller promises that each row's keys before
     its own position and the index arrays were complete before the previous kernel started
-    (decode steps: one row per sequence), so the kernel may read them early (same results).
-    next_kv (CUDA; ignored on the CPU): (k_pages, v_pages) of the next attention layer (this
-    layer's shape and dtype, the same block tables), whose rows of each row's keys the kernel
-    asks the L2 to fetch where it reads early (a hint: the same results)."""
+    (decode steps: one row per sequence), so the kernel may read them early (same results)."""
     backend = backend_of(q, k_pages, v_pages, block_tables, row_seq, row_pos, out,
                          *(() if gate is None else (gate,)))
     _, hkv, _, d = _pages("paged_attention", k_pages, v_pages)
@@ -76,5 +72,4 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, 
         check.array("paged_attention", "gate", gate, check.F32, (n, heads, d), check.Layout.ROWS)
     check.kernels(backend, "attention").paged_attention(
         q, k_pages, v_pages, block_tables, row_seq, row_pos, scale, out, gate=gate,
-        **check.scratch(backend, workspace=workspace, past_kv_ready=past_kv_ready or None,
-                        next_kv=next_kv))
+        **check.scratch(backend, workspace=workspace, past_kv_ready=past_kv_ready or None))

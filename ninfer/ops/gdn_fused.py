@@ -46,15 +46,12 @@ def gdn_chunk_prefill(q, k, v, g, beta, state, seg_starts, seg_slots, out, *,
 
 
 def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, slots, z,
-                     norm_weight, eps: float, out, *, counters=None,
-                     next_state=None) -> None:
+                     norm_weight, eps: float, out, *, counters=None) -> None:
     """qkv f32[N, C] (pre-conv projection, rows strided); conv_state f32[S, Kc-1, C] and state
     f32[S, Hv, dk, dv] slot-strided, updated in place at slots[n]; a, b f32[N, Hv]; z
     f32[N, Hv, dv]; out f32[N, Hv, dv] C-contiguous, or its bf16 bits (uint16: each value
     rounded to nearest even; the x of a bf16-x GEMV, `ops.linear.reads_bf16_x`). `counters`:
-    kernels_cuda decode_counters workspace. `next_state`: the next GDN layer's state (state's
-    shape and slot stride), whose rows at `slots` the kernel prefetches to the L2 (a hint: no
-    result changes), or None."""
+    kernels_cuda decode_counters workspace."""
     backend = backend_of(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, slots, z,
                          norm_weight, out)
     _cuda_only("gdn_decode_fused", backend)
@@ -63,8 +60,6 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
     _, hv, dk, dv = check.array("gdn_decode_fused", "state", state, check.F32,
                                 (None, None, None, None), _SLOTS)
     check.f32_or_bf16("gdn_decode_fused", "out", out, backend, (n, hv, dv))
-    if next_state is not None:
-        check.array("gdn_decode_fused", "next_state", next_state, check.F32, state.shape, _SLOTS)
     check.kernels(backend, "gdn_decode").gdn_decode_fused(
         qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, slots, z, norm_weight, eps,
-        out, counters=counters, next_state=next_state)
+        out, counters=counters)

@@ -18,8 +18,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.attention_tma, "NINFER_ATTN_TMA", False),
     (envs.gemv_bf16_x, "NINFER_GEMV_BF16_X", True),
     (envs.moe_tma_down, "NINFER_MOE_TMA_DOWN", False),
-    (envs.gdn_prefetch_next, "NINFER_GDN_PREFETCH_NEXT", False),
-    (envs.attn_prefetch_next, "NINFER_ATTN_PREFETCH_NEXT", False),
 ]
 
 

@@ -127,17 +127,3 @@ def test_tma_smem_fits(group, dim):
         assert stages * 16 * (4 * dim + 16) >= katt.TMA_CONSUMERS * group * dim * 4
     smem = katt.tma_smem_bytes(group, dim, envs.attention_tma_stages()) + TMA_STATIC_SMEM + RESERVED
     assert 2 * smem <= SM_SMEM, smem
-
-
-def test_attn_params_mirror_attention_cu():
-    """attention.py's _ATTN record is attention.cu's AttnParams: the same fields in the same
-    order (next_k / next_v after the gate) and the same size."""
-    import re
-
-    text = katt.SOURCE.path().read_text()
-    assert f"sizeof(AttnParams) == {katt._ATTN.itemsize}" in text
-    body = text[text.index("struct AttnParams {"):text.index("static_assert(sizeof(AttnParams)")]
-    names = []
-    for _, members in re.findall(r"\n  ((?:const )?\w+\*?) ([\w, ]+);", body):
-        names += [m.strip() for m in members.split(",")]
-    assert names == list(katt._ATTN.names)

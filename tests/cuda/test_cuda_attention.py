@@ -215,40 +215,6 @@ def test_past_kv_ready_same_bits(rng, monkeypatch, heads, hkv, d, bf16, split):
     assert_close(got, want, _tol(bf16, heads, hkv, d))
 
 
-@pytest.mark.parametrize("heads,hkv,d,bf16", [(16, 4, 256, True), (16, 2, 256, True),
-                                              (8, 4, 128, False)])
-def test_next_kv_prefetch_same_bits(rng, monkeypatch, heads, hkv, d, bf16):
-    """next_kv (the next attention layer's pages, an L2 prefetch hint of the early-reading
-    split blocks): the same bits as without it, for single- and multi-chunk rows, partial pages
-    and an invalid row; the next layer's pages are never written; a next_kv of another shape
-    or dtype is refused."""
-    monkeypatch.setattr(katt, "MMA", False)
-    monkeypatch.setattr(katt, "PREWAIT", True)
-    lengths = [1, 17, 64, 65, 1025, 4097]
-    kv = _Kv(rng, lengths, hkv, d, bf16)
-    nk, nv = (dev(_pages(rng, kv.kp.shape[0], hkv, kv.page_size, d, bf16)) for _ in range(2))
-    nk0, nv0 = cp().array(nk), cp().array(nv)
-    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
-    row_seq[-1] = len(lengths) + 5  # an invalid row
-    row_pos = np.array(lengths + [3], np.int32) - 1
-    n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
-    plain = kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, past_kv_ready=True)
-    hinted = kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, past_kv_ready=True,
-                    next_kv=(nk, nv))
-    assert_same_bits(hinted, plain, "next_kv hint")
-    assert np.isfinite(host(hinted)[:-1]).all() and np.isnan(host(hinted)[-1]).all()
-    assert_same_bits(nk, nk0, "next k pages written")
-    assert_same_bits(nv, nv0, "next v pages written")
-    wrong = dev(_pages(rng, kv.kp.shape[0] + 1, hkv, kv.page_size, d, bf16))
-    other = dev(_pages(rng, kv.kp.shape[0], hkv, kv.page_size, d, not bf16))
-    for bad in ((wrong, wrong), (other, other)):
-        with pytest.raises(ValueError, match="next_kv"):
-            kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, past_kv_ready=True,
-                   next_kv=bad)
-
-
 @pytest.mark.parametrize("heads,hkv,d", [(16, 4, 256), (16, 2, 256), (6, 2, 128)])
 def test_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, heads, hkv, d):
     """The row's own key is written by the kernel launched just before (kv_write, PDL): with

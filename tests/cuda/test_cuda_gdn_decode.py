@@ -75,12 +75,11 @@ class Problem:
         o, self.st_h = ref.gdn_recurrence(q, k, v, g, beta, self.st_h, starts, slots)
         return ref.gated_rms_norm(o, z, self.nw_h, EPS)
 
-    def run(self, dev_in, slots_d, out, counters, *, conv=None, state=None, next_state=None):
+    def run(self, dev_in, slots_d, out, counters, *, conv=None, state=None):
         qkv, a, b, z = dev_in
         kdec.gdn_decode_fused(qkv, self.cw_d, self.conv_d if conv is None else conv, a, b,
                               self.alog_d, self.dt_d, self.st_d if state is None else state,
-                              slots_d, z, self.nw_d, EPS, out, counters=counters,
-                              next_state=next_state)
+                              slots_d, z, self.nw_d, EPS, out, counters=counters)
 
 
 def _check_vs_reference(prob, batches, steps=3):
@@ -268,35 +267,3 @@ def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
         for name, on, off in zip(NAMES, runs[True][i], runs[False][i]):
             assert_same_bits(on, off, f"step {i}: {name}, PDL on vs off")
     assert int(host(ch.counters).sum()) == 0
-
-
-@pytest.mark.parametrize("shape", ["9b", "odd"])
-def test_next_state_prefetch_changes_nothing(rng, shape):
-    """next_state (the next GDN layer's state, an L2 prefetch hint): the same output, state and
-    conv state bits as without it at B = 1 and 3, and next_state itself is never written; a
-    next_state of another shape or slot stride is refused."""
-    hk, hv, dk, dv = SHAPES[shape]
-    prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
-    _, nxt, _ = slot_strided(rng, prob.num_slots, (hv, dk, dv), pad=ALIGNED, scale=0.1)
-    nxt_before = cp().array(nxt)
-    counters = kdec.decode_counters(3, hk)
-    conv0, st0 = _copies(prob)
-    for n in (1, 3):
-        slots = dev(prob.slots(n))
-        _, dev_in = prob.inputs(n)
-        outs = []
-        for hint in (None, nxt):
-            conv, st, out = conv0.copy(), st0.copy(), poisoned((n, hv, dv))
-            prob.run(dev_in, slots, out, counters, conv=conv, state=st, next_state=hint)
-            outs.append((out, st, conv))
-        for got, want, what in zip(outs[1], outs[0], ("out", "state", "conv state"),
-                                   strict=True):
-            assert_same_bits(got, want, f"B={n}: {what} with vs without next_state")
-        assert np.isfinite(host(outs[1][0])).all()
-        assert_same_bits(nxt, nxt_before, f"B={n}: next_state written")
-    _, dev_in = prob.inputs(1)
-    _, other, _ = slot_strided(rng, prob.num_slots, (hv, dk, dv), pad=ALIGNED + 4)
-    for bad in (other, nxt[:, :1]):
-        with pytest.raises(ValueError, match="next_state"):
-            prob.run(dev_in, dev(prob.slots(1)), poisoned((1, hv, dv)), counters,
-                     next_state=bad)

@@ -352,37 +352,6 @@ def test_moe_tma_down_equals_fused_down(tmp_path, monkeypatch):
                                  configure, launch="moe_tma_down")
 
 
-def test_next_layer_prefetch_hints_change_nothing(tmp_path, monkeypatch):
-    """NINFER_GDN_PREFETCH_NEXT / NINFER_ATTN_PREFETCH_NEXT (KernelWorkspaces
-    gdn_prefetch_next / attn_prefetch_next): the decode kernels' L2 hints for the next layer of
-    their kind give bitwise the logits and tokens without them (an 8-layer model: two attention
-    layers), and the captured decode graphs do pass the next layer's state and pages."""
-    from ninfer.kernels_cuda import attention as katt
-    from ninfer.kernels_cuda import gdn_decode as kdec
-
-    hints = []
-
-    def recording(real, key):
-        def call(*a, **kw):
-            hints.append((key, kw.get(key) is not None))
-            return real(*a, **kw)
-        return call
-
-    monkeypatch.setattr(kdec, "gdn_decode_fused", recording(kdec.gdn_decode_fused, "next_state"))
-    monkeypatch.setattr(katt, "paged_attention", recording(katt.paged_attention, "next_kv"))
-
-    def configure(backend, on):
-        backend.decode_kws.gdn_prefetch_next = on
-        backend.decode_kws.attn_prefetch_next = on
-
-    types = ["linear_attention"] * 3 + ["full_attention"]
-    case = build_case(tmp_path, "tiny-dense", dtype="bfloat16",
-                      overrides=dict(num_hidden_layers=8, layer_types=types * 2))
-    _same_with_switch_on_and_off(monkeypatch, case, configure)
-    assert ("next_state", True) in hints and ("next_kv", True) in hints, hints
-    assert ("next_state", False) in hints and ("next_kv", False) in hints, hints
-
-
 def test_moe_persist_equals_two_launches(tmp_path, monkeypatch):
     """NINFER_MOE_PERSIST (kernels_cuda.moe.PERSIST): the MoE layers' expert stages and combine
     as one persistent launch give bitwise the logits and tokens of the two launches (decode

@@ -153,9 +153,7 @@ class CudaBackend(BackendStores):
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True,
                 fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first,
                 moe_route_with_swiglu=envs.moe_route_swiglu(),
-                moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X,
-                gdn_prefetch_next=envs.gdn_prefetch_next(),
-                attn_prefetch_next=envs.attn_prefetch_next())
+                moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),

@@ -99,12 +99,6 @@ class KernelWorkspaces:
     # with moe_route_with_swiglu: the shared expert's down projection runs inside moe_block's
     # down launch where ops.moe_block_folds_shared_down (decode; bitwise the linear launch)
     moe_fold_shared_down: bool = False
-    # with fused_gdn_decode: each GDN layer's kernel prefetches the next GDN layer's state rows
-    # to the L2 (a hint; the same bits)
-    gdn_prefetch_next: bool = False
-    # decode: each attention layer's kernel prefetches the next attention layer's K / V rows of
-    # its chunks to the L2 (a hint; the same bits)
-    attn_prefetch_next: bool = False
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -246,14 +240,10 @@ class Qwen35Forward:
 
         if self.kws.fused_gdn_decode and ctx.decode_only:
             y = self._x_buffer(n, vd, w.out_proj, ws.gdn_normed[:n].reshape(n, vd))
-            nxt = None
-            if self.kws.gdn_prefetch_next and g_idx + 1 < len(self._gdn_index):
-                nxt = self.states.rec_view(g_idx + 1)
             ops.gdn_decode_fused(qkv, w.conv, self.states.conv_view(g_idx), a, b, w.a_log,
                                  w.dt_bias, self.states.rec_view(g_idx), ctx.seg_slots,
                                  z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps,
-                                 y.reshape(n, hv, dv), counters=self.kws.gdn_decode_counters,
-                                 next_state=nxt)
+                                 y.reshape(n, hv, dv), counters=self.kws.gdn_decode_counters)
             self._linear(y, w.out_proj, out)
             return
         u = ws.conv_out[:n]
@@ -320,14 +310,11 @@ class Qwen35Forward:
             ops.paged_prefill_attention(q_hat, k_pages, v_pages, ctx.block_tables, seq, pos0,
                                         d ** -0.5, attn, segment=ctx.prefill_segment_dev)
         else:
-            nxt = None
-            if self.kws.attn_prefetch_next and ctx.decode_only and a_idx + 1 < len(self.kv.k):
-                nxt = (self.kv.k[a_idx + 1], self.kv.v[a_idx + 1])
             ops.paged_attention(q_hat, k_pages, v_pages, ctx.block_tables, ctx.row_slot,
                                 ctx.row_pos, d ** -0.5, gated.reshape(n, a, d) if fuse_gate
                                 else attn,
                                 gate=q_and_gate[:, :, d:] if fuse_gate else None,
-                                past_kv_ready=ctx.decode_only, next_kv=nxt,
+                                past_kv_ready=ctx.decode_only,
                                 **self.kws.kw(self.kws.attention))
         if not fuse_gate:
             ops.sigmoid_mul(flat, gate.reshape(n, a * d), gated)
