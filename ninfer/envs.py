@@ -190,7 +190,6 @@ TMA_CONSUMERS = (8, 16)
 TMA_RING_KIB = (64, 96, 128, 160, 192)
 TMA_X_STAGES = (0, 4, 5)
 TMA_TILE_GROUPS = (1, 2, 4)
-TMA_PREFILL_STAGES = (0, 1, 2, 3, 4)
 
 
 def gemv_bf16_x() -> bool:
@@ -329,14 +328,6 @@ def gemv_tma_tile_group() -> int:
     lockstep over the stages when it reads x per stage, reading each stage's x once per group
     (bitwise the same results). Read once, at import of the launcher."""
     return _choice("NINFER_GEMV_TMA_TILE_GROUP", 4, TMA_TILE_GROUPS)
-
-
-def gemv_tma_prefill() -> int:
-    """NINFER_GEMV_TMA_PREFILL (0..4; default 0: the whole ring): ring stages linear_tma_kernel's
-    producer fills before the previous kernel of the stream has completed (PDL); the rest once
-    it has. Fewer keep the DRAM queue short behind that kernel's own reads. The same bits for
-    every value. Read once, at import of the launcher."""
-    return _choice("NINFER_GEMV_TMA_PREFILL", 0, TMA_PREFILL_STAGES)
 
 
 def gemv_tma_sk() -> int:

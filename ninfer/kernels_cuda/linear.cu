@@ -328,11 +328,6 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
         for (int i = 0; i < TG; ++i) {
           if (t0 + i * G >= tiles) break;
           const unsigned slot = q % STAGES, use = q / STAGES;
-#ifdef TMA_PREFILL
-          // NINFER_GEMV_TMA_PREFILL: the stages past the first TMA_PREFILL wait for the previous
-          // kernel (a shorter DRAM queue behind its reads while it runs)
-          if (q == TMA_PREFILL) pdl_wait();
-#endif
           if (lane == 0) {
             mbar_wait(empty + slot, (use & 1u) ^ 1u);
             mbar_arrive_expect_tx(full + slot, bytes * tx[i]);

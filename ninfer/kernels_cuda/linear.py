@@ -58,8 +58,7 @@ SOURCE = KernelSource("linear.cu", tuple(
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
     + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
-       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]),
-    options=(f"-DTMA_PREFILL={envs.gemv_tma_prefill()}",) if envs.gemv_tma_prefill() else ())
+       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                 ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
 GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
