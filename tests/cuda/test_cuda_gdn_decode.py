@@ -267,3 +267,43 @@ def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
         for name, on, off in zip(NAMES, runs[True][i], runs[False][i]):
             assert_same_bits(on, off, f"step {i}: {name}, PDL on vs off")
     assert int(host(ch.counters).sum()) == 0
+
+
+@pytest.mark.parametrize("tma", [1, 2])
+def test_tma_state_equals_register_state_bitwise(rng, monkeypatch, tma):
+    """NINFER_GDN_DECODE_TMA (kdec.TMA): a head's state moved by one bulk copy into shared
+    memory (1), and also out of it (2), gives the register path's output, state and conv state
+    bits at B = 1, 3 and 8 over 3 steps; it runs the TMA instance only where it applies (dk = dv
+    = 128 and a 16-byte aligned state: the odd shape and an unaligned state fall back), and is
+    within float64 tolerance."""
+    launched = []
+    real = kdec.get_function
+    monkeypatch.setattr(kdec, "get_function", lambda src, name: launched.append(name) or
+                        real(src, name))
+    hk, hv, dk, dv = SHAPES["9b"]
+    prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
+    counters = kdec.decode_counters(8, hk)
+    conv0, st0 = _copies(prob)
+    for step, n in enumerate((1, 3, 8)):
+        slots = dev(prob.slots(n))
+        _, dev_in = prob.inputs(n)
+        runs = {}
+        for mode in (0, tma):
+            monkeypatch.setattr(kdec, "TMA", mode)
+            conv, st, out = conv0.copy(), st0.copy(), poisoned((n, hv, dv))
+            launched.clear()
+            prob.run(dev_in, slots, out, counters, conv=conv, state=st)
+            assert launched == [f"{kdec.KERNEL}<3, {mode}>"], launched
+            runs[mode] = (out, st, conv)
+        for got, want, what in zip(runs[tma], runs[0], ("out", "state", "conv state"),
+                                   strict=True):
+            assert_same_bits(got, want, f"step {step} B={n}: {what}, TMA {tma} vs registers")
+        assert np.isfinite(host(runs[tma][0])).all()
+        conv0, st0 = runs[tma][2], runs[tma][1]
+    monkeypatch.setattr(kdec, "TMA", tma)
+    _check_vs_reference(Problem(rng, *SHAPES["35b"], DType.BFLOAT16), (1, 3), steps=2)
+    for prob in (Problem(rng, *SHAPES["odd"], DType.FLOAT32),
+                 Problem(rng, *SHAPES["9b"], DType.FLOAT32, pad=UNALIGNED)):
+        launched.clear()
+        _check_vs_reference(prob, (2,), steps=1)
+        assert launched == [f"{kdec.KERNEL}<3, 0>"], launched
