@@ -298,13 +298,6 @@ def attn_gate_fused() -> bool:
     return _flag("NINFER_ATTN_GATE_FUSED", True)
 
 
-def gdn_decode_tma() -> int:
-    """NINFER_GDN_DECODE_TMA (0, 1 or 2; default 0): the CUDA GDN decode kernel moves a head's
-    recurrent state by bulk copies (TMA engine) through shared memory: 1, the load; 2, the load
-    and the store (the same bits). Read once, at import of the launcher."""
-    return _choice("NINFER_GDN_DECODE_TMA", 0, (0, 1, 2))
-
-
 def kernel_timeline() -> bool:
     """NINFER_KERNEL_TIMELINE (default off; "1" turns it on): a diagnostic build of every CUDA
     module in which each block's pdl_wait records the global timer before and after the wait

@@ -36,7 +36,6 @@
 // the L2); qkv, a, b, z, the conv state and the counters after it, and every write is after it.
 // Weights (conv, a_log, dt_bias, norm) may each be f32 or bf16 (runtime flags, bit i = bf16).
 // dk, dv <= 128, kc <= 8 (instances for kc <= 4 and kc <= 8).
-#include "bulk_copy.cuh"
 #include "common.cuh"
 
 struct DecodeParams {
@@ -136,22 +135,7 @@ __device__ __forceinline__ void head2_load(float (&s)[DEC_GROUPS][DEC_RPW], cons
   }
 }
 
-// TMA (NINFER_GDN_DECODE_TMA; dk = dv = 128, the state 16-byte aligned, gdn_decode.py checks):
-// 1: the head's state comes in as one bulk copy (TMA engine) into dynamic shared memory, issued
-// before pdl_wait, and each thread reads its 32 values from there where the partial sums need
-// them (instead of 32 loads per thread held across the wait); 2: also the updated state goes
-// out as one bulk copy from shared memory. The same values and arithmetic: the same bits.
-#if BULK_COPY_OK
-// TMA's dynamic shared memory: the head's state [128][128] floats, then its mbarrier
-__device__ __forceinline__ float* dec_state() {
-  extern __shared__ __align__(16) float dec_dyn[];
-  return dec_dyn;
-}
-__device__ __forceinline__ mbar_t* dec_bar() {
-  return reinterpret_cast<mbar_t*>(dec_state() + 128 * 128);
-}
-#endif
-template <int MAXK, int TMA>
+template <int MAXK>
 __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, DecHeadShared& sh) {
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int h = blockIdx.x;
@@ -214,23 +198,7 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
   float* S = p.state + (i64)slot * p.state_ss + (i64)h * dk * dv;
   const int row0 = warp * DEC_RPW;
   float s[DEC_GROUPS][DEC_RPW];
-#if BULK_COPY_OK
-  if constexpr (TMA > 0) {
-    if (t == 0) {
-      if (dk != 128 || dv != 128) __trap();
-      unsigned long long policy;
-      asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(policy));
-      mbar_init(dec_bar(), 1);
-      mbar_init_fence();
-      mbar_arrive_expect_tx(dec_bar(), 4u * 128u * 128u);
-      bulk_copy_g2s(dec_state(), S, 4u * 128u * 128u, dec_bar(), policy);
-    }
-  } else {
-    head2_load(s, S, row0, lane, dk, dv);
-  }
-#else
   head2_load(s, S, row0, lane, dk, dv);
-#endif
 
   pdl_wait();
   pdl_launch_dependents();
@@ -302,15 +270,6 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     }
   }
   // ---- 4. delta rule: this warp's 8-row partial sums for the 4 column groups
-  // TMA: this thread's state values are read from shared memory where used (not held in
-  // registers across the barriers below)
-#if BULK_COPY_OK
-  const float* const ss = dec_state() + row0 * 128 + lane;
-  if constexpr (TMA > 0) mbar_wait(dec_bar(), 0u);  // (its init is ordered before by a barrier)
-#define DEC_S(gi, r) (TMA > 0 ? ss[(r) * 128 + (gi) * DEC_COLS] : s[gi][r])
-#else
-#define DEC_S(gi, r) s[gi][r]
-#endif
   {
     float pk[DEC_GROUPS], pq[DEC_GROUPS];
 #pragma unroll
@@ -320,8 +279,8 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
       const float kr = sh.ks[row0 + r], qr = sh.qs[row0 + r];
 #pragma unroll
       for (int gi = 0; gi < DEC_GROUPS; ++gi) {
-        pk[gi] = fmaf(kr, DEC_S(gi, r), pk[gi]);
-        pq[gi] = fmaf(qr, DEC_S(gi, r), pq[gi]);
+        pk[gi] = fmaf(kr, s[gi][r], pk[gi]);
+        pq[gi] = fmaf(qr, s[gi][r], pq[gi]);
       }
     }
 #pragma unroll
@@ -371,30 +330,14 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
       kr[r4 * 4 + 3] = kk.w;
     }
     if (dk == 128 && dv == 128) {
-#if BULK_COPY_OK
-      float* b = (TMA == 2 ? dec_state() : S) + row0 * 128 + lane;
-#else
       float* b = S + row0 * 128 + lane;
-#endif
 #pragma unroll
       for (int gi = 0; gi < DEC_GROUPS; ++gi) {
         const float kdelta = sh.kd[gi * DEC_COLS + lane];
 #pragma unroll
         for (int r = 0; r < DEC_RPW; ++r)
-          b[r * 128 + gi * DEC_COLS] = fmaf(kr[r], kdelta, decay * DEC_S(gi, r));
+          b[r * 128 + gi * DEC_COLS] = fmaf(kr[r], kdelta, decay * s[gi][r]);
       }
-#if BULK_COPY_OK
-      if constexpr (TMA == 2) {  // the whole tile out as one bulk copy (async proxy)
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncthreads();
-        if (t == 0)
-          asm volatile(
-              "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n\t"
-              "cp.async.bulk.commit_group;" ::"l"(S), "r"(smem_addr(dec_state())),
-              "r"(4u * 128u * 128u)
-              : "memory");
-      }
-#endif
     } else {
 #pragma unroll
       for (int gi = 0; gi < DEC_GROUPS; ++gi) {
@@ -432,19 +375,14 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     else
       p.out[at] = y;
   }
-#undef DEC_S
   timeline_mark(5);  // thread 0: its state stores issued
-#if BULK_COPY_OK
-  // TMA 2: the bulk store has read shared memory and written the state before the block exits
-  if (TMA == 2 && t == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-#endif
 }
 
 // MAXK 3 (kc <= 4): 2 blocks of 512 threads per SM (<= 64 registers; nvcc sm_90: 64, no
 // spills); MAXK 7: 1 block (111 registers).
-template <int MAXK, int TMA>
+template <int MAXK>
 __global__ void __launch_bounds__(DEC_THREADS, MAXK <= 3 ? 2 : 1)
     gdn_decode_fused_head2_kernel(const DecodeParams p) {
   __shared__ DecHeadShared sh;
-  gdn_decode_head2_body<MAXK, TMA>(p, sh);
+  gdn_decode_head2_body<MAXK>(p, sh);
 }

@@ -25,20 +25,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
 KERNEL = "gdn_decode_fused_head2_kernel"
-# NINFER_GDN_DECODE_TMA (read once at import; default 0): 1, the state of a head comes in by one
-# bulk copy into shared memory; 2, it also goes out by one (kc <= 4, dk = dv = 128, a 16-byte
-# aligned state; the same bits)
-TMA = envs.gdn_decode_tma()
-TMA_SMEM = 4 * 128 * 128 + 16  # gdn_decode.cu dec_state(), dec_bar()
-SOURCE = KernelSource("gdn_decode.cu", tuple(
-    [f"{KERNEL}<{m}, 0>" for m in _MAXK] + [f"{KERNEL}<3, {tma}>" for tma in (1, 2)]))
+SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
@@ -120,10 +113,6 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
                     bf16_flags=flags)
     maxk = next(m for m in _MAXK if kc - 1 <= m)
-    tma = TMA if (maxk == 3 and dk == dv == 128 and C.aligned(state) and ss % 4 == 0) else 0
-    fn = get_function(SOURCE, f"{KERNEL}<{maxk}, {tma}>")
-    smem = TMA_SMEM if tma else 0
-    if smem and fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
-    launch(fn, (value_heads, n), (THREADS,), (params,), shared_mem=smem,
+    fn = get_function(SOURCE, f"{KERNEL}<{maxk}>")
+    launch(fn, (value_heads, n), (THREADS,), (params,),
            name="gdn_decode_fused", pdl=True)

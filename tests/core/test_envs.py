@@ -37,7 +37,6 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gemv_tma_consumers, "NINFER_GEMV_TMA_CONSUMERS", 16, envs.TMA_CONSUMERS),
     (envs.gemv_tma_x_stages, "NINFER_GEMV_TMA_X_STAGES", 4, envs.TMA_X_STAGES),
     (envs.gemv_tma_tile_group, "NINFER_GEMV_TMA_TILE_GROUP", 4, envs.TMA_TILE_GROUPS),
-    (envs.gdn_decode_tma, "NINFER_GDN_DECODE_TMA", 0, (0, 1, 2)),
     (envs.gdn_chunk_bf16_cols, "NINFER_GDN_CHUNK_BF16_COLS", 32, envs.GDN_CHUNK_BF16_COLS),
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
     (envs.attention_tma_stages, "NINFER_ATTN_TMA_STAGES", 4, envs.ATTN_TMA_STAGES),

@@ -352,34 +352,6 @@ def test_moe_tma_down_equals_fused_down(tmp_path, monkeypatch):
                                  configure, launch="moe_tma_down")
 
 
-@pytest.mark.parametrize("tma", [1, 2])
-def test_gdn_decode_tma_equals_registers(tmp_path, monkeypatch, tma):
-    """NINFER_GDN_DECODE_TMA (kernels_cuda.gdn_decode.TMA): the GDN decode kernel moving each
-    head's state through shared memory by bulk copies gives bitwise the logits and tokens of the
-    register path (decode graphs at several batch sizes), and the captured graphs do run it."""
-    from ninfer.kernels_cuda import gdn_decode as kdec
-
-    names = []
-    real = kdec.get_function
-    monkeypatch.setattr(kdec, "get_function",
-                        lambda src, name: names.append(name) or real(src, name))
-
-    def configure(backend, on):
-        monkeypatch.setattr(kdec, "TMA", tma if on else 0)
-        names.clear()
-
-    case = build_case(tmp_path, "tiny-dense", dtype="bfloat16",
-                      overrides=dict(linear_key_head_dim=128, linear_value_head_dim=128))
-    _same_with_switch_on_and_off(monkeypatch, case, configure)
-    assert f"{kdec.KERNEL}<3, 0>" in names and f"{kdec.KERNEL}<3, {tma}>" not in names, names
-    program = gpu_program(case)
-    monkeypatch.setattr(kdec, "TMA", tma)
-    names.clear()
-    program.backend.destroy_graphs()
-    program.backend.capture_graphs()
-    assert f"{kdec.KERNEL}<3, {tma}>" in names, names
-
-
 def test_moe_persist_equals_two_launches(tmp_path, monkeypatch):
     """NINFER_MOE_PERSIST (kernels_cuda.moe.PERSIST): the MoE layers' expert stages and combine
     as one persistent launch give bitwise the logits and tokens of the two launches (decode
