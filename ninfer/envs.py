@@ -298,6 +298,13 @@ def attn_gate_fused() -> bool:
     return _flag("NINFER_ATTN_GATE_FUSED", True)
 
 
+def gdn_state_l2_last() -> bool:
+    """NINFER_GDN_STATE_L2_LAST (default off; "1" turns it on): the CUDA GDN decode kernel loads
+    and stores the recurrent state with an L2 evict-last policy (the same bits). Read once, at
+    import of the launcher."""
+    return _flag("NINFER_GDN_STATE_L2_LAST", False)
+
+
 def kernel_timeline() -> bool:
     """NINFER_KERNEL_TIMELINE (default off; "1" turns it on): a diagnostic build of every CUDA
     module in which each block's pdl_wait records the global timer before and after the wait

@@ -25,13 +25,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda import _gdn_operands as O
 from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
 KERNEL = "gdn_decode_fused_head2_kernel"
-SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK))
+# NINFER_GDN_STATE_L2_LAST (read once at import; default off): the state's loads and stores
+# carry an L2 evict-last policy (compile-time DEC_STATE_L2_LAST; the same bits)
+STATE_L2_LAST = envs.gdn_state_l2_last()
+SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK),
+                      options=("-DDEC_STATE_L2_LAST=1",) if STATE_L2_LAST else ())
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
