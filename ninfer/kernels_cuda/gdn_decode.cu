@@ -115,26 +115,27 @@ __device__ __forceinline__ float ld_in_bounds(const float* p, int i, int dk, int
 // an L2 evict-last policy, so that a layer's state (written this step, read the next) outlives
 // the weights streamed in between (their copies are evict-first); the same values.
 #ifdef DEC_STATE_L2_LAST
-__device__ __forceinline__ unsigned long long dec_state_policy() {
-  unsigned long long pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-#define DEC_STATE_LD(ptr, pol) dec_state_ld(ptr, pol)
-#define DEC_STATE_ST(ptr, v, pol) dec_state_st(ptr, v, pol)
-__device__ __forceinline__ float dec_state_ld(const float* p, unsigned long long pol) {
+// (ptxas reports an 8-byte spill for the kc <= 4 instance at its 64-register budget)
+__device__ __forceinline__ float dec_state_ld(const float* p) {
   float v;
-  asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(p), "l"(pol));
+  // (volatile: issued where written, before the kernel's PDL wait)
+  asm volatile("{\n\t.reg .b64 pol;\n\t"
+               "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+               "ld.global.L2::cache_hint.f32 %0, [%1], pol;\n\t}"
+               : "=f"(v) : "l"(p));
   return v;
 }
-__device__ __forceinline__ void dec_state_st(float* p, float v, unsigned long long pol) {
-  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(p), "f"(v), "l"(pol)
-               : "memory");
+__device__ __forceinline__ void dec_state_st(float* p, float v) {
+  asm volatile("{\n\t.reg .b64 pol;\n\t"
+               "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
+               "st.global.L2::cache_hint.f32 [%0], %1, pol;\n\t}"
+               ::"l"(p), "f"(v) : "memory");
 }
+#define DEC_STATE_LD(ptr) dec_state_ld(ptr)
+#define DEC_STATE_ST(ptr, v) dec_state_st(ptr, v)
 #else
-#define DEC_STATE_LD(ptr, pol) (*(ptr))
-#define DEC_STATE_ST(ptr, v, pol) (*(ptr) = (v))
-__device__ __forceinline__ unsigned long long dec_state_policy() { return 0ull; }
+#define DEC_STATE_LD(ptr) (*(ptr))
+#define DEC_STATE_ST(ptr, v) (*(ptr) = (v))
 #endif
 
 // The state loads of gdn_decode_head2_body: s[gi][r] = S[row0 + r][32 gi + lane] (0 outside
@@ -144,12 +145,10 @@ __device__ __forceinline__ void head2_load(float (&s)[DEC_GROUPS][DEC_RPW], cons
                                            int row0, int lane, int dk, int dv) {
   if (dk == 128 && dv == 128) {
     const float* b = S + row0 * 128 + lane;
-    const unsigned long long pol = dec_state_policy();
-    (void)pol;
 #pragma unroll
     for (int gi = 0; gi < DEC_GROUPS; ++gi)
 #pragma unroll
-      for (int r = 0; r < DEC_RPW; ++r) s[gi][r] = DEC_STATE_LD(b + r * 128 + gi * DEC_COLS, pol);
+      for (int r = 0; r < DEC_RPW; ++r) s[gi][r] = DEC_STATE_LD(b + r * 128 + gi * DEC_COLS);
   } else {
 #pragma unroll
     for (int gi = 0; gi < DEC_GROUPS; ++gi) {
@@ -359,14 +358,12 @@ __device__ __forceinline__ void gdn_decode_head2_body(const DecodeParams& p, Dec
     }
     if (dk == 128 && dv == 128) {
       float* b = S + row0 * 128 + lane;
-      const unsigned long long pol = dec_state_policy();
-      (void)pol;
 #pragma unroll
       for (int gi = 0; gi < DEC_GROUPS; ++gi) {
         const float kdelta = sh.kd[gi * DEC_COLS + lane];
 #pragma unroll
         for (int r = 0; r < DEC_RPW; ++r)
-          DEC_STATE_ST(b + r * 128 + gi * DEC_COLS, fmaf(kr[r], kdelta, decay * s[gi][r]), pol);
+          DEC_STATE_ST(b + r * 128 + gi * DEC_COLS, fmaf(kr[r], kdelta, decay * s[gi][r]));
       }
     } else {
 #pragma unroll

@@ -23,6 +23,8 @@ gdn_decode_fused`, H200, 2026-11-30):
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ninfer import envs
@@ -32,11 +34,11 @@ from ninfer.kernels_cuda._loader import KernelSource, get_function, launch
 
 _MAXK = (3, 7)  # instances: register windows for kc <= 4 and kc <= 8
 KERNEL = "gdn_decode_fused_head2_kernel"
-# NINFER_GDN_STATE_L2_LAST (read once at import; default off): the state's loads and stores
-# carry an L2 evict-last policy (compile-time DEC_STATE_L2_LAST; the same bits)
+SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK))
+# NINFER_GDN_STATE_L2_LAST (read once at import): the state's loads and stores carry an L2
+# evict-last policy (SOURCE_L2_LAST: compile-time DEC_STATE_L2_LAST; the same bits)
 STATE_L2_LAST = envs.gdn_state_l2_last()
-SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK),
-                      options=("-DDEC_STATE_L2_LAST=1",) if STATE_L2_LAST else ())
+SOURCE_L2_LAST = dataclasses.replace(SOURCE, options=("-DDEC_STATE_L2_LAST=1",))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
@@ -118,6 +120,6 @@ def gdn_decode_fused(qkv, conv_weight, conv_state, a, b, a_log, dt_bias, state, 
                     channels=channels, eps=eps, l2_eps=l2_eps, q_scale=float(dk) ** -0.5,
                     bf16_flags=flags)
     maxk = next(m for m in _MAXK if kc - 1 <= m)
-    fn = get_function(SOURCE, f"{KERNEL}<{maxk}>")
+    fn = get_function(SOURCE_L2_LAST if STATE_L2_LAST else SOURCE, f"{KERNEL}<{maxk}>")
     launch(fn, (value_heads, n), (THREADS,), (params,),
            name="gdn_decode_fused", pdl=True)

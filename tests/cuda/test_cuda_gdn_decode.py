@@ -267,3 +267,35 @@ def test_pdl_on_equals_off_bitwise(rng, monkeypatch, n):
         for name, on, off in zip(NAMES, runs[True][i], runs[False][i]):
             assert_same_bits(on, off, f"step {i}: {name}, PDL on vs off")
     assert int(host(ch.counters).sum()) == 0
+
+
+def test_state_l2_last_same_bits(rng, monkeypatch):
+    """NINFER_GDN_STATE_L2_LAST (kdec.STATE_L2_LAST: the state's loads and stores with an L2
+    evict-last policy, the SOURCE_L2_LAST build) gives the same output, state and conv state
+    bits as the plain build at B = 1, 3 and 8 over 3 steps at dk = dv = 128, and the odd shape
+    (the policy only on the dk = dv = 128 path) stays within float64 tolerance."""
+    sources = []
+    real = kdec.get_function
+    monkeypatch.setattr(kdec, "get_function",
+                        lambda src, name: sources.append(src.options) or real(src, name))
+    hk, hv, dk, dv = SHAPES["9b"]
+    prob = Problem(rng, hk, hv, dk, dv, DType.BFLOAT16)
+    counters = kdec.decode_counters(8, hk)
+    conv0, st0 = _copies(prob)
+    for step, n in enumerate((1, 3, 8)):
+        slots = dev(prob.slots(n))
+        _, dev_in = prob.inputs(n)
+        runs = {}
+        for on in (False, True):
+            monkeypatch.setattr(kdec, "STATE_L2_LAST", on)
+            conv, st, out = conv0.copy(), st0.copy(), poisoned((n, hv, dv))
+            sources.clear()
+            prob.run(dev_in, slots, out, counters, conv=conv, state=st)
+            assert sources == [kdec.SOURCE_L2_LAST.options if on else ()], sources
+            runs[on] = (out, st, conv)
+        for got, want, what in zip(runs[True], runs[False], ("out", "state", "conv state"),
+                                   strict=True):
+            assert_same_bits(got, want, f"step {step} B={n}: {what}, evict-last vs plain")
+        assert np.isfinite(host(runs[True][0])).all()
+        conv0, st0 = runs[True][2], runs[True][1]
+    _check_vs_reference(Problem(rng, *SHAPES["odd"], DType.FLOAT32), (1, 3), steps=2)

@@ -14,3 +14,14 @@ def test_gdn_decode_instances():
     for gone in ("gdn_decode_fused_kernel", "gdn_decode_fused_pair_kernel",
                  "gdn_decode_fused_head_kernel", "__cluster_dims__"):
         assert gone not in text, gone
+
+
+def test_state_l2_last_build():
+    """SOURCE_L2_LAST is SOURCE's instances with DEC_STATE_L2_LAST defined (the default build
+    has no option), and gdn_decode.cu guards the policy with that macro."""
+    from ninfer.kernels_cuda import gdn_decode as kdec
+
+    assert kdec.SOURCE.options == ()
+    assert kdec.SOURCE_L2_LAST.name_expressions == kdec.SOURCE.name_expressions
+    assert kdec.SOURCE_L2_LAST.options == ("-DDEC_STATE_L2_LAST=1",)
+    assert "#ifdef DEC_STATE_L2_LAST" in kdec.SOURCE.path().read_text()

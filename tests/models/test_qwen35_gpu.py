@@ -352,6 +352,20 @@ def test_moe_tma_down_equals_fused_down(tmp_path, monkeypatch):
                                  configure, launch="moe_tma_down")
 
 
+def test_gdn_state_l2_last_equals_plain(tmp_path, monkeypatch):
+    """NINFER_GDN_STATE_L2_LAST (kernels_cuda.gdn_decode.STATE_L2_LAST): the GDN decode's state
+    loads and stores with an L2 evict-last policy give bitwise the logits and tokens of the plain
+    build (dk = dv = 128 heads; decode graphs at several batch sizes)."""
+    from ninfer.kernels_cuda import gdn_decode as kdec
+
+    def configure(backend, on):
+        monkeypatch.setattr(kdec, "STATE_L2_LAST", on)
+
+    case = build_case(tmp_path, "tiny-dense", dtype="bfloat16",
+                      overrides=dict(linear_key_head_dim=128, linear_value_head_dim=128))
+    _same_with_switch_on_and_off(monkeypatch, case, configure)
+
+
 def test_moe_persist_equals_two_launches(tmp_path, monkeypatch):
     """NINFER_MOE_PERSIST (kernels_cuda.moe.PERSIST): the MoE layers' expert stages and combine
     as one persistent launch give bitwise the logits and tokens of the two launches (decode
