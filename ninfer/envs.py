@@ -299,10 +299,10 @@ def attn_gate_fused() -> bool:
 
 
 def gdn_state_l2_last() -> bool:
-    """NINFER_GDN_STATE_L2_LAST (default off; "1" turns it on): the CUDA GDN decode kernel loads
-    and stores the recurrent state with an L2 evict-last policy (the same bits). Read once, at
-    import of the launcher."""
-    return _flag("NINFER_GDN_STATE_L2_LAST", False)
+    """NINFER_GDN_STATE_L2_LAST (default on; "0" turns it off): the CUDA GDN decode kernel loads
+    and stores the recurrent state with an L2 evict-last policy (the same bits; 0.3-1% faster
+    decode steps on the H200, twentieth session). Read once, at import of the launcher."""
+    return _flag("NINFER_GDN_STATE_L2_LAST", True)
 
 
 def kernel_timeline() -> bool:

@@ -18,7 +18,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.attention_tma, "NINFER_ATTN_TMA", False),
     (envs.gemv_bf16_x, "NINFER_GEMV_BF16_X", True),
     (envs.moe_tma_down, "NINFER_MOE_TMA_DOWN", False),
-    (envs.gdn_state_l2_last, "NINFER_GDN_STATE_L2_LAST", False),
+    (envs.gdn_state_l2_last, "NINFER_GDN_STATE_L2_LAST", True),
 ]
 
 
