@@ -305,13 +305,6 @@ def gdn_state_l2_last() -> bool:
     return _flag("NINFER_GDN_STATE_L2_LAST", True)
 
 
-def gdn_state_l2_mask() -> int:
-    """NINFER_GDN_STATE_L2_MASK (1, 2 or 3; default 3): with NINFER_GDN_STATE_L2_LAST, which of
-    the GDN decode state's accesses carry the evict-last policy (bit 0 the loads, bit 1 the
-    stores). Read once, at import of the launcher."""
-    return _choice("NINFER_GDN_STATE_L2_MASK", 3, (1, 2, 3))
-
-
 def kernel_timeline() -> bool:
     """NINFER_KERNEL_TIMELINE (default off; "1" turns it on): a diagnostic build of every CUDA
     module in which each block's pdl_wait records the global timer before and after the wait

@@ -111,10 +111,10 @@ __device__ __forceinline__ float ld_in_bounds(const float* p, int i, int dk, int
   return v;
 }
 
-// DEC_STATE_L2_LAST (NINFER_GDN_STATE_L2_LAST; bit 0: the loads, bit 1: the stores): the dk = dv
-// = 128 state loads and stores carry an L2 evict-last policy, so that a layer's state (written this step, read the next) outlives
+// DEC_STATE_L2_LAST (NINFER_GDN_STATE_L2_LAST): the dk = dv = 128 state loads and stores carry
+// an L2 evict-last policy, so that a layer's state (written this step, read the next) outlives
 // the weights streamed in between (their copies are evict-first); the same values.
-#if defined(DEC_STATE_L2_LAST) && (DEC_STATE_L2_LAST & 1)
+#ifdef DEC_STATE_L2_LAST
 // (ptxas reports an 8-byte spill for the kc <= 4 instance at its 64-register budget)
 __device__ __forceinline__ float dec_state_ld(const float* p) {
   float v;
@@ -125,19 +125,16 @@ __device__ __forceinline__ float dec_state_ld(const float* p) {
                : "=f"(v) : "l"(p));
   return v;
 }
-#define DEC_STATE_LD(ptr) dec_state_ld(ptr)
-#else
-#define DEC_STATE_LD(ptr) (*(ptr))
-#endif
-#if defined(DEC_STATE_L2_LAST) && (DEC_STATE_L2_LAST & 2)
 __device__ __forceinline__ void dec_state_st(float* p, float v) {
   asm volatile("{\n\t.reg .b64 pol;\n\t"
                "createpolicy.fractional.L2::evict_last.b64 pol, 1.0;\n\t"
                "st.global.L2::cache_hint.f32 [%0], %1, pol;\n\t}"
                ::"l"(p), "f"(v) : "memory");
 }
+#define DEC_STATE_LD(ptr) dec_state_ld(ptr)
 #define DEC_STATE_ST(ptr, v) dec_state_st(ptr, v)
 #else
+#define DEC_STATE_LD(ptr) (*(ptr))
 #define DEC_STATE_ST(ptr, v) (*(ptr) = (v))
 #endif
 

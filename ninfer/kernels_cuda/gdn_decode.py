@@ -38,8 +38,7 @@ SOURCE = KernelSource("gdn_decode.cu", tuple(f"{KERNEL}<{m}>" for m in _MAXK))
 # NINFER_GDN_STATE_L2_LAST (read once at import): the state's loads and stores carry an L2
 # evict-last policy (SOURCE_L2_LAST: compile-time DEC_STATE_L2_LAST; the same bits)
 STATE_L2_LAST = envs.gdn_state_l2_last()
-SOURCE_L2_LAST = dataclasses.replace(
-    SOURCE, options=(f"-DDEC_STATE_L2_LAST={envs.gdn_state_l2_mask()}",))
+SOURCE_L2_LAST = dataclasses.replace(SOURCE, options=("-DDEC_STATE_L2_LAST=1",))
 _PARAMS = C.struct(*[(f, "ptr") for f in (
     "qkv", "conv_w", "conv_state", "a", "b", "a_log", "dt_bias", "state", "slots", "z",
     "norm_w", "out", "counters")],
