@@ -136,8 +136,8 @@ def moe_shared_early() -> bool:
 def moe_tma_down() -> bool:
     """NINFER_MOE_TMA_DOWN (default off; "1" turns it on): after the bulk-copy gate_up stage, the
     MoE decode's fused down stage runs moe_tma_down_kernel (weights bulk-copied and tables read
-    before its PDL wait, act after it); bitwise moe_fused_down_kernel. Written without a GPU
-    run: opt-in until measured. Read once, at import of the launcher."""
+    before its PDL wait, act after it); bitwise moe_fused_down_kernel. Opt-in: measured slower
+    at 35B-A3B B=1. Read once, at import of the launcher."""
     return _flag("NINFER_MOE_TMA_DOWN", False)
 
 

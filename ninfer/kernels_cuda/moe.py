@@ -101,10 +101,10 @@ TMA_X_REGS = envs.moe_tma_x_regs()
 # Off by default: slower than the two launches at 35B-A3B B=1 (docs/performance.md).
 PERSIST = envs.moe_persist()
 PERSIST_GROUPS = 8  # moe.cu MOE_EXPERTS_GROUPS: the pairs (so groups) whose down tiles it stages
-# NINFER_MOE_TMA_DOWN (read once at import; default off until measured): after the bulk-copy
-# gate_up stage, the fused down stage runs moe_tma_down_kernel where `tma_down_smem` fits: its
-# weight tiles are bulk-copied and its tables read before its PDL wait, act after it; bitwise
-# moe_fused_down_kernel. Written without a GPU run.
+# NINFER_MOE_TMA_DOWN (read once at import; default off): after the bulk-copy gate_up stage, the
+# fused down stage runs moe_tma_down_kernel where `tma_down_smem` fits: its weight tiles are
+# bulk-copied and its tables read before its PDL wait, act after it; bitwise
+# moe_fused_down_kernel. Off by default: 1.2% slower at 35B-A3B B=1 (docs/performance.md).
 TMA_DOWN = envs.moe_tma_down()
 TMA_DOWN_WARPS = 8    # moe.cu MOE_TMA_DOWN_WARPS
 TMA_DOWN_HEAD = 128   # moe.cu MOE_TMA_DOWN_HEAD: its two mbarriers
