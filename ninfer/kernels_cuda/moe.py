@@ -225,20 +225,23 @@ assert _SHARED_DOWN.itemsize == 48  # moe.cu MoeSharedDown
 _COMBINE_FIELDS = (("w", "ptr"), ("ids", "ptr"), ("shared", "ptr"), ("gate", "ptr"),
                    ("out", "ptr"), ("w_rs", "i64"), ("shared_rs", "i64"), ("gate_rs", "i64"),
                    ("out_rs", "i64"))
+
+
+def _nested(prefix: str, fields) -> list:
+    """A nested record's (name, type) fields under its prefix in a packed launch record."""
+    return [(prefix + n, t) for n, t in fields]
+
+
 # moe.cu MoeTmaExpertsParams: two MoeGemvParams (gu_*, dn_*), a MoeSharedDown (sd_*), a
 # MoeCombine (c_*), then the barrier and the ring's geometry
-_EXPERTS = C.struct(*[("gu_" + n, t) for n, t in _GEMV_FIELDS],
-                    *[("dn_" + n, t) for n, t in _GEMV_FIELDS],
-                    *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
-                    *[("c_" + n, t) for n, t in _COMBINE_FIELDS],
+_EXPERTS = C.struct(*_nested("gu_", _GEMV_FIELDS), *_nested("dn_", _GEMV_FIELDS),
+                    *_nested("sd_", _SHARED_DOWN_FIELDS), *_nested("c_", _COMBINE_FIELDS),
                     ("barrier", "ptr"), ("n_rows", "i32"), ("sk", "i32"), ("sw", "i32"),
                     ("stages", "i32"), ("pairs", "i32"), ("pad", "i32"))
 assert _EXPERTS.itemsize == 376
 # moe.cu MoeTmaDownParams: a MoeGemvParams (dn_*), a MoeSharedDown (sd_*), a MoeCombine (c_*)
-_TMA_DOWN = C.struct(*[("dn_" + n, t) for n, t in _GEMV_FIELDS],
-                     *[("sd_" + n, t) for n, t in _SHARED_DOWN_FIELDS],
-                     *[("c_" + n, t) for n, t in _COMBINE_FIELDS],
-                     ("n_rows", "i32"), ("pad", "i32"))
+_TMA_DOWN = C.struct(*_nested("dn_", _GEMV_FIELDS), *_nested("sd_", _SHARED_DOWN_FIELDS),
+                     *_nested("c_", _COMBINE_FIELDS), ("n_rows", "i32"), ("pad", "i32"))
 assert _TMA_DOWN.itemsize == 240
 _NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
 
