@@ -5,7 +5,10 @@
 # MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
 # KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b,
 # TIMELINES="name:ENV=1+ENV2=0:shape:batch ..." (bench.timeline per spec; needs the timeline
-# build: add NINFER_KERNEL_TIMELINE=1 to PRECOMPILE_ENVS); PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
+# build: add NINFER_KERNEL_TIMELINE=1 to PRECOMPILE_ENVS),
+# ATTN_TIMELINES="name:ENV=1+ENV2=0:batch:context[:ready] ..." (bench.attn_timeline: one decode
+# paged_attention launch's phase marks at the KERNEL_SHAPE shape; "ready": past_kv_ready; the
+# timeline build too); PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
 # also precompile the kernels those settings select, in parallel with the default set, so the
 # decode runs that use them do not compile inside their time limit; DECODE_LIMIT seconds per
 # decode run, default 120). Logs: $OUT/logs.tgz + $OUT/summary.txt.
@@ -77,6 +80,13 @@ for spec in ${TIMELINES:-}; do  # name:ENVS:shape:batch; each link of a step (ti
   timeout "${TIMELINE_LIMIT:-100}" env X=0 ${envs//+/ } python3 -m bench.timeline \
     --shape "$shape" --batch "${batch:-1}" --top 25 > "$L/timeline_$name.log" 2>&1
   note "timeline $name rc=$? $(grep -m1 '^step' "$L/timeline_$name.log")"
+done
+for spec in ${ATTN_TIMELINES:-}; do  # name:ENVS:batch:context[:ready]; one attention launch's phases
+  IFS=: read -r name envs batch ctx ready <<< "$spec"
+  timeout "${TIMELINE_LIMIT:-100}" env X=0 ${envs//+/ } python3 -m bench.attn_timeline \
+    --shape "${KERNEL_SHAPE:-9b}" --batch "$batch" --context "$ctx" ${ready:+--past-kv-ready} \
+    > "$L/attn_timeline_$name.log" 2>&1
+  note "attn timeline $name rc=$? $(grep -m1 '^mean link' "$L/attn_timeline_$name.log")"
 done
 for e in ${PROFILE_ENVS:-}; do  # ncu per-kernel breakdown of one decode step at B=1 per env
   timeout 180 env $e ncu --clock-control none --profile-from-start off \

@@ -1153,29 +1153,24 @@ extern __shared__ __align__(128) unsigned char attn_tma_smem[];
 template <int D, int MINB>
 __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     paged_attention_tma_kernel(const AttnParams p) {
-  pdl_enter();  // before the early exits: every block waits and triggers
 #if BULK_COPY_OK
   constexpr int ROW_B = 2 * D;                          // one key row (bf16)
   constexpr int PAIR_B = attn_tma_pair_bytes(D);        // a copy of 2 rows + the shift
   constexpr int HALF_B = 8 * PAIR_B;                    // the K (or V) half of a stage
   constexpr int STAGE_B = attn_tma_stage_bytes(D);
   constexpr int MT = D / 16;                            // k-steps of S, m-tiles of O^T
+  constexpr int CONS_THREADS = 32 * ATTN_TMA_CONS;
   static_assert(D == 64 || D == 128 || D == 256, "D = 64, 128 or 256");
   static_assert(2 * ATTN_TMA_MAX_STAGES * 8 <= ATTN_TMA_BAR_BYTES, "barriers");
   static_assert(2 * STAGE_B >= ATTN_TMA_CONS * 8 * D * 4, "2 stages hold the accumulators");
-  __shared__ int sm_bad, sm_last;
+  __shared__ int sm_bad, sm_bad_pages, sm_last;
   const int tid = threadIdx.x, nthreads = blockDim.x;
   const int lane = tid & 31, warp = tid >> 5;
   const int g = blockIdx.y;
   const i64 n = blockIdx.z;
   const int G = p.q_heads / p.kv_heads;
   const int S = p.stages;
-  const AttnRow row = attn_row(p, n);
   const int chunk = blockIdx.x;
-  if (chunk >= row.n_chunks) return;
-  const int key_begin = chunk * row.chunk_keys;
-  const int key_end = min(row.len, key_begin + row.chunk_keys);
-  const int ntiles = (key_end - key_begin + ATTN_TMA_TILE - 1) / ATTN_TMA_TILE;
 
   mbar_t* full = reinterpret_cast<mbar_t*>(attn_tma_smem);
   mbar_t* empty = full + S;
@@ -1187,59 +1182,99 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   float* sm_cm = sm_f + ATTN_TMA_CONS * G;
   float* mg = sm_cm + G;
 
-  if (tid == 0) {
-    sm_bad = !row.ok;
+  if (tid == 0) {  // no global memory is read before the barriers are ready
+    sm_bad_pages = 0;
     for (int i = 0; i < S; ++i) {
       mbar_init(full + i, 1);
       mbar_init(empty + i, 1);
     }
     mbar_init_fence();
   }
-  attn_stage_q_fragments<D>(p, n, g, G, qf, tid, nthreads);
-  __syncthreads();  // barriers, sm_bad and the q fragments are ready
+  __syncthreads();
+  const bool producer = warp == ATTN_TMA_CONS;
+  // p.prewait (past_kv_ready): the producer reads the row and its page ids, and issues the
+  // copies of the chunk's first tiles whose keys all precede the row's own key, before its
+  // PDL wait (those keys were written by earlier launches); the rest after it
+  const bool early = producer && p.prewait;
+  AttnRow row;
+  // the producer's state: the page rows of tiles tb .. tb + 31 (lane j: tile tb + j), the next
+  // tile to issue, its ring slot and phase
+  int rid = -2, next = 0, slot = 0;
+  unsigned phase = 0;
+  bool bad = false;
+  int key_begin = 0, key_end = 0, ntiles = 0;
+  const unsigned long long policy = producer ? l2_evict_first_policy() : 0ull;
+  const int cp = lane & 7;  // the producer lane's row pair (lanes 0..7: K, 8..15: V)
+  const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
+  const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
+  auto plan = [&]() {
+    key_begin = chunk * row.chunk_keys;
+    key_end = min(row.len, key_begin + row.chunk_keys);
+    ntiles = (key_end - key_begin + ATTN_TMA_TILE - 1) / ATTN_TMA_TILE;
+  };
+  // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15)
+  auto lookup = [&](const int* bt, int tb) {
+    rid = tb + lane < ntiles ? attn_key_row(p, bt, row.ok, g, key_begin + ATTN_TMA_TILE * (tb + lane),
+                                            key_end, true)
+                             : -2;
+    bad |= rid == -1;
+  };
+  // issues tile `next` (its page row in lane next % 32) into the next slot, once it is free
+  auto issue = [&]() {
+    const int r = __shfl_sync(ATTN_FULL, rid, next & 31);
+    const int nv = min(ATTN_TMA_TILE, key_end - key_begin - ATTN_TMA_TILE * next);
+    if (lane == 0) {
+      mbar_wait(empty + slot, phase ^ 1u);  // the slot's previous tile was read
+      mbar_arrive_expect_tx(full + slot, r >= 0 ? (unsigned)(2 * nv * ROW_B) : 0u);
+    }
+    __syncwarp();
+    const int rows = min(2, nv - 2 * cp);
+    if (r >= 0 && lane < 16 && rows > 0)
+      bulk_copy_g2s(ring + slot * STAGE_B + dst_ofs, src_base + (i64)(r + 2 * cp) * D,
+                    (unsigned)(rows * ROW_B), full + slot, policy);
+    if (++slot == S) {
+      slot = 0;
+      phase ^= 1u;
+    }
+    ++next;
+  };
+  if (early) {
+    row = attn_row(p, n);
+    if (chunk < row.n_chunks) {
+      plan();
+      lookup(attn_row_table(p, row), 0);
+      // tiles before the one holding key len - 1, at most one pass of the ring and one lookup
+      const int pre = min(min(S, 32), min(ntiles, (row.len - 1 - key_begin) / ATTN_TMA_TILE));
+      while (next < pre) issue();
+    }
+  }
+  pdl_enter();  // before the early exits: every block waits and triggers
+  const TimelineMarks marks;  // (phase marks: timeline build only)
+  if (!early) row = attn_row(p, n);
+  if (chunk >= row.n_chunks) return;
 
   const int gi = lane >> 2, t = lane & 3;
   float o[MT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
   float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
-  if (warp == ATTN_TMA_CONS) {  // producer
-    const unsigned long long policy = l2_evict_first_policy();
+  if (producer) {  // the copies do not wait for the consumers' q fragments
     const int* bt = attn_row_table(p, row);
-    const int cp = lane & 7;  // this lane's row pair (lanes 0..7: K, 8..15: V)
-    const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
-    const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
-    bool bad = false;
-    int slot = 0;
-    unsigned phase = 0;
-    for (int tb = 0; tb < ntiles; tb += 32) {
-      // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15)
-      const int rid = tb + lane < ntiles
-                          ? attn_key_row(p, bt, row.ok, g, key_begin + ATTN_TMA_TILE * (tb + lane),
-                                         key_end, true)
-                          : -2;
-      bad |= rid == -1;
-      const int cnt = min(32, ntiles - tb);
-      for (int j = 0; j < cnt; ++j) {
-        const int r = __shfl_sync(ATTN_FULL, rid, j);
-        const int nv = min(ATTN_TMA_TILE, key_end - key_begin - ATTN_TMA_TILE * (tb + j));
-        if (lane == 0) {
-          mbar_wait(empty + slot, phase ^ 1u);  // the slot's previous tile was read
-          mbar_arrive_expect_tx(full + slot, r >= 0 ? (unsigned)(2 * nv * ROW_B) : 0u);
-        }
-        __syncwarp();
-        const int rows = min(2, nv - 2 * cp);
-        if (r >= 0 && lane < 16 && rows > 0)
-          bulk_copy_g2s(ring + slot * STAGE_B + dst_ofs, src_base + (i64)(r + 2 * cp) * D,
-                        (unsigned)(rows * ROW_B), full + slot, policy);
-        if (++slot == S) {
-          slot = 0;
-          phase ^= 1u;
-        }
-      }
+    if (!early) {
+      plan();
+      lookup(bt, 0);
     }
-    if (__any_sync(ATTN_FULL, bad) && lane == 0) sm_bad = 1;
+    while (next < ntiles) {
+      if (next > 0 && (next & 31) == 0) lookup(bt, next);
+      issue();
+    }
+    if (__any_sync(ATTN_FULL, bad) && lane == 0) sm_bad_pages = 1;
   } else {  // consumer warp `warp`: tiles warp, warp + ATTN_TMA_CONS, ...
+    plan();
+    if (tid == 0) sm_bad = !row.ok;
+    attn_stage_q_fragments<D>(p, n, g, G, qf, tid, CONS_THREADS);
+    asm volatile("bar.sync 1, %0;" ::"n"(CONS_THREADS) : "memory");  // q fragments are ready
+    timeline_mark(1);
     const unsigned ring_u = smem_addr(ring);
     // ldmatrix rows: lanes 8i..8i+7 address matrix i (mi). K (A = [key][dim]): mma rows
     // r8 + 8 (mi & 1), dim chunk 2 ks + (mi >> 1); V (A = V^T by .trans): k rows r8 + 8 (mi >> 1),
@@ -1250,13 +1285,14 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     // P^T exchange (attn_mma_warp): lane (gi, t) needs p of k rows 2t, 2t+1 (+8) for query gi
     const int src_a = t * 8 + (gi >> 1), src_b = src_a + 4;
     const bool odd = (gi & 1) != 0;
-    int slot = warp % S;
-    unsigned phase = (unsigned)(warp / S) & 1u;
+    int cslot = warp % S;
+    unsigned cphase = (unsigned)(warp / S) & 1u;
     for (int i = warp; i < ntiles; i += ATTN_TMA_CONS) {
       const int t0 = key_begin + ATTN_TMA_TILE * i;
       const int nv = key_end - t0;  // valid keys of the tile (>= 1; may exceed 16)
-      const unsigned st = ring_u + slot * STAGE_B;
-      mbar_wait(full + slot, phase);
+      const unsigned st = ring_u + cslot * STAGE_B;
+      mbar_wait(full + cslot, cphase);
+      if (i == 0) timeline_mark(2);  // (thread 0) the chunk's first tile landed
       float sh0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sh1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       float sl0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -1294,15 +1330,17 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
         mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
       }
       __syncwarp();  // every lane has read the stage
-      if (lane == 0) mbar_arrive(empty + slot);
-      slot += ATTN_TMA_CONS;
-      while (slot >= S) {
-        slot -= S;
-        phase ^= 1u;
+      if (lane == 0) mbar_arrive(empty + cslot);
+      cslot += ATTN_TMA_CONS;
+      while (cslot >= S) {
+        cslot -= S;
+        cphase ^= 1u;
       }
     }
   }
   __syncthreads();  // every copy has landed and been read: the ring is free for the states
+  timeline_mark(7);  // the chunk's tiles are computed
+  if (tid == 0 && sm_bad_pages) sm_bad = 1;  // read after the next barrier
   float* acc = reinterpret_cast<float*>(ring);  // [ATTN_TMA_CONS][G][D]
   if (warp < ATTN_TMA_CONS) {
     attn_mma_store_state<D>(o, m0, m1, l0, l1, gi, t, G, acc + warp * G * D, sm_m + warp * G,

@@ -186,13 +186,15 @@ def assert_graph_replay_equals_eager(ctx, name: str, step, refill, poison, captu
 
 
 def assert_invalid_attention_rows_nan(rng, k_pages, v_pages, bt: np.ndarray, page_size: int,
-                                      heads: int, d: int, workspace) -> None:
+                                      heads: int, d: int, workspace,
+                                      past_kv_ready: bool = False) -> None:
     """paged_attention's invalid inputs, for sequences 0 and 1 of lengths 3000 and 100 in block
     table `bt` (host; k_pages / v_pages on the device): the table gets a page id out of range in
     the middle of sequence 0 (column 70) and a -1 page at column 3 of sequence 1; rows reaching
     page 70 or sequence 1's page 3, a row_seq out of range, a row_pos < 0 and a row_pos past
     the table are NaN, and only those; the other rows (stopping before the bad pages) equal the
-    same rows launched alone. The workspace counters are 0 afterwards."""
+    same rows launched alone. The workspace counters are 0 afterwards. past_kv_ready: passed
+    to every launch (nothing writes the pages, so the promise holds)."""
     from ninfer.kernels_cuda import attention as katt
 
     bad_bt = bt.copy()
@@ -209,7 +211,8 @@ def assert_invalid_attention_rows_nan(rng, k_pages, v_pages, bt: np.ndarray, pag
     def run(rows):
         out = poisoned((rows.stop - rows.start, heads, d))
         katt.paged_attention(q[rows], k_pages, v_pages, bt_d, dev(row_seq[rows]),
-                             dev(row_pos[rows]), d ** -0.5, out, workspace=workspace)
+                             dev(row_pos[rows]), d ** -0.5, out, workspace=workspace,
+                             past_kv_ready=past_kv_ready)
         return out
 
     out = run(slice(0, n))

@@ -96,13 +96,13 @@ class _Paged:
         return katt.AttentionWorkspace.allocate(rows, heads, self.d,
                                                 self.bt.shape[1] * self.page_size)
 
-    def run(self, q_d, row_seq, row_pos, scale, ws, gate=None, bt_d=None):
+    def run(self, q_d, row_seq, row_pos, scale, ws, gate=None, bt_d=None, ready=False):
         n, heads, d = q_d.shape
         out = poisoned((n, heads, d))
         katt.paged_attention(q_d, self.kp_d, self.vp_d, self.bt_d if bt_d is None else bt_d,
                              dev(np.asarray(row_seq, np.int32)),
                              dev(np.asarray(row_pos, np.int32)), scale, out, workspace=ws,
-                             gate=gate)
+                             gate=gate, past_kv_ready=ready)
         return out
 
 
@@ -247,15 +247,89 @@ def test_tma_gate_equals_attention_then_sigmoid_mul(rng, tma, heads, hkv, d):
     _assert_tma_ran(tma, d)
 
 
-def test_tma_invalid_rows_and_pages_give_nan(rng, tma):
+@pytest.mark.parametrize("ready", [False, True])
+def test_tma_invalid_rows_and_pages_give_nan(rng, monkeypatch, tma, ready):
     """An out-of-range page id (middle of a sequence) or -1 page inside the context, a row_seq
     out of range, row_pos < 0 or past the table: NaN rows, and only those; the other rows equal
-    the same rows launched alone."""
+    the same rows launched alone; also with past_kv_ready (pages looked up, and the first tiles
+    copied, before the PDL wait)."""
+    monkeypatch.setattr(katt, "PREWAIT", True)
     heads, hkv, d, page_size = 8, 2, 256, 16
     kv = _Paged(rng, [3000, 100], hkv, d, page_size)
     assert_invalid_attention_rows_nan(rng, kv.kp_d, kv.vp_d, kv.bt, page_size, heads, d,
-                                      kv.workspace(7, heads))
+                                      kv.workspace(7, heads), past_kv_ready=ready)
     _assert_tma_ran(tma, d)
+
+
+@pytest.mark.parametrize("group,d,page_size", [(4, 256, 16), (8, 128, 32), (3, 64, 16)])
+def test_tma_past_kv_ready_same_bits(rng, monkeypatch, tma, group, d, page_size):
+    """past_kv_ready (the producer reads the row and its page ids and copies the chunk's first
+    tiles before its PDL wait, stopping before the tile of the row's own key) changes no bit:
+    decode rows whose own key falls at every place of a tile, of a ring pass (4 tiles) and of a
+    chunk (lengths 1..17, 63..65, 80, 81, 127..129, several chunks and merge groups, 576-key
+    chunks), an invalid row (NaN in both), with and without the gate, at B=20 (the
+    3-blocks-per-SM instance) and B=1 (the 2-blocks one); and within the float64 tolerance."""
+    monkeypatch.setattr(katt, "PREWAIT", True)  # whatever NINFER_ATTN_PREWAIT says
+    hkv = 2
+    heads = group * hkv
+    lengths = [1, 2, 15, 16, 17, 63, 64, 65, 80, 81, 127, 128, 129, 1000, 4097, 4111, 9000,
+               33000, 33007]
+    kv = _Paged(rng, lengths, hkv, d, page_size)
+    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
+    row_seq[-1] = len(lengths) + 5  # an invalid row
+    row_pos = np.array(lengths + [3], np.int32) - 1
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
+    scale = d ** -0.5
+    ws = kv.workspace(n, heads)
+    for g in (None, gate):
+        plain = kv.run(q, row_seq, row_pos, scale, ws, gate=g)
+        early = kv.run(q, row_seq, row_pos, scale, ws, gate=g, ready=True)
+        assert_same_bits(early, plain, f"past_kv_ready, gate {g is not None}")
+        o = host(early)
+        assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
+        for r in (0, 4, 13, 17):
+            alone = kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], scale, ws,
+                           gate=None if g is None else g[r:r + 1], ready=True)
+            assert_same_bits(alone, plain[r:r + 1], f"row {r} alone, past_kv_ready")
+    _assert_tma_ran(tma, d)
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    got = host(kv.run(q[:-1], row_seq[:-1], row_pos[:-1], scale, ws, ready=True))
+    want = kv.oracle(host(q)[:-1], row_seq[:-1], row_pos[:-1], scale)
+    for i in range(n - 1):
+        assert_close(got[i], want[i], TOL, f"row {i} (len {lengths[i]})")
+
+
+def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tma):
+    """The row's own key is written by the kernel launched just before (kv_write, PDL): with
+    past_kv_ready the TMA kernel still copies its tile after the wait. The slot starts as NaN,
+    so an early copy of it would make the row NaN; the result matches the oracle on the new
+    key (lengths at tile, ring-pass and chunk boundaries)."""
+    monkeypatch.setattr(katt, "PREWAIT", True)
+    heads, hkv, d = 16, 4, 256
+    lengths = [1, 16, 17, 64, 65, 80, 81, 1025, 3000, 4097]
+    kv = _Paged(rng, lengths, hkv, d)
+    row_seq = np.arange(len(lengths), dtype=np.int32)
+    row_pos = np.array(lengths, np.int32) - 1
+    n = len(lengths)
+    kp, vp = kv.kp.copy(), kv.vp.copy()
+    for s, pos in enumerate(row_pos):  # the own key's slot: NaN bits
+        page, slot = kv.bt[s, pos // kv.page_size], pos % kv.page_size
+        kp[page, :, slot] = vp[page, :, slot] = 0x7FC0
+    k_new, v_new = randn(rng, (n, hkv, d)), randn(rng, (n, hkv, d))
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    ws = kv.workspace(n, heads)
+    seq_d, pos_d = dev(row_seq), dev(row_pos)
+    for _ in range(3):
+        kv.kp_d[...] = dev(kp)  # NaN in the own keys' slots
+        kv.vp_d[...] = dev(vp)
+        katt.kv_write(dev(k_new), dev(v_new), kv.kp_d, kv.vp_d, kv.bt_d, seq_d, pos_d)
+        got = kv.run(q, row_seq, row_pos, d ** -0.5, ws, ready=True)
+        assert np.isfinite(host(got)).all()
+    _assert_tma_ran(tma, d)
+    kv.kp, kv.vp = ref.kv_write(k_new, v_new, kp, vp, kv.bt, row_seq, row_pos)
+    assert_close(got, kv.oracle(host(q), row_seq, row_pos, d ** -0.5), TOL)
 
 
 def test_ineligible_pages_fall_back(rng, tma):
