@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: precompile, decode A/B runs, GPU test files, the model oracle, kernel
-# benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape ...",
+# benchmarks, ncu profiles (env lists: DECODES="name:ENV=1+ENV2=0:shape[:context] ...",
 # TESTS="file[::expr] ..." (expr: the -k expression, no spaces),
 # MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
 # KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b,
@@ -49,10 +49,10 @@ done
 wait
 note "$(tail -1 "$L/precompile.log")"
 for f in "$L"/precompile_*.log; do [ -f "$f" ] && note "$(basename "$f"): $(tail -1 "$f")"; done
-for spec in ${DECODES:-}; do  # name:ENVS:shape
-  IFS=: read -r name envs shape <<< "$spec"
+for spec in ${DECODES:-}; do  # name:ENVS:shape[:context]
+  IFS=: read -r name envs shape context <<< "$spec"
   timeout "${DECODE_LIMIT:-120}" env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 \
-    --shape "$shape" \
+    --shape "$shape" ${context:+--context "$context"} \
     > "$L/decode_$name.log" 2>&1
   note "decode $name rc=$? $(decode_figures "$L/decode_$name.log")"
 done
