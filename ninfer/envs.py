@@ -254,15 +254,6 @@ def attention_tma_stages() -> int:
     return _choice("NINFER_ATTN_TMA_STAGES", 4, ATTN_TMA_STAGES)
 
 
-def attention_tma_loop() -> bool:
-    """NINFER_ATTN_TMA_LOOP (default on; "0" turns it off): a paged_attention_tma_kernel call
-    with more chunk tasks (chunks x KV heads x rows) than its blocks fit on the device at once
-    launches only that many blocks, and each loops over tasks (its producer warp streams the
-    next task's tiles while the consumers merge the last one) instead of one block per task.
-    The same bits either way. Read once, at import of the launcher."""
-    return _flag("NINFER_ATTN_TMA_LOOP", True)
-
-
 ATTN_TMA_BLOCKS = (0, 2, 3)
 ATTN_CHUNK_GRAINS = (64, 128, 256)
 

@@ -148,10 +148,8 @@ struct AttnParams {
   int prewait;      // 1: every row's keys before its own position were written before this
                     // launch (decode: one row per sequence); see paged_attention_kernel
   int out_bf16;     // 1: out holds bf16 bits (each final value rounded to nearest even)
-  int tasks;        // paged_attention_tma_kernel: chunk tasks (task_chunks x Hkv x N)
-  int task_chunks;  // its chunks per (row, KV head): the split grid's x
 };
-static_assert(sizeof(AttnParams) == 224, "AttnParams layout is mirrored in attention.py");
+static_assert(sizeof(AttnParams) == 216, "AttnParams layout is mirrored in attention.py");
 
 struct AttnRow {
   bool ok;
@@ -338,21 +336,6 @@ __device__ __forceinline__ int attn_key_row(const AttnParams& p, const int* bt, 
   return (page * p.kv_heads + g) * p.page_size + slot;
 }
 
-// A merge team: NT = 0, every thread of the block (__syncthreads); NT > 0, threads 0..NT - 1
-// (named barrier 1; paged_attention_tma_kernel's consumer warps, while its producer warp goes on).
-template <int NT>
-__device__ __forceinline__ void attn_team_sync() {
-  if constexpr (NT == 0) {
-    __syncthreads();
-  } else {
-    asm volatile("bar.sync 1, %0;" ::"n"(NT) : "memory");
-  }
-}
-template <int NT>
-__device__ __forceinline__ int attn_team_threads() {
-  return NT == 0 ? (int)blockDim.x : NT;
-}
-
 // Split-mode merge, run by every thread of the last block of a group (level 1) or of a row's
 // groups (level 2): folds `count` (1..8) partials of KV head g's G heads of row n, slots
 // [first, first + count) of (o [N, A, stride, D], ml [N, A, stride, 2]), in slot order from the
@@ -361,14 +344,13 @@ __device__ __forceinline__ int attn_team_threads() {
 // pass 2 (a thread per 4 dims, all loads in flight; a thread's first two items are loaded
 // before pass 1): the fold. mode 0: the result (M, L, O) goes to group slot `dst`; mode 1:
 // out = the result folded into an empty row state (a row with one group); mode 2: out = O / L. mg: shared a, b, l [G][ATTN_GROUP], M [G].
-// NT: the team that runs it (attn_team_sync).
-template <int D, int NT = 0>
+template <int D>
 __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, int G,
                                            const float* src_o, const float* src_ml, int stride,
                                            int first, int count, float* mg, int mode,
                                            int dst = 0) {
-  const int tid = threadIdx.x, nthreads = attn_team_threads<NT>(), lane = tid & 31;
-  const int warp = tid >> 5, nwarps = nthreads >> 5;
+  const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const int nwarps = nthreads >> 5;
   float* ma = mg;
   float* mb = ma + G * ATTN_GROUP;
   float* ml = mb + G * ATTN_GROUP;
@@ -409,7 +391,7 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
     }
     if (lane == 0) mm[hl] = m_all;
   }
-  attn_team_sync<NT>();
+  __syncthreads();
   if (mode == 2) timeline_mark(7);  // level 2: the partials' round trip and pass 1
   auto fold = [&](int e, const float4 (&buf)[ATTN_GROUP]) {
     const int hl = e / D4, d4 = e % D4;
@@ -705,9 +687,8 @@ __device__ __forceinline__ void attn_chunk_result(const AttnParams& p, i64 n, in
 // SPLIT=1, a row of several chunks, after this block stored its chunk partial (every thread of
 // the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
 // folds the group's partials; level 2: the last group to finish folds the groups. (threadfence
-// pattern: a block's partial is visible before it is counted.) sm_last: a shared int. NT: the
-// team that stored the partial and runs this (attn_team_sync).
-template <int D, int NT = 0>
+// pattern: a block's partial is visible before it is counted.) sm_last: a shared int.
+template <int D>
 __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, int g, int G,
                                                   int nc, int c_begin, float* mg, int& sm_last) {
   const int tid = threadIdx.x;
@@ -716,31 +697,31 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
   int* counters = p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1);
   __threadfence();
-  attn_team_sync<NT>();
+  __syncthreads();
   if (tid == 0) sm_last = atomicAdd(counters + 1 + grp, 1) == grp_size - 1;
-  attn_team_sync<NT>();
+  __syncthreads();
   if (!sm_last) return;
   timeline_mark(3);  // the last block of the group: the count returned
   __threadfence();
   if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
   if (n_groups == 1) {
-    attn_merge<D, NT>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
+    attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
     timeline_mark(6);
     return;
   }
-  attn_merge<D, NT>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
+  attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
                 0, grp);
   timeline_mark(4);  // level 1 folded
   __threadfence();
-  attn_team_sync<NT>();
+  __syncthreads();
   if (tid == 0) sm_last = atomicAdd(counters, 1) == n_groups - 1;
-  attn_team_sync<NT>();
+  __syncthreads();
   if (!sm_last) return;
   timeline_mark(5);  // the last group: the count returned
   __threadfence();
   timeline_mark(0);  // level 2: after its fence
   if (tid == 0) counters[0] = 0;
-  attn_merge<D, NT>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
+  attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
   timeline_mark(6);  // level 2 folded: the output stored
 }
 
@@ -1116,18 +1097,13 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // or 256 and G = A / Hkv in 1..8, on sm_90, with the K / V rows streamed by bulk copies
 // (bulk_copy.cuh, cp.async.bulk) into a shared-memory ring instead of per-lane cp.async.
 //
-// Contract: that of paged_attention_kernel<bf16, *, *, SPLIT=1, *, *>: chunk tasks (chunk, KV
-// head g, row n), the same chunk plan (attn_row), partial format, workspace, last-block merges
-// (attn_split_finish, counters 0 again after every launch), output gate (attn_store_out) and NaN
-// rows for an invalid row or page. Rows are batch invariant (a row's bits depend only on its q,
-// length and KV), but not bitwise equal to the FMA / MMA kernels (another summation order) nor,
-// therefore, to the loop mode (SPLIT=0, used for N > SPLIT_MAX_ROWS rows).
-// Grid: task k = chunk k % C of KV head (k / C) % Hkv of row k / (C Hkv) (C = p.task_chunks,
-// p.tasks = C Hkv N tasks); block b runs tasks b, b + blocks, ... (attention.py tma_grid): the
-// grid (C, Hkv, N) gives one task per block; a smaller one (NINFER_ATTN_TMA_LOOP) keeps its
-// blocks resident over several tasks, the producer streaming the next task's tiles while the
-// consumers merge the last one. Tasks past their row's chunks are skipped. Every task runs the
-// same arithmetic whatever the grid: the same bits.
+// Contract: that of paged_attention_kernel<bf16, *, *, SPLIT=1, *, *>: grid (max chunks, Hkv,
+// N), one chunk of one KV head per block (blocks past the row's chunks exit), the same chunk
+// plan (attn_row), partial format, workspace, last-block merges (attn_split_finish, counters 0
+// again after every launch), output gate (attn_store_out) and NaN rows for an invalid row or
+// page. Rows are batch invariant (a row's bits depend only on its q, length and KV), but not
+// bitwise equal to the FMA / MMA kernels (another summation order) nor, therefore, to the
+// loop mode (SPLIT=0, used for N > SPLIT_MAX_ROWS rows).
 //
 // Design. Block = ATTN_TMA_CONS (4) consumer warps + 1 producer warp (160 threads, 2 blocks per
 // SM). Ring of p.stages stages (attention.py TMA_STAGES; a multiple of ATTN_TMA_CONS up to 16:
@@ -1142,35 +1118,26 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // every ldmatrix phase (rows 2 r8 + h, r8 = 0..7) in distinct bank groups. Stage = 16.25 KiB
 // for D = 256: 4 stages x 2 blocks per SM (156 registers x 160 threads) keep up to ~130 KiB
 // per SM in flight.
-//  - Producer warp: per task, looks up the pages of 32 tiles at a time (a lane per tile), then
-//    per ring position in order: lane 0 waits until the slot is free (`empty`), notes whether
-//    the tile's page is invalid (sm_slot_bad, published by the arrive) and announces the tile's
-//    bytes on `full`; lanes 0..7 copy the K row pairs, lanes 8..15 the V row pairs, only keys
-//    < len (a partial last tile copies fewer rows; nothing past the length is read). An invalid
-//    page (or row) copies nothing (`full` completes without bytes). A task takes ring positions
-//    base .. base + roundup(tiles, ATTN_TMA_CONS) - 1 (base a multiple of ATTN_TMA_CONS, so
-//    tile i goes to warp i % ATTN_TMA_CONS in every task); the positions past its tiles are
-//    empty stages. With p.prewait (past_kv_ready) the first task's row, page ids and the tiles
-//    before the one holding the row's own key are read before the PDL wait.
-//  - Consumer warp w: per task, stages the q fragments (with the other consumers; named barrier
-//    1), then positions w, w + 4, ...: waits for `full`, then the MMA path's math
+//  - Producer warp: looks up the pages of 32 tiles at a time (a lane per tile), then per tile
+//    in order: lane 0 waits until the slot is free (`empty`) and announces the tile's bytes on
+//    `full`; lanes 0..7 copy the K row pairs, lanes 8..15 the V row pairs, only keys < len (a
+//    partial last tile copies fewer rows; nothing past the length is read). An invalid page (or
+//    row) copies nothing (`full` completes without bytes) and flags the row NaN (sm_bad).
+//  - Consumer warp w: tiles w, w + 4, ...: waits for `full`, then the MMA path's math
 //    (attn_mma_warp) on the stage: S = K q^T with q split into bf16 hi + lo (4 independent
 //    accumulators: hi / lo x even / odd k-steps, summed at the end), online softmax in base 2
 //    per query column, P^T split into hi + lo, O^T += V^T P^T; K and V through ldmatrix (V
 //    transposed). mma row kappa holds key pi(kappa) = 2 kappa (kappa < 8) or 2 (kappa - 8) + 1
 //    (both for S's rows and P V's k index, so the P^T exchange is attn_mma_warp's). Keys past
 //    len: scores -inf (p = 0) and their V values (not copied: stale bytes, possibly NaN) masked
-//    to zero in the fragments. Then lane 0 releases the slot (`empty`); an empty stage is
-//    released unread.
-//  - Task end (the consumers only, named barrier 1; the producer goes on): the warps' states
-//    are merged in warp order exactly as paged_attention_kernel merges its key warps, the sum
-//    o = fmaf(o_w, f_w, o) built in the q fragments' space by one warp after another; then the
-//    one-chunk output or the partial, and attn_split_finish (NT = the consumer team).
+//    to zero in the fragments. Then lane 0 releases the slot (`empty`).
+//  - Chunk end: all warps sync (every copy has landed and been read), the consumers' states go
+//    to the ring (acc [w][G][D] floats) and sm_m / sm_l, and are merged in warp order exactly as
+//    paged_attention_kernel merges its key warps; then the one-chunk output or the partial, and
+//    attn_split_finish.
 // Dynamic shared memory (attention.py tma_smem_bytes): barriers full[stages], empty[stages]
-// (256 B) | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] (at a task's
-// end: its [G][D] sum) | m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l
-// [G][ATTN_GROUP], M [G]. Phase marks (timeline build): 2 the block's first tile landed, 1 a
-// task's tiles computed (the last task's is kept), 3..7 and 0 attn_split_finish's.
+// (256 B) | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
+// m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G].
 #define ATTN_TMA_CONS 4         // consumer warps (+ 1 producer warp)
 #define ATTN_TMA_TILE 16        // keys per ring stage
 #define ATTN_TMA_BAR_BYTES 256  // full[stages], empty[stages]
@@ -1192,25 +1159,23 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   constexpr int HALF_B = 8 * PAIR_B;                    // the K (or V) half of a stage
   constexpr int STAGE_B = attn_tma_stage_bytes(D);
   constexpr int MT = D / 16;                            // k-steps of S, m-tiles of O^T
-  constexpr int CONS = 32 * ATTN_TMA_CONS;              // the consumer team (threads 0..CONS-1)
+  constexpr int CONS_THREADS = 32 * ATTN_TMA_CONS;
   static_assert(D == 64 || D == 128 || D == 256, "D = 64, 128 or 256");
   static_assert(2 * ATTN_TMA_MAX_STAGES * 8 <= ATTN_TMA_BAR_BYTES, "barriers");
-  static_assert(MT * 32 * 16 >= 8 * D * 4, "the q fragments' space holds a chunk's [G][D] sum");
-  __shared__ int sm_bad, sm_last;
-  __shared__ int sm_slot_bad[ATTN_TMA_MAX_STAGES];  // the stage's tile had an invalid page
-  __shared__ int sm_task[4];  // the consumers' task: chunk, KV head, row, the row's chunks
-  const int tid = threadIdx.x;
+  static_assert(2 * STAGE_B >= ATTN_TMA_CONS * 8 * D * 4, "2 stages hold the accumulators");
+  __shared__ int sm_bad, sm_bad_pages, sm_last;
+  const int tid = threadIdx.x, nthreads = blockDim.x;
   const int lane = tid & 31, warp = tid >> 5;
+  const int g = blockIdx.y;
+  const i64 n = blockIdx.z;
   const int G = p.q_heads / p.kv_heads;
   const int S = p.stages;
-  const int block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  const int nblocks = gridDim.x * gridDim.y * gridDim.z;
+  const int chunk = blockIdx.x;
 
   mbar_t* full = reinterpret_cast<mbar_t*>(attn_tma_smem);
   mbar_t* empty = full + S;
   unsigned char* ring = attn_tma_smem + ATTN_TMA_BAR_BYTES;
   uint4* qf = reinterpret_cast<uint4*>(ring + S * STAGE_B);  // [MT][32]
-  float* sum_o = reinterpret_cast<float*>(qf);  // [G][D] after the chunk's tiles (the q space)
   float* sm_m = reinterpret_cast<float*>(qf + MT * 32);
   float* sm_l = sm_m + ATTN_TMA_CONS * G;
   float* sm_f = sm_l + ATTN_TMA_CONS * G;
@@ -1218,6 +1183,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   float* mg = sm_cm + G;
 
   if (tid == 0) {  // no global memory is read before the barriers are ready
+    sm_bad_pages = 0;
     for (int i = 0; i < S; ++i) {
       mbar_init(full + i, 1);
       mbar_init(empty + i, 1);
@@ -1226,52 +1192,39 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   }
   __syncthreads();
   const bool producer = warp == ATTN_TMA_CONS;
-  // Task k (chunk k % C of KV head (k / C) % Hkv of row k / (C Hkv), C = p.task_chunks): this
-  // block's are block, block + nblocks, ... < p.tasks. Tasks past their row's chunks are skipped
-  // (by the producer and the consumers alike).
-  struct Task {
-    int chunk, g;
-    i64 n;
-  };
-  auto task_of = [&](int k) -> Task {
-    const int per_row = p.task_chunks * p.kv_heads;
-    const int n = k / per_row, r = k - n * per_row;
-    const int g = r / p.task_chunks;
-    return Task{r - g * p.task_chunks, g, (i64)n};
-  };
+  // p.prewait (past_kv_ready): the producer reads the row and its page ids, and issues the
+  // copies of the chunk's first tiles whose keys all precede the row's own key, before its
+  // PDL wait (those keys were written by earlier launches); the rest after it
+  const bool early = producer && p.prewait;
+  AttnRow row;
+  // the producer's state: the page rows of tiles tb .. tb + 31 (lane j: tile tb + j), the next
+  // tile to issue, its ring slot and phase
+  int rid = -2, next = 0, slot = 0;
+  unsigned phase = 0;
+  bool bad = false;
   int key_begin = 0, key_end = 0, ntiles = 0;
-  auto plan = [&](const AttnRow& row, int chunk) {
+  const unsigned long long policy = producer ? l2_evict_first_policy() : 0ull;
+  const int cp = lane & 7;  // the producer lane's row pair (lanes 0..7: K, 8..15: V)
+  const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
+  const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
+  auto plan = [&]() {
     key_begin = chunk * row.chunk_keys;
     key_end = min(row.len, key_begin + row.chunk_keys);
     ntiles = (key_end - key_begin + ATTN_TMA_TILE - 1) / ATTN_TMA_TILE;
   };
-  // A task takes ring positions [base, base + roundup(ntiles, ATTN_TMA_CONS)) in order: tile i at
-  // base + i, slot (base + i) % S, read by consumer warp i % ATTN_TMA_CONS (base is a multiple of
-  // ATTN_TMA_CONS, and so is S: every slot keeps one consumer warp); positions past ntiles are
-  // empty stages (completed without bytes, released unread).
-  auto positions = [&]() { return (ntiles + ATTN_TMA_CONS - 1) / ATTN_TMA_CONS * ATTN_TMA_CONS; };
-
-  // the producer's state: the page rows of tiles tb .. tb + 31 (lane j: tile tb + j), the next
-  // position of the task, its ring slot and phase
-  int rid = -2, next = 0, slot = 0;
-  unsigned phase = 0;
-  const int cp = lane & 7;  // the producer lane's row pair (lanes 0..7: K, 8..15: V)
-  const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
-  const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
   // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15)
-  auto lookup = [&](const int* bt, const AttnRow& row, int g, int tb) {
+  auto lookup = [&](const int* bt, int tb) {
     rid = tb + lane < ntiles ? attn_key_row(p, bt, row.ok, g, key_begin + ATTN_TMA_TILE * (tb + lane),
                                             key_end, true)
                              : -2;
+    bad |= rid == -1;
   };
-  // fills position `next` of the task (tile `next`, its page row in lane next % 32, or an empty
-  // stage past ntiles) once its slot is free
-  auto issue = [&](unsigned long long policy) {
-    const int r = next < ntiles ? __shfl_sync(ATTN_FULL, rid, next & 31) : -2;
+  // issues tile `next` (its page row in lane next % 32) into the next slot, once it is free
+  auto issue = [&]() {
+    const int r = __shfl_sync(ATTN_FULL, rid, next & 31);
     const int nv = min(ATTN_TMA_TILE, key_end - key_begin - ATTN_TMA_TILE * next);
     if (lane == 0) {
       mbar_wait(empty + slot, phase ^ 1u);  // the slot's previous tile was read
-      sm_slot_bad[slot] = r == -1;          // published by the arrive (release)
       mbar_arrive_expect_tx(full + slot, r >= 0 ? (unsigned)(2 * nv * ROW_B) : 0u);
     }
     __syncwarp();
@@ -1285,53 +1238,47 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     }
     ++next;
   };
-  // p.prewait (past_kv_ready): the producer reads its first task's row and page ids and fills
-  // the positions of the tiles before the one holding the row's own key (written by the kernel
-  // just before) before its PDL wait: keys written by earlier launches
-  const bool early = producer && p.prewait && block < p.tasks;
-  AttnRow first_row;
-  bool first_valid = false;
   if (early) {
-    const Task tk = task_of(block);
-    first_row = attn_row(p, tk.n);
-    first_valid = tk.chunk < first_row.n_chunks;
-    if (first_valid) {
-      plan(first_row, tk.chunk);
-      lookup(attn_row_table(p, first_row), first_row, tk.g, 0);
-      const int pre =
-          min(min(S, 32), min(ntiles, (first_row.len - 1 - key_begin) / ATTN_TMA_TILE));
-      const unsigned long long policy = l2_evict_first_policy();
-      while (next < pre) issue(policy);
+    row = attn_row(p, n);
+    if (chunk < row.n_chunks) {
+      plan();
+      lookup(attn_row_table(p, row), 0);
+      // tiles before the one holding key len - 1, at most one pass of the ring and one lookup
+      const int pre = min(min(S, 32), min(ntiles, (row.len - 1 - key_begin) / ATTN_TMA_TILE));
+      while (next < pre) issue();
     }
   }
-  pdl_enter();  // every block waits and triggers
+  pdl_enter();  // before the early exits: every block waits and triggers
   const TimelineMarks marks;  // (phase marks: timeline build only)
+  if (!early) row = attn_row(p, n);
+  if (chunk >= row.n_chunks) return;
 
-  if (producer) {  // the copies never wait for the consumers' q fragments or merges
-    const unsigned long long policy = l2_evict_first_policy();
-    for (int k = block; k < p.tasks; k += nblocks) {
-      const Task tk = task_of(k);
-      const bool resumed = early && k == block;  // the pre-wait part of the first task
-      const AttnRow row = resumed ? first_row : attn_row(p, tk.n);
-      if (tk.chunk >= row.n_chunks) continue;
-      const int* bt = attn_row_table(p, row);
-      if (!resumed) {
-        plan(row, tk.chunk);
-        next = 0;
-        lookup(bt, row, tk.g, 0);
-      }
-      const int npos = positions();
-      while (next < npos) {
-        if (next < ntiles && next > 0 && (next & 31) == 0) lookup(bt, row, tk.g, next);
-        issue(policy);
-      }
+  const int gi = lane >> 2, t = lane & 3;
+  float o[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
+  if (producer) {  // the copies do not wait for the consumers' q fragments
+    const int* bt = attn_row_table(p, row);
+    if (!early) {
+      plan();
+      lookup(bt, 0);
     }
-  } else {  // consumer warp `warp`: tiles warp, warp + ATTN_TMA_CONS, ... of every task
+    while (next < ntiles) {
+      if (next > 0 && (next & 31) == 0) lookup(bt, next);
+      issue();
+    }
+    if (__any_sync(ATTN_FULL, bad) && lane == 0) sm_bad_pages = 1;
+  } else {  // consumer warp `warp`: tiles warp, warp + ATTN_TMA_CONS, ...
+    plan();
+    if (tid == 0) sm_bad = !row.ok;
+    attn_stage_q_fragments<D>(p, n, g, G, qf, tid, CONS_THREADS);
+    asm volatile("bar.sync 1, %0;" ::"n"(CONS_THREADS) : "memory");  // q fragments are ready
+    timeline_mark(1);
     const unsigned ring_u = smem_addr(ring);
     // ldmatrix rows: lanes 8i..8i+7 address matrix i (mi). K (A = [key][dim]): mma rows
     // r8 + 8 (mi & 1), dim chunk 2 ks + (mi >> 1); V (A = V^T by .trans): k rows r8 + 8 (mi >> 1),
     // dim chunk 2 mt + (mi & 1). mma row kappa = r8 + 8 h is key 2 r8 + h: copy r8, row h.
-    const int gi = lane >> 2, t = lane & 3;
     const int r8 = lane & 7, mi = lane >> 3;
     const unsigned ka = r8 * PAIR_B + (mi & 1) * ROW_B + (mi >> 1) * 16;
     const unsigned va = HALF_B + r8 * PAIR_B + (mi >> 1) * ROW_B + (mi & 1) * 16;
@@ -1340,139 +1287,89 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     const bool odd = (gi & 1) != 0;
     int cslot = warp % S;
     unsigned cphase = (unsigned)(warp / S) & 1u;
-    bool first_tile = true;
-    for (int k = block; k < p.tasks; k += nblocks) {
-      const Task tk = task_of(k);
-      const AttnRow row = attn_row(p, tk.n);
-      if (tk.chunk >= row.n_chunks) continue;
-      plan(row, tk.chunk);
-      if (tid == 0) {  // re-read after the tiles (fewer registers live across the tile loop)
-        sm_bad = !row.ok;
-        sm_task[0] = tk.chunk;
-        sm_task[1] = tk.g;
-        sm_task[2] = (int)tk.n;
-        sm_task[3] = row.n_chunks;
-      }
-      // the previous task's readers of the q space are done (its last team barrier)
-      attn_stage_q_fragments<D>(p, tk.n, tk.g, G, qf, tid, CONS);
-      attn_team_sync<CONS>();  // the q fragments and sm_bad are ready
-      float o[MT][4];
+    for (int i = warp; i < ntiles; i += ATTN_TMA_CONS) {
+      const int t0 = key_begin + ATTN_TMA_TILE * i;
+      const int nv = key_end - t0;  // valid keys of the tile (>= 1; may exceed 16)
+      const unsigned st = ring_u + cslot * STAGE_B;
+      mbar_wait(full + cslot, cphase);
+      if (i == 0) timeline_mark(2);  // (thread 0) the chunk's first tile landed
+      float sh0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sh1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float sl0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-      float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t+1
-      bool bad = false;
-      const int npos = positions();
-      for (int i = warp; i < npos; i += ATTN_TMA_CONS) {
-        const unsigned st = ring_u + cslot * STAGE_B;
-        mbar_wait(full + cslot, cphase);
-        if (i < ntiles) {
-          if (first_tile) timeline_mark(2);  // (thread 0) the block's first tile landed
-          first_tile = false;
-          bad |= sm_slot_bad[cslot] != 0;
-          const int t0 = key_begin + ATTN_TMA_TILE * i;
-          const int nv = key_end - t0;  // valid keys of the tile (>= 1; may exceed 16)
-          float sh0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sh1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          float sl0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-          for (int ks = 0; ks < MT; ++ks) {
-            unsigned a[4];
-            ldsm_x4(st + ka + ks * 32, a);
-            const uint4 b = qf[ks * 32 + lane];
-            mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
-            mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
-          }
-          float s[4];
-#pragma unroll
-          for (int kk = 0; kk < 4; ++kk)
-            s[kk] = __fadd_rn(__fadd_rn(sh0[kk], sh1[kk]), __fadd_rn(sl0[kk], sl1[kk]));
-          // accumulator rows: gi (key 2 gi) and gi + 8 (key 2 gi + 1)
-          const bool k0 = 2 * gi < nv, k1 = 2 * gi + 1 < nv;
-          unsigned ph0, pl0, ph1, pl1;  // k rows 2t, 2t + 1 | 2t + 8, 2t + 9
-          attn_mma_softmax_step(s, k0, k1, p.scale_log2, src_a, src_b, odd, m0, m1, l0, l1, o,
-                                ph0, pl0, ph1, pl1);
-          // V^T fragments: registers 0, 1 hold k rows 2t (low half), 2t + 1 (high half) = keys
-          // 4t, 4t + 2; registers 2, 3 k rows 2t + 8, 2t + 9 = keys 4t + 1, 4t + 3. Rows of keys
-          // past len were not copied (stale bytes): zeroed, as p is 0 there but 0 * NaN is not 0.
-          const unsigned vm_lo =
-              (4 * t < nv ? 0x0000ffffu : 0u) | (4 * t + 2 < nv ? 0xffff0000u : 0u);
-          const unsigned vm_hi =
-              (4 * t + 1 < nv ? 0x0000ffffu : 0u) | (4 * t + 3 < nv ? 0xffff0000u : 0u);
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            unsigned a[4];
-            ldsm_x4_trans(st + va + mt * 32, a);
-            a[0] &= vm_lo;
-            a[1] &= vm_lo;
-            a[2] &= vm_hi;
-            a[3] &= vm_hi;
-            mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
-            mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
-          }
-        }
-        __syncwarp();  // every lane has read the stage
-        if (lane == 0) mbar_arrive(empty + cslot);
-        cslot += ATTN_TMA_CONS;
-        while (cslot >= S) {
-          cslot -= S;
-          cphase ^= 1u;
-        }
+      for (int ks = 0; ks < MT; ++ks) {
+        unsigned a[4];
+        ldsm_x4(st + ka + ks * 32, a);
+        const uint4 b = qf[ks * 32 + lane];
+        mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
+        mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
       }
-      // Chunk end: the warps' states merged in warp order (factor f_w = exp2(m_w - max_w m_w);
-      // a warp without keys has m = -inf: factor 0), as paged_attention_kernel merges its key
-      // warps: o = fmaf(o_w, f_w, o) for w = 0, 1, .. from 0, summed in the q space in turn.
-      if (gi == 0) {
-        if (2 * t < G) {
-          sm_m[warp * G + 2 * t] = m0;
-          sm_l[warp * G + 2 * t] = l0;
-        }
-        if (2 * t + 1 < G) {
-          sm_m[warp * G + 2 * t + 1] = m1;
-          sm_l[warp * G + 2 * t + 1] = l1;
-        }
-      }
-      if (bad && lane == 0) sm_bad = 1;
-      attn_team_sync<CONS>();  // the maxima, sums and bad flags; every q fragment was read
-      timeline_mark(1);        // (thread 0) the chunk's tiles are computed
-      for (int e = tid; e < ATTN_TMA_CONS * G; e += CONS) {
-        const int hl = e % G;
-        float mx = -NINFER_INF;
-        for (int w = 0; w < ATTN_TMA_CONS; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
-        sm_f[e] = sm_m[e] == -NINFER_INF ? 0.0f : exp2f(sm_m[e] - mx);
-        if (e < G) sm_cm[hl] = mx;
-      }
-      attn_team_sync<CONS>();
-      const float f0 = 2 * t < G ? sm_f[warp * G + 2 * t] : 0.0f;
-      const float f1 = 2 * t + 1 < G ? sm_f[warp * G + 2 * t + 1] : 0.0f;
-      // warp w adds its part between the team's barriers w - 1 and w (every warp passes 4)
-      for (int w = 0; w < warp; ++w) attn_team_sync<CONS>();
+      float s[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        s[k] = __fadd_rn(__fadd_rn(sh0[k], sh1[k]), __fadd_rn(sl0[k], sl1[k]));
+      // accumulator rows: gi (key 2 gi) and gi + 8 (key 2 gi + 1)
+      const bool k0 = 2 * gi < nv, k1 = 2 * gi + 1 < nv;
+      unsigned ph0, pl0, ph1, pl1;  // k rows 2t, 2t + 1 | 2t + 8, 2t + 9
+      attn_mma_softmax_step(s, k0, k1, p.scale_log2, src_a, src_b, odd, m0, m1, l0, l1, o, ph0,
+                            pl0, ph1, pl1);
+      // V^T fragments: registers 0, 1 hold k rows 2t (low half), 2t + 1 (high half) = keys 4t,
+      // 4t + 2; registers 2, 3 k rows 2t + 8, 2t + 9 = keys 4t + 1, 4t + 3. Rows of keys past
+      // len were not copied (stale bytes): zeroed, as p is 0 there but 0 * NaN is not 0.
+      const unsigned vm_lo = (4 * t < nv ? 0x0000ffffu : 0u) | (4 * t + 2 < nv ? 0xffff0000u : 0u);
+      const unsigned vm_hi =
+          (4 * t + 1 < nv ? 0x0000ffffu : 0u) | (4 * t + 3 < nv ? 0xffff0000u : 0u);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        const int d0 = mt * 16 + gi;
-        if (2 * t < G) {
-          float* a = sum_o + 2 * t * D + d0;
-          a[0] = fmaf(o[mt][0], f0, warp == 0 ? 0.0f : a[0]);
-          a[8] = fmaf(o[mt][2], f0, warp == 0 ? 0.0f : a[8]);
-        }
-        if (2 * t + 1 < G) {
-          float* a = sum_o + (2 * t + 1) * D + d0;
-          a[0] = fmaf(o[mt][1], f1, warp == 0 ? 0.0f : a[0]);
-          a[8] = fmaf(o[mt][3], f1, warp == 0 ? 0.0f : a[8]);
-        }
+        unsigned a[4];
+        ldsm_x4_trans(st + va + mt * 32, a);
+        a[0] &= vm_lo;
+        a[1] &= vm_lo;
+        a[2] &= vm_hi;
+        a[3] &= vm_hi;
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
       }
-      for (int w = warp; w < ATTN_TMA_CONS; ++w) attn_team_sync<CONS>();
-      const int chunk = sm_task[0], g = sm_task[1], n_chunks = sm_task[3];
-      const i64 n = sm_task[2];
-      for (int idx = tid; idx < G * D; idx += CONS) {
-        const int hl = idx / D, d = idx % D;
-        float lsum = 0.0f;
-        for (int w = 0; w < ATTN_TMA_CONS; ++w) lsum = fmaf(sm_l[w * G + hl], sm_f[w * G + hl], lsum);
-        attn_chunk_result<D>(p, n, g * G + hl, d, chunk, n_chunks, sm_cm + hl, sum_o[idx], lsum,
-                             &sm_bad);
+      __syncwarp();  // every lane has read the stage
+      if (lane == 0) mbar_arrive(empty + cslot);
+      cslot += ATTN_TMA_CONS;
+      while (cslot >= S) {
+        cslot -= S;
+        cphase ^= 1u;
       }
-      if (n_chunks > 1) attn_split_finish<D, CONS>(p, n, g, G, n_chunks, chunk, mg, sm_last);
-      attn_team_sync<CONS>();  // the q space, sm_m .. and mg are free for the next task
     }
   }
+  __syncthreads();  // every copy has landed and been read: the ring is free for the states
+  timeline_mark(7);  // the chunk's tiles are computed
+  if (tid == 0 && sm_bad_pages) sm_bad = 1;  // read after the next barrier
+  float* acc = reinterpret_cast<float*>(ring);  // [ATTN_TMA_CONS][G][D]
+  if (warp < ATTN_TMA_CONS) {
+    attn_mma_store_state<D>(o, m0, m1, l0, l1, gi, t, G, acc + warp * G * D, sm_m + warp * G,
+                            sm_l + warp * G);
+  }
+  __syncthreads();
+  // merge the consumer warps (warp order) into the chunk partial, as paged_attention_kernel
+  // merges its key warps (a warp without keys has m = -inf: factor 0)
+  for (int k = tid; k < ATTN_TMA_CONS * G; k += nthreads) {
+    const int hl = k % G;
+    float mx = -NINFER_INF;
+    for (int w = 0; w < ATTN_TMA_CONS; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
+    sm_f[k] = sm_m[k] == -NINFER_INF ? 0.0f : exp2f(sm_m[k] - mx);
+    if (k < G) sm_cm[hl] = mx;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < G * D; idx += nthreads) {
+    const int hl = idx / D, d = idx % D;
+    float lsum = 0.0f, ov = 0.0f;
+    for (int w = 0; w < ATTN_TMA_CONS; ++w) {
+      const float f = sm_f[w * G + hl];
+      lsum = fmaf(sm_l[w * G + hl], f, lsum);
+      ov = fmaf(acc[w * G * D + idx], f, ov);
+    }
+    const int head = g * G + hl;
+    attn_chunk_result<D>(p, n, head, d, chunk, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
+  }
+  if (row.n_chunks == 1) return;
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, mg, sm_last);
 #else
   __trap();
 #endif

@@ -27,10 +27,7 @@ paged_attention_tma_kernel instead: per block a producer warp streams the chunk'
 tiles by bulk copies into a ring of `TMA_STAGES` shared-memory stages and 4 consumer warps run
 the MMA variant's math on them; same chunk plan, workspace, merges and gate. Its rows are batch
 invariant among split-mode calls, but differ in the last bits from the other kernels, hence
-from the same row in a loop-mode call (N > SPLIT_MAX_ROWS). With more chunk tasks than blocks
-fit on the device at once (NINFER_ATTN_TMA_LOOP, `tma_grid`), only the resident blocks are
-launched and each loops over tasks (the same bits). With past_kv_ready its producer reads the
-page ids and copies the first tiles before the PDL wait, as the FMA kernel does.
+from the same row in a loop-mode call (N > SPLIT_MAX_ROWS).
 """
 from __future__ import annotations
 
@@ -68,8 +65,6 @@ WIDE_AUTO_GROUPS = (8,)
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
 TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for (0: auto)
-TMA_LOOP = envs.attention_tma_loop()  # NINFER_ATTN_TMA_LOOP: resident blocks loop over tasks
-TMA_LOOP_GRID = 0  # tests: the loop grid's block count (0: blocks per SM x SMs)
 TMA_MINB = (2, 3)  # the instances' register caps: 2 or 3 blocks per SM
 # NINFER_ATTN_TMA_BLOCKS=0: calls of at least this many rows take the 3-blocks-per-SM instance.
 # H200, 9B shape, graph us, 2 / 3 blocks per SM: B=1 ctx 8192 19.8 / 23.6, ctx 32768 45.1 /
@@ -107,9 +102,8 @@ _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "
                  ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
                  ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"),
-                 ("prewait", "i32"), ("out_bf16", "i32"), ("tasks", "i32"),
-                 ("task_chunks", "i32"))
-assert _ATTN.itemsize == 224
+                 ("prewait", "i32"), ("out_bf16", "i32"))
+assert _ATTN.itemsize == 216
 
 
 def chunk_keys(length: int) -> int:
@@ -246,19 +240,6 @@ def tma_kernel_name(dim: int, rows: int) -> str:
     return f"paged_attention_tma_kernel<{dim}, {tma_blocks(rows)}>"
 
 
-def tma_grid(chunks: int, kv_heads: int, rows: int) -> tuple[int, int, int]:
-    """The grid of a paged_attention_tma_kernel call of `chunks` x `kv_heads` x `rows` chunk
-    tasks: one block per task, or (NINFER_ATTN_TMA_LOOP, when the tasks outnumber the blocks
-    that fit on the device at once: `tma_blocks(rows)` per SM) that many blocks, each looping
-    over tasks block, block + blocks, ... (the same bits either way)."""
-    tasks = chunks * kv_heads * rows
-    if TMA_LOOP:
-        resident = TMA_LOOP_GRID or tma_blocks(rows) * current_device().sm_count
-        if tasks > resident:
-            return (resident, 1, 1)
-    return (chunks, kv_heads, rows)
-
-
 def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
     """Dynamic shared memory of paged_attention_tma_kernel<dim> (layout comment in
     attention.cu): barriers (256 B), `stages` stages of 16 keys' K and V rows (8 copies of 2
@@ -387,8 +368,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
-                    prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16),
-                    tasks=chunks * kv_heads * n, task_chunks=chunks)
+                    prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
     fn = get_function(SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
@@ -400,5 +380,5 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
         except (AttributeError, TypeError):
             pass
     threads = 32 * (TMA_CONSUMERS + 1) if tma else 32 * hg * kw
-    grid = tma_grid(chunks, kv_heads, n) if tma else (chunks if split else 1, kv_heads, n)
-    launch(fn, grid, (threads,), (params,), shared_mem=smem, name="paged_attention", pdl=True)
+    launch(fn, (chunks if split else 1, kv_heads, n), (threads,), (params,),
+           shared_mem=smem, name="paged_attention", pdl=True)

@@ -107,27 +107,6 @@ def test_tma_blocks_by_rows(monkeypatch):
         assert {katt.tma_blocks(n) for n in (1, 8, 64)} == {fixed}
 
 
-def test_tma_grid(monkeypatch):
-    """One block per task while the tasks fit the device's resident blocks (or the loop is
-    off); beyond that, the resident blocks' worth of blocks, each looping over tasks."""
-    from types import SimpleNamespace
-
-    monkeypatch.setattr(katt, "current_device", lambda: SimpleNamespace(sm_count=132))
-    monkeypatch.setattr(katt, "TMA_BLOCKS", 0)
-    monkeypatch.setattr(katt, "TMA_LOOP_GRID", 0)
-    monkeypatch.setattr(katt, "TMA_LOOP", True)
-    assert katt.tma_grid(64, 4, 1) == (64, 4, 1)  # 256 tasks <= 2 x 132
-    assert katt.tma_grid(64, 4, 2) == (264, 1, 1)  # 512 tasks > 2 x 132 (2 rows: 2 per SM)
-    assert katt.tma_grid(66, 4, 1) == (66, 4, 1)  # 264 tasks: one wave
-    assert katt.tma_grid(67, 4, 1) == (264, 1, 1)
-    assert katt.tma_grid(64, 4, 8) == (396, 1, 1)  # 8 rows: 3 blocks per SM
-    assert katt.tma_grid(16, 4, 4) == (16, 4, 4)  # 256 <= 396
-    monkeypatch.setattr(katt, "TMA_LOOP_GRID", 7)
-    assert katt.tma_grid(3, 2, 1) == (3, 2, 1) and katt.tma_grid(4, 2, 1) == (7, 1, 1)
-    monkeypatch.setattr(katt, "TMA_LOOP", False)
-    assert katt.tma_grid(64, 4, 8) == (64, 4, 8)
-
-
 def test_tma_switch_off_keeps_other_kernels(monkeypatch):
     monkeypatch.setattr(katt, "TMA", False)
     assert not katt.use_tma(katt.C.WKind.BF16, 4, 256, 16)  # no device query when off
@@ -138,13 +117,13 @@ def test_tma_switch_off_keeps_other_kernels(monkeypatch):
 def test_tma_smem_fits(group, dim):
     """Every allowed ring depth fits a block and is a multiple of the consumer warps (one
     consumer per slot); the default depth fits the 2 blocks per SM of the kernel's launch
-    bounds; a chunk's [G][D] sum fits the q fragments' space (where the consumers merge)."""
+    bounds; the consumer states fit the ring."""
     from ninfer import envs
 
     for stages in envs.ATTN_TMA_STAGES:
         smem = katt.tma_smem_bytes(group, dim, stages) + TMA_STATIC_SMEM
         assert smem + RESERVED <= BLOCK_SMEM_MAX, (stages, smem)
         assert 2 <= stages <= katt.TMA_MAX_STAGES and stages % katt.TMA_CONSUMERS == 0
-    assert dim // 16 * 32 * 16 >= group * dim * 4
+        assert stages * 16 * (4 * dim + 16) >= katt.TMA_CONSUMERS * group * dim * 4
     smem = katt.tma_smem_bytes(group, dim, envs.attention_tma_stages()) + TMA_STATIC_SMEM + RESERVED
     assert 2 * smem <= SM_SMEM, smem
