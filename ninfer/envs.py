@@ -254,6 +254,15 @@ def attention_tma_stages() -> int:
     return _choice("NINFER_ATTN_TMA_STAGES", 4, ATTN_TMA_STAGES)
 
 
+def attention_acq_rel() -> bool:
+    """NINFER_ATTN_ACQ_REL (default off; "1" turns it on): decode (split mode) paged_attention
+    counts each block's finished chunk partial with one acquire-release atomic by one thread
+    after a block barrier, instead of a sequentially consistent fence in every thread before
+    and after a relaxed atomic (attention.cu attn_count_last; a second build of the module).
+    The same bits either way. Read once, at import of the launcher."""
+    return _flag("NINFER_ATTN_ACQ_REL", False)
+
+
 ATTN_TMA_BLOCKS = (0, 2, 3)
 ATTN_CHUNK_GRAINS = (64, 128, 256)
 

@@ -684,10 +684,46 @@ __device__ __forceinline__ void attn_chunk_result(const AttnParams& p, i64 n, in
   }
 }
 
+// The split mode's counting of finished partials (attn_split_finish), in two builds:
+// ATTN_ACQ_REL (attention.py SOURCE_ACQ_REL, NINFER_ATTN_ACQ_REL): after the block barrier that
+// follows its threads' partial stores, thread 0 counts with one atom.add.acq_rel.gpu: its
+// release orders the block's stores (ordered before it by the barrier: release is cumulative)
+// before the count, its acquire orders the other blocks' counted partials before the reads
+// that follow the next barrier (the CUTLASS semaphore pattern). Otherwise: every thread
+// fences (__threadfence, fence.sc.gpu), then thread 0 counts with a relaxed atomicAdd and
+// every thread fences again before reading the partials. The same bits either way.
+#ifndef ATTN_ACQ_REL
+#define ATTN_ACQ_REL 0
+#endif
+__device__ __forceinline__ int attn_count_acq_rel(int* counter) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  return old;
+}
+// Called by every thread after its partial stores; returns (in every thread) whether this
+// block is the last of `total` to count on `counter`; the partials of the blocks counted
+// before it may then be read.
+__device__ __forceinline__ bool attn_count_last(int* counter, int total, int& sm_last) {
+#if ATTN_ACQ_REL
+  __syncthreads();
+  if (threadIdx.x == 0) sm_last = attn_count_acq_rel(counter) == total - 1;
+  __syncthreads();
+  return sm_last;
+#else
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) sm_last = atomicAdd(counter, 1) == total - 1;
+  __syncthreads();
+  if (!sm_last) return false;
+  __threadfence();
+  return true;
+#endif
+}
+
 // SPLIT=1, a row of several chunks, after this block stored its chunk partial (every thread of
 // the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
-// folds the group's partials; level 2: the last group to finish folds the groups. (threadfence
-// pattern: a block's partial is visible before it is counted.) sm_last: a shared int.
+// folds the group's partials; level 2: the last group to finish folds the groups
+// (attn_count_last: a block's partial is visible before it is counted). sm_last: a shared int.
 template <int D>
 __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, int g, int G,
                                                   int nc, int c_begin, float* mg, int& sm_last) {
@@ -696,13 +732,8 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   const int grp = c_begin / ATTN_GROUP;
   const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
   int* counters = p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1);
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) sm_last = atomicAdd(counters + 1 + grp, 1) == grp_size - 1;
-  __syncthreads();
-  if (!sm_last) return;
-  timeline_mark(3);  // the last block of the group: the count returned
-  __threadfence();
+  if (!attn_count_last(counters + 1 + grp, grp_size, sm_last)) return;
+  timeline_mark(3);  // the last block of the group: the count returned (and its fence)
   if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
   if (n_groups == 1) {
     attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
@@ -712,13 +743,8 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
                 0, grp);
   timeline_mark(4);  // level 1 folded
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) sm_last = atomicAdd(counters, 1) == n_groups - 1;
-  __syncthreads();
-  if (!sm_last) return;
-  timeline_mark(5);  // the last group: the count returned
-  __threadfence();
+  if (!attn_count_last(counters, n_groups, sm_last)) return;
+  timeline_mark(5);  // the last group: the count returned (and its fence)
   timeline_mark(0);  // level 2: after its fence
   if (tid == 0) counters[0] = 0;
   attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);

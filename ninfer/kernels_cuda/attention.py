@@ -86,6 +86,12 @@ SOURCE = KernelSource("attention.cu", tuple(
        for dpl in _DPL for split in (0, 1)]),
     options=(f"-DATTN_CHUNK_GRAIN={CHUNK_GRAIN}",))
 
+# NINFER_ATTN_ACQ_REL (read once at import): the split mode counts its finished partials with
+# one acquire-release atomic per block instead of fences in every thread (attention.cu
+# attn_count_last; a second build of the module; the same bits)
+ACQ_REL = envs.attention_acq_rel()
+SOURCE_ACQ_REL = dataclasses.replace(SOURCE, options=SOURCE.options + ("-DATTN_ACQ_REL=1",))
+
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
                 ("k_hs", "i64"), ("v_rs", "i64"), ("v_hs", "i64"), ("bt_rs", "i64"),
@@ -369,7 +375,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
                     prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
-    fn = get_function(SOURCE, name)
+    fn = get_function(SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
         # ~70 KiB per 4-warp block: prefer the largest

@@ -247,6 +247,40 @@ def test_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, heads,
     assert_close(got, kv.oracle(host(q), row_seq, row_pos, d ** -0.5), TOL)
 
 
+@pytest.mark.parametrize("heads,hkv,d,bf16,mma", [(16, 4, 256, True, False),
+                                                   (16, 4, 256, True, True),
+                                                   (16, 2, 256, True, False),
+                                                   (12, 2, 128, False, False)])
+def test_acq_rel_counting_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
+    """NINFER_ATTN_ACQ_REL (the split mode counts its partials with one acquire-release atomic
+    per block: SOURCE_ACQ_REL) gives the fenced build's bits: rows of one chunk, of one and of
+    several merge groups, at B=1 and B=9, gated, past_kv_ready, an invalid row; the counters
+    are 0 after every launch."""
+    monkeypatch.setattr(katt, "MMA", mma)
+    monkeypatch.setattr(katt, "PREWAIT", True)
+    lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000]
+    kv = _Kv(rng, lengths, hkv, d, bf16)
+    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
+    row_seq[-1] = len(lengths) + 3  # an invalid row
+    row_pos = np.array(lengths + [5], np.int32) - 1
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
+    outs = {}
+    for acq_rel in (False, True):
+        monkeypatch.setattr(katt, "ACQ_REL", acq_rel)
+        outs[acq_rel] = [kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, gate=gate,
+                                past_kv_ready=True)]
+        outs[acq_rel] += [kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], d ** -0.5,
+                                 workspace=ws) for r in (0, 4, 7)]
+        assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
+        assert_same_bits(a, b, f"call {i}: acq_rel vs fenced")
+    o = host(outs[True][0])
+    assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
+
+
 @pytest.mark.parametrize("split", [True, False])
 def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split):
     heads, hkv, d, page_size = 8, 2, 128, 16

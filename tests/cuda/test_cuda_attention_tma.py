@@ -301,6 +301,32 @@ def test_tma_past_kv_ready_same_bits(rng, monkeypatch, tma, group, d, page_size)
         assert_close(got[i], want[i], TOL, f"row {i} (len {lengths[i]})")
 
 
+def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
+    """NINFER_ATTN_ACQ_REL (SOURCE_ACQ_REL) gives the fenced build's bits with the TMA kernel
+    at B=1 and B=9 (both register caps), gated and with past_kv_ready; counters 0 after."""
+    monkeypatch.setattr(katt, "PREWAIT", True)
+    heads, hkv, d = 16, 4, 256
+    lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000, 2049]
+    kv = _Paged(rng, lengths, hkv, d)
+    row_seq = np.arange(len(lengths), dtype=np.int32)
+    row_pos = np.array(lengths, np.int32) - 1
+    n = len(lengths)
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
+    ws = kv.workspace(n, heads)
+    outs = {}
+    for acq_rel in (False, True):
+        monkeypatch.setattr(katt, "ACQ_REL", acq_rel)
+        outs[acq_rel] = [kv.run(q, row_seq, row_pos, d ** -0.5, ws, gate=gate, ready=True)]
+        outs[acq_rel] += [kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], d ** -0.5, ws)
+                          for r in (0, 5, 7)]
+        assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
+        assert_same_bits(a, b, f"call {i}: acq_rel vs fenced")
+    assert np.isfinite(host(outs[True][0])).all()
+    _assert_tma_ran(tma, d)
+
+
 def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tma):
     """The row's own key is written by the kernel launched just before (kv_write, PDL): with
     past_kv_ready the TMA kernel still copies its tile after the wait. The slot starts as NaN,
@@ -327,6 +353,7 @@ def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tm
         katt.kv_write(dev(k_new), dev(v_new), kv.kp_d, kv.vp_d, kv.bt_d, seq_d, pos_d)
         got = kv.run(q, row_seq, row_pos, d ** -0.5, ws, ready=True)
         assert np.isfinite(host(got)).all()
+    tma[:] = [x for x in tma if x.startswith("paged_attention")]  # not kv_write
     _assert_tma_ran(tma, d)
     kv.kp, kv.vp = ref.kv_write(k_new, v_new, kp, vp, kv.bt, row_seq, row_pos)
     assert_close(got, kv.oracle(host(q), row_seq, row_pos, d ** -0.5), TOL)
