@@ -685,7 +685,7 @@ __device__ __forceinline__ void attn_chunk_result(const AttnParams& p, i64 n, in
 }
 
 // The split mode's counting of finished partials (attn_split_finish), in two builds:
-// ATTN_ACQ_REL (attention.py SOURCE_ACQ_REL, NINFER_ATTN_ACQ_REL): after the block barrier that
+// ATTN_ACQ_REL (attention.py SOURCE_ACQ_REL, NINFER_ATTN_ACQ_REL, the default): after the block barrier that
 // follows its threads' partial stores, thread 0 counts with one atom.add.acq_rel.gpu: its
 // release orders the block's stores (ordered before it by the barrier: release is cumulative)
 // before the count, its acquire orders the other blocks' counted partials before the reads
