@@ -25,7 +25,8 @@ from bench.timeline import sequence_instances
 
 def mark_spread(inst: list[dict], marks: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
     """Per tag: [launches, 5] percentiles (0, 10, 50, 90, 100) of the blocks' marks, ns after
-    their launch's release; a mark belongs to the launch with the latest release before it."""
+    their launch's release (NaN for a launch without that tag); a mark belongs to the launch
+    with the latest release before it."""
     releases = np.array([r["release"] for r in inst], dtype=np.int64)
     per: dict[tuple[int, int], list[int]] = defaultdict(list)
     for arr in marks.values():
@@ -33,10 +34,11 @@ def mark_spread(inst: list[dict], marks: dict[str, np.ndarray]) -> dict[int, np.
             i = int(np.searchsorted(releases, t, side="right")) - 1
             if i >= 0:
                 per[((meta >> 48) & 0xFF, i)].append(t - int(releases[i]))
-    out: dict[int, list] = defaultdict(list)
-    for (tag, _), ts in sorted(per.items()):
-        out[tag].append(np.percentile(np.array(ts, dtype=np.float64), [0, 10, 50, 90, 100]))
-    return {tag: np.array(v) for tag, v in out.items()}
+    out: dict[int, np.ndarray] = {}
+    for (tag, i), ts in per.items():
+        rows = out.setdefault(tag, np.full((len(inst), 5), np.nan))
+        rows[i] = np.percentile(np.array(ts, dtype=np.float64), [0, 10, 50, 90, 100])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     print("phase marks, us after the release (percentiles over blocks 0/10/50/90/100, mean over "
           "launches 1..):")
     for tag, v in sorted(mark_spread(inst, marks).items()):
-        m = (v[1:] if len(v) > 1 else v).mean(axis=0) / 1e3
-        print(f"  tag {tag}: " + " ".join(f"{x:7.2f}" for x in m) + f"  ({len(v)} launches)")
+        rows = v[1:] if len(v) > 1 else v
+        rows = rows[~np.isnan(rows[:, 0])]
+        if not len(rows):
+            continue
+        m = rows.mean(axis=0) / 1e3
+        print(f"  tag {tag}: " + " ".join(f"{x:7.2f}" for x in m) + f"  ({len(rows)} launches)")
     return 0
 
 

@@ -1148,8 +1148,13 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 //    in order: lane 0 waits until the slot is free (`empty`) and announces the tile's bytes on
 //    `full`; lanes 0..7 copy the K row pairs, lanes 8..15 the V row pairs, only keys < len (a
 //    partial last tile copies fewer rows; nothing past the length is read). An invalid page (or
-//    row) copies nothing (`full` completes without bytes) and flags the row NaN (sm_bad).
-//  - Consumer warp w: tiles w, w + 4, ...: waits for `full`, then the MMA path's math
+//    row) copies nothing (`full` completes without bytes) and flags the row NaN (sm_bad_pages,
+//    folded into sm_bad after the tiles). It starts right after its PDL wait, without waiting
+//    for the consumers' q fragments; with p.prewait (past_kv_ready) it reads the row and the
+//    page ids and issues the tiles before the one holding the row's own key (at most one pass
+//    of the ring) before its wait.
+//  - Consumer warp w (after the consumers' q fragments, named barrier 1): tiles w, w + 4, ...:
+//    waits for `full`, then the MMA path's math
 //    (attn_mma_warp) on the stage: S = K q^T with q split into bf16 hi + lo (4 independent
 //    accumulators: hi / lo x even / odd k-steps, summed at the end), online softmax in base 2
 //    per query column, P^T split into hi + lo, O^T += V^T P^T; K and V through ldmatrix (V
@@ -1164,6 +1169,9 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // Dynamic shared memory (attention.py tma_smem_bytes): barriers full[stages], empty[stages]
 // (256 B) | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
 // m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G].
+// Phase marks (timeline build, bench/attn_timeline.py): 1 the q fragments staged, 2 the chunk's
+// first tile landed, 7 the tiles computed (a level-2 merge's attn_merge overwrites it), 3..6
+// and 0 attn_split_finish's.
 #define ATTN_TMA_CONS 4         // consumer warps (+ 1 producer warp)
 #define ATTN_TMA_TILE 16        // keys per ring stage
 #define ATTN_TMA_BAR_BYTES 256  // full[stages], empty[stages]

@@ -117,3 +117,27 @@ def test_record_caps_match_the_device_buffers():
     caps = dict(re.findall(r"#define (NINFER_TIMELINE_CAP|NINFER_MARK_CAP) (\d+)", text))
     assert int(caps["NINFER_TIMELINE_CAP"]) == _loader._TIMELINE_CAP >= 65536
     assert int(caps["NINFER_MARK_CAP"]) == _loader._MARK_CAP
+
+
+def test_attn_timeline_mark_spread_per_tag_and_launch():
+    """bench/attn_timeline.py: each mark goes to the launch released last before it; per tag
+    and launch the 0 / 10 / 50 / 90 / 100th percentiles of the blocks' offsets (ns)."""
+    from bench.attn_timeline import mark_spread
+
+    t = 5_000_000
+    inst = [dict(release=t), dict(release=t + 50_000)]
+
+    def mark(time, tag, block):
+        return [time, (7 << 56) | (tag << 48) | block]
+
+    marks = {"attention.cu": np.array(
+        [mark(t + 1_000 * (b + 1), 2, b) for b in range(11)]           # launch 0: 1..11 us
+        + [mark(t + 50_000 + 3_000, 2, 0), mark(t + 50_000 + 5_000, 2, 1)]  # launch 1: 3, 5
+        + [mark(t + 40_000, 6, 0)], np.uint64)}                         # launch 0, tag 6
+    spread = mark_spread(inst, marks)
+    assert sorted(spread) == [2, 6]
+    assert spread[2].shape == spread[6].shape == (2, 5)
+    np.testing.assert_allclose(spread[2][0], [1_000, 2_000, 6_000, 10_000, 11_000])
+    np.testing.assert_allclose(spread[2][1], [3_000, 3_200, 4_000, 4_800, 5_000])
+    np.testing.assert_allclose(spread[6][0], [40_000] * 5)
+    assert np.isnan(spread[6][1]).all()  # launch 1 has no tag 6
