@@ -53,8 +53,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import cupy as cp
 
-    from bench.harness import bf16_random, f32_random
-    from bench.kernel_cases import PAGE, paged_attention_bytes
+    from bench.harness import BenchContext, measure_copy_gbps
+    from bench.kernel_cases import PAGE, DecodeAttention
     from bench.shapes import resolve
     from ninfer.core.cuda.device import DeviceContext
     from ninfer.core.cuda.graph import CudaGraph
@@ -64,37 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     if not _loader._TIMELINE:
         raise SystemExit("bench.attn_timeline: run it as `python3 -m bench.attn_timeline`")
     s, b, ctx, reps = resolve(args.shape), args.batch, args.context, args.launches
-    pages_per_seq = -(-ctx // PAGE)
-    num_pages = reps * b * pages_per_seq
-    kp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
-    vp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
-    bt = cp.arange(num_pages, dtype=cp.int32).reshape(reps * b, pages_per_seq)
-    seqs = [cp.arange(c * b, (c + 1) * b, dtype=cp.int32) for c in range(reps)]
-    pos = cp.full(b, ctx - 1, dtype=cp.int32)
-    q = f32_random(cp, (b, s.heads, s.head_dim))
-    o = cp.empty_like(q)
-    ws = katt.AttentionWorkspace.allocate(b, s.heads, s.head_dim, ctx)
-    need = paged_attention_bytes([ctx] * b, s.heads, s.kv_heads, s.head_dim, 2)
+    case = DecodeAttention.build(cp, s, b, ctx, reps)
+    need = case.bytes
     path = katt.decode_path(katt.C.WKind.BF16, s.heads // s.kv_heads, s.head_dim, PAGE)
 
     device = DeviceContext()
     with device.activate():
-        src = cp.empty(1 << 28, dtype=cp.uint8)
-        dst = cp.empty_like(src)
-        ev = [cp.cuda.Event() for _ in range(2)]
-        for _ in range(3):
-            dst[...] = src
-        ev[0].record()
-        for _ in range(5):
-            dst[...] = src
-        ev[1].record()
-        ev[1].synchronize()
-        copy_bps = 5 * 2 * src.nbytes / (cp.cuda.get_elapsed_time(ev[0], ev[1]) / 1e3)
+        copy_bps = measure_copy_gbps(BenchContext(s, np.random.default_rng(0), 0)) * 1e9
 
         def calls():
             for i in range(reps):
-                katt.paged_attention(q, kp, vp, bt, seqs[i], pos, s.head_dim ** -0.5, o,
-                                     workspace=ws, past_kv_ready=args.past_kv_ready)
+                case.call(i, args.past_kv_ready)
 
         _loader.timeline_reset()
         calls()  # compiles, and logs the launches

@@ -140,16 +140,24 @@ def f32_random(cp, shape, scale: float = 1.0):
     return cp.random.standard_normal(shape, dtype=cp.float32) * scale
 
 
-def measure_ceilings(ctx: BenchContext) -> Ceilings:
-    """Copy bandwidth (2 GiB D2D, read + write bytes) and the cuBLAS bf16 GEMM rate (8192^3)."""
+def measure_copy_gbps(ctx: BenchContext) -> float:
+    """Copy bandwidth, GB/s: a 2 GiB device-to-device copy, read + written bytes over its median
+    time (`ctx.time`)."""
     import cupy as cp
-
-    from ninfer.kernels_cuda import _cublas
 
     n = 1 << 29  # 2 GiB of float32
     src = cp.random.standard_normal(n, dtype=cp.float32)
     dst = cp.empty_like(src)
-    copy_ms = ctx.time(lambda i: cp.copyto(dst, src))
+    return 2 * n * 4 / (ctx.time(lambda i: cp.copyto(dst, src)) / 1e3) / 1e9
+
+
+def measure_ceilings(ctx: BenchContext) -> Ceilings:
+    """Copy bandwidth (`measure_copy_gbps`) and the cuBLAS bf16 GEMM rate (8192^3)."""
+    import cupy as cp
+
+    from ninfer.kernels_cuda import _cublas
+
+    copy_gbps = measure_copy_gbps(ctx)
     size = 8192
     a, b = bf16_random(cp, (size, size)), bf16_random(cp, (size, size))
     c = cp.empty((size, size), dtype=cp.float32)
@@ -159,8 +167,7 @@ def measure_ceilings(ctx: BenchContext) -> Ceilings:
                         size, b.data.ptr, _cublas.R_16BF, size, c.data.ptr, size)
 
     gemm_ms = ctx.time(gemm)
-    return Ceilings(copy_gbps=2 * n * 4 / (copy_ms / 1e3) / 1e9,
-                    matmul_tflops=2 * size ** 3 / (gemm_ms / 1e3) / 1e12)
+    return Ceilings(copy_gbps=copy_gbps, matmul_tflops=2 * size ** 3 / (gemm_ms / 1e3) / 1e12)
 
 
 def median(values) -> float:

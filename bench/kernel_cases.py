@@ -7,6 +7,7 @@ bytes/flops are the minimum traffic/work (each input read once, each output writ
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -116,6 +117,48 @@ def paged_attention_bytes(lengths, q_heads: int, kv_heads: int, head_dim: int,
     return keys * kv_heads * head_dim * kv_itemsize * 2 + 2 * len(lengths) * q_heads * head_dim * 4
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeAttention:
+    """Device inputs of decode paged_attention at a model shape: `sets` copies of the K / V pages
+    of `batch` sequences of `context` keys each (set c: block-table rows c * batch ..), every row
+    at its last position; q (f32, random), out and a workspace. `call(i)` runs set i % sets."""
+
+    kp: object
+    vp: object
+    block_tables: object
+    seqs: list
+    pos: object
+    q: object
+    out: object
+    workspace: object
+    scale: float
+    bytes: int  # paged_attention_bytes of one call
+
+    @classmethod
+    def build(cls, cp, shape, batch: int, context: int, sets: int) -> DecodeAttention:
+        from ninfer.kernels_cuda import attention as katt
+
+        pages_per_seq = -(-context // PAGE)
+        num_pages = sets * batch * pages_per_seq
+        pages = (num_pages, shape.kv_heads, PAGE, shape.head_dim)
+        q = f32_random(cp, (batch, shape.heads, shape.head_dim))
+        return cls(bf16_random(cp, pages, 1.0), bf16_random(cp, pages, 1.0),
+                   cp.arange(num_pages, dtype=cp.int32).reshape(sets * batch, pages_per_seq),
+                   [cp.arange(c * batch, (c + 1) * batch, dtype=cp.int32) for c in range(sets)],
+                   cp.full(batch, context - 1, dtype=cp.int32), q, cp.empty_like(q),
+                   katt.AttentionWorkspace.allocate(batch, shape.heads, shape.head_dim, context),
+                   shape.head_dim ** -0.5,
+                   paged_attention_bytes([context] * batch, shape.heads, shape.kv_heads,
+                                         shape.head_dim, 2))
+
+    def call(self, i: int, past_kv_ready: bool = False, gate=None) -> None:
+        from ninfer.kernels_cuda import attention as katt
+
+        katt.paged_attention(self.q, self.kp, self.vp, self.block_tables,
+                             self.seqs[i % len(self.seqs)], self.pos, self.scale, self.out,
+                             workspace=self.workspace, gate=gate, past_kv_ready=past_kv_ready)
+
+
 def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
     """Decode rows of `context` keys each: one eager call (includes the Python launch) and,
     per K/V pipeline depth, the per-call time of back-to-back calls replayed from a CUDA graph
@@ -128,34 +171,22 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
     out = []
     for batch, context in attn_decode_cases():
         per_set = paged_attention_bytes([context] * batch, s.heads, s.kv_heads, s.head_dim, 2)
-        copies = ctx.copies(per_set, limit=64)
-        pages_per_seq = -(-context // PAGE)
-        num_pages = copies * batch * pages_per_seq
-        kp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
-        vp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
-        bt = cp.arange(num_pages, dtype=cp.int32).reshape(copies * batch, pages_per_seq)
-        seqs = [cp.arange(c * batch, (c + 1) * batch, dtype=cp.int32) for c in range(copies)]
-        pos = cp.full(batch, context - 1, dtype=cp.int32)
-        q = f32_random(cp, (batch, s.heads, s.head_dim))
-        o = cp.empty_like(q)
-        ws = katt.AttentionWorkspace.allocate(batch, s.heads, s.head_dim, context)
+        case = DecodeAttention.build(cp, s, batch, context, ctx.copies(per_set, limit=64))
+        o = case.out
         # NINFER_ATTN_TMA=1: the bulk-copy ring kernel; NINFER_ATTN_MMA: tensor-core or FMA
         path = katt.decode_path(katt.C.WKind.BF16, s.heads // s.kv_heads, s.head_dim, PAGE)
         label = f"decode B={batch} ctx={context} bf16 KV {path}"
-
-        def call(i, ready=False):
-            katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos, s.head_dim ** -0.5, o,
-                                 workspace=ws, past_kv_ready=ready)
+        call = case.call
 
         out.append(Measure("paged_attention", f"{label} eager", ctx.time(call), bytes=per_set,
                            note="1 launch"))
         ms, reps = ctx.time_graph(call)
         out.append(Measure("paged_attention", f"{label} graph", ms, bytes=per_set,
-                           note=f"graph of {reps} launches, {copies} sets"))
+                           note=f"graph of {reps} launches, {len(case.seqs)} sets"))
         # as in decode: no launch writes the K / V, so each may read its tiles before its wait
         ms, _ = ctx.time_graph(lambda i: call(i, True), reps=reps)
         out.append(Measure("paged_attention", f"{label} past_kv_ready graph", ms, bytes=per_set,
-                           note=f"graph of {reps} launches, {copies} sets"))
+                           note=f"graph of {reps} launches, {len(case.seqs)} sets"))
         # the Qwen3.5 output gate: separate sigmoid_mul launch (the gate copied contiguous, as
         # attn_prep does; in place) vs fused (gate= the strided half of [q_h | gate_h])
         gate = f32_random(cp, (batch, s.heads, 2 * s.head_dim))[:, :, s.head_dim:]
@@ -167,8 +198,7 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
             kew.sigmoid_mul(flat, gate_c.reshape(batch, -1), flat)
 
         def fused(i):
-            katt.paged_attention(q, kp, vp, bt, seqs[i % copies], pos, s.head_dim ** -0.5, o,
-                                 workspace=ws, gate=gate)
+            call(i, gate=gate)
 
         for what, fn, note in (("+ sigmoid_mul", unfused, "2 launches"),
                                ("gated", fused, "1 launch")):

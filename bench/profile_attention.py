@@ -26,26 +26,13 @@ def main() -> None:
 
     import cupy as cp
 
-    from bench.harness import bf16_random, f32_random
-    from bench.kernel_cases import PAGE, paged_attention_bytes
+    from bench.kernel_cases import DecodeAttention
     from bench.shapes import resolve
-    from ninfer.kernels_cuda import attention as katt
 
     s, b, ctx = resolve(args.shape), args.batch, args.context
     copies = args.launches + 2
-    pages_per_seq = -(-ctx // PAGE)
-    num_pages = copies * b * pages_per_seq
-    kp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
-    vp = bf16_random(cp, (num_pages, s.kv_heads, PAGE, s.head_dim), 1.0)
-    bt = cp.arange(num_pages, dtype=cp.int32).reshape(copies * b, pages_per_seq)
-    pos = cp.full(b, ctx - 1, dtype=cp.int32)
-    q = f32_random(cp, (b, s.heads, s.head_dim))
-    o = cp.empty_like(q)
-    ws = katt.AttentionWorkspace.allocate(b, s.heads, s.head_dim, ctx)
-
-    def call(c: int) -> None:
-        seqs = cp.arange(c * b, (c + 1) * b, dtype=cp.int32)
-        katt.paged_attention(q, kp, vp, bt, seqs, pos, s.head_dim ** -0.5, o, workspace=ws)
+    case = DecodeAttention.build(cp, s, b, ctx, copies)
+    call = case.call
 
     for c in range(2):
         call(c)
@@ -55,8 +42,7 @@ def main() -> None:
         call(c)
     cp.cuda.runtime.deviceSynchronize()
     cp.cuda.profiler.stop()
-    need = paged_attention_bytes([ctx] * b, s.heads, s.kv_heads, s.head_dim, 2)
-    print(f"# {args.shape} B={b} ctx={ctx}: {need / 1e6:.1f} MB per launch", file=sys.stderr)
+    print(f"# {args.shape} B={b} ctx={ctx}: {case.bytes / 1e6:.1f} MB per launch", file=sys.stderr)
 
 
 if __name__ == "__main__":
