@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from bench.timeline import sequence_instances
+from bench.timeline import replay_recorded, sequence_instances
 
 
 def mark_spread(inst: list[dict], marks: dict[str, np.ndarray]) -> dict[int, np.ndarray]:
@@ -83,13 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         graph = CudaGraph("attn_timeline")
         with graph.capture(device.stream):
             calls()
-        for _ in range(5):
-            graph.launch(device.stream)
-        device.synchronize()
-        _loader.timeline_reset(launches=False)
-        graph.launch(device.stream)
-        device.synchronize()
-        records, marks = _loader.timeline_records(), _loader.timeline_marks()
+        records, marks = replay_recorded(graph, device)
         graph.destroy()
     inst, unmatched = sequence_instances(records, launches)
     floor_us = need / copy_bps * 1e6

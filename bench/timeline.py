@@ -164,6 +164,20 @@ def phases(inst: list[dict], marks: dict[str, np.ndarray]) -> str:
     return "\n".join(lines)
 
 
+def replay_recorded(graph, device, warm: int = 5) -> tuple[dict, dict]:
+    """(timeline records, phase marks) of one replay of a captured `graph` on `device`'s stream
+    after `warm` replays (timeline build; the launch log is kept)."""
+    from ninfer.kernels_cuda import _loader
+
+    for _ in range(warm):
+        graph.launch(device.stream)
+    device.synchronize()
+    _loader.timeline_reset(launches=False)
+    graph.launch(device.stream)
+    device.synchronize()
+    return _loader.timeline_records(), _loader.timeline_marks()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.timeline", description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="35b-a3b", help=f"one of {', '.join(SHAPES)}")
@@ -195,15 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             backend._decode_body(args.batch)  # the launch log of one step
             device.synchronize()
             launches = _loader.timeline_launches()
-            graph = backend.graphs[args.batch]
-            for _ in range(5):
-                graph.launch(device.stream)
-            device.synchronize()
-            _loader.timeline_reset(launches=False)
-            graph.launch(device.stream)
-            device.synchronize()
-            records = _loader.timeline_records()
-            marks = _loader.timeline_marks()
+            records, marks = replay_recorded(backend.graphs[args.batch], device)
     inst, unmatched = sequence_instances(records, launches)
     if unmatched:  # the log does not explain the records' order: group by geometry instead
         print(f"{unmatched} records not matched to the launch order; grouping by geometry")

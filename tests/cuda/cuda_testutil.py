@@ -185,6 +185,19 @@ def assert_graph_replay_equals_eager(ctx, name: str, step, refill, poison, captu
         graph.destroy()
 
 
+def nan_own_key_slots(k_pages: np.ndarray, v_pages: np.ndarray, bt: np.ndarray, row_seq,
+                      row_pos) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of bf16-bit pages [P, Hkv, page_size, D] (host) with the slot of each row's own
+    key (position row_pos[n] of sequence row_seq[n] in block table bt) set to NaN bits, so a
+    read of it before kv_write stores the key makes the row NaN."""
+    kp, vp = k_pages.copy(), v_pages.copy()
+    page_size = kp.shape[2]
+    for s, pos in zip(row_seq, row_pos):
+        page, slot = bt[s, pos // page_size], pos % page_size
+        kp[page, :, slot] = vp[page, :, slot] = 0x7FC0
+    return kp, vp
+
+
 def assert_invalid_attention_rows_nan(rng, k_pages, v_pages, bt: np.ndarray, page_size: int,
                                       heads: int, d: int, workspace,
                                       past_kv_ready: bool = False) -> None:

@@ -23,8 +23,8 @@ from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
 from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
-                           dev, host, assert_invalid_attention_rows_nan, poisoned,
-                           random_block_tables, randn, rel_err)
+                           dev, host, assert_invalid_attention_rows_nan, nan_own_key_slots,
+                           poisoned, random_block_tables, randn, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -227,10 +227,7 @@ def test_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, heads,
     row_seq = np.arange(len(lengths), dtype=np.int32)
     row_pos = np.array(lengths, np.int32) - 1
     n = len(lengths)
-    kp, vp = kv.kp.copy(), kv.vp.copy()
-    for s, pos in enumerate(row_pos):  # the own key's slot: NaN bits
-        page, slot = kv.bt[s, pos // kv.page_size], pos % kv.page_size
-        kp[page, :, slot] = vp[page, :, slot] = 0x7FC0
+    kp, vp = nan_own_key_slots(kv.kp, kv.vp, kv.bt, row_seq, row_pos)
     kv.kp_d, kv.vp_d = dev(kp), dev(vp)
     k_new, v_new = randn(rng, (n, hkv, d)), randn(rng, (n, hkv, d))
     q = dev(randn(rng, (n, heads, d), 2.0))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
-                           dev, host, assert_invalid_attention_rows_nan, poisoned, randn, rel_err)
+                           dev, host, assert_invalid_attention_rows_nan, nan_own_key_slots,
+                           poisoned, randn, rel_err)
 
 from ninfer import ops
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -339,10 +340,7 @@ def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tm
     row_seq = np.arange(len(lengths), dtype=np.int32)
     row_pos = np.array(lengths, np.int32) - 1
     n = len(lengths)
-    kp, vp = kv.kp.copy(), kv.vp.copy()
-    for s, pos in enumerate(row_pos):  # the own key's slot: NaN bits
-        page, slot = kv.bt[s, pos // kv.page_size], pos % kv.page_size
-        kp[page, :, slot] = vp[page, :, slot] = 0x7FC0
+    kp, vp = nan_own_key_slots(kv.kp, kv.vp, kv.bt, row_seq, row_pos)
     k_new, v_new = randn(rng, (n, hkv, d)), randn(rng, (n, hkv, d))
     q = dev(randn(rng, (n, heads, d), 2.0))
     ws = kv.workspace(n, heads)
