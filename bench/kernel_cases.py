@@ -182,7 +182,7 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
     """Decode rows of `context` keys each: one eager call (includes the Python launch) and the
     per-call time of back-to-back calls replayed from a CUDA graph (`BenchContext.time_graph`;
     the device time as inside the decode graph), without and with past_kv_ready, and with
-    past_kv_ready at each other span (`attn_bench_spans`); then the output
+    past_kv_ready at each other span (`attn_bench_spans`; not for the TMA kernel); then the output
     gate as a separate sigmoid_mul launch vs fused into paged_attention (gate=), both graphed."""
     from ninfer.kernels_cuda import attention as katt
     from ninfer.kernels_cuda import elementwise as kew
@@ -207,11 +207,12 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         ms, _ = ctx.time_graph(lambda i: call(i, True), reps=reps)
         out.append(Measure("paged_attention", f"{label} past_kv_ready graph", ms, bytes=per_set,
                            note=f"graph of {reps} launches, {len(case.seqs)} sets"))
-        for span in attn_bench_spans(katt.SPAN):  # the same bits for every span
-            ms, _ = ctx.time_graph(lambda i, s=span: call(i, True, span=s), reps=reps)
-            out.append(Measure("paged_attention", f"{label} past_kv_ready span={span} graph",
-                               ms, bytes=per_set,
-                               note=f"graph of {reps} launches, {len(case.seqs)} sets"))
+        if path != "tma":  # the split mode's chunks per block (the same bits for every span)
+            for span in attn_bench_spans(katt.SPAN):
+                ms, _ = ctx.time_graph(lambda i, s=span: call(i, True, span=s), reps=reps)
+                out.append(Measure("paged_attention", f"{label} past_kv_ready span={span} graph",
+                                   ms, bytes=per_set,
+                                   note=f"graph of {reps} launches, {len(case.seqs)} sets"))
         # the Qwen3.5 output gate: separate sigmoid_mul launch (the gate copied contiguous, as
         # attn_prep does; in place) vs fused (gate= the strided half of [q_h | gate_h])
         gate = f32_random(cp, (batch, s.heads, 2 * s.head_dim))[:, :, s.head_dim:]
