@@ -1158,11 +1158,10 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // (bulk_copy.cuh, cp.async.bulk) into a shared-memory ring instead of per-lane cp.async.
 //
 // Contract: that of paged_attention_kernel<bf16, *, *, SPLIT=1, *, *>: grid (max chunks, Hkv,
-// N), span (attn_span) chunks of one KV head per block (blocks past the row's chunks exit),
-// the same chunk plan (attn_row), partial format, workspace, last-block merges (attn_split_finish, counters 0
+// N), one chunk of one KV head per block (blocks past the row's chunks exit), the same chunk
+// plan (attn_row), partial format, workspace, last-block merges (attn_split_finish, counters 0
 // again after every launch), output gate (attn_store_out) and NaN rows for an invalid row or
-// page. Rows are batch invariant (a row's bits depend only on its q, length and KV, not on the
-// span), but not
+// page. Rows are batch invariant (a row's bits depend only on its q, length and KV), but not
 // bitwise equal to the FMA / MMA kernels (another summation order) nor, therefore, to the
 // loop mode (SPLIT=0, used for N > SPLIT_MAX_ROWS rows).
 //
@@ -1197,23 +1196,15 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 //    (both for S's rows and P V's k index, so the P^T exchange is attn_mma_warp's). Keys past
 //    len: scores -inf (p = 0) and their V values (not copied: stale bytes, possibly NaN) masked
 //    to zero in the fragments. Then lane 0 releases the slot (`empty`).
-//  - Spans (attn_span): a block computes chunks c_begin .. c_end - 1 of its row; the producer
-//    streams their keys as one run of tiles (chunk sizes are multiples of 64 keys, so every
-//    chunk starts at a tile index that is a multiple of ATTN_TMA_CONS and tile i is consumer
-//    warp i % 4's in every chunk), and keeps streaming while the consumers merge a chunk.
-//  - Chunk end: the consumer warps sync (named barrier 1), their states go to acc_mid
-//    ([w][G][D] floats after the merge scratch; only when p.span != 1) or, at the block's last
-//    chunk (every copy has landed and been read), to the ring, and sm_m / sm_l, and are merged
-//    in warp order exactly as paged_attention_kernel merges its key warps; then the one-chunk
-//    output or the chunk's partial. After the last chunk, attn_split_finish (every warp). An
-//    invalid page sets sm_bad_pages at its lookup, before any tile of that lookup is announced
-//    on `full`, so the chunk end of any chunk waiting for it sees the flag.
+//  - Chunk end: all warps sync (every copy has landed and been read), the consumers' states go
+//    to the ring (acc [w][G][D] floats) and sm_m / sm_l, and are merged in warp order exactly as
+//    paged_attention_kernel merges its key warps; then the one-chunk output or the partial, and
+//    attn_split_finish.
 // Dynamic shared memory (attention.py tma_smem_bytes): barriers full[stages], empty[stages]
 // (256 B) | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
-// m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G] |
-// p.span != 1: acc_mid [ATTN_TMA_CONS][G][D] floats.
-// Phase marks (timeline build, bench/attn_timeline.py): 1 the q fragments staged, 2 the block's
-// first tile landed, 7 a chunk's tiles computed (a level-2 merge's attn_merge overwrites it), 3..6
+// m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G].
+// Phase marks (timeline build, bench/attn_timeline.py): 1 the q fragments staged, 2 the chunk's
+// first tile landed, 7 the tiles computed (a level-2 merge's attn_merge overwrites it), 3..6
 // and 0 attn_split_finish's.
 #define ATTN_TMA_CONS 4         // consumer warps (+ 1 producer warp)
 #define ATTN_TMA_TILE 16        // keys per ring stage
@@ -1224,10 +1215,6 @@ __host__ __device__ constexpr int attn_tma_stage_bytes(int d) {
   return 16 * attn_tma_pair_bytes(d);  // K: 8 row pairs, then V: 8 row pairs
 }
 extern __shared__ __align__(128) unsigned char attn_tma_smem[];
-// the ATTN_TMA_CONS consumer warps' barrier (named barrier 1; the producer warp is not in it)
-__device__ __forceinline__ void attn_tma_consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * ATTN_TMA_CONS) : "memory");
-}
 
 // MINB: blocks per SM the registers are capped for (launch bounds): 2 (156 registers, no
 // spill) or 3 (128 registers, a 16-byte spill), attention.py TMA_BLOCKS.
@@ -1251,6 +1238,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   const i64 n = blockIdx.z;
   const int G = p.q_heads / p.kv_heads;
   const int S = p.stages;
+  const int chunk = blockIdx.x;
 
   mbar_t* full = reinterpret_cast<mbar_t*>(attn_tma_smem);
   mbar_t* empty = full + S;
@@ -1261,7 +1249,6 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   float* sm_f = sm_l + ATTN_TMA_CONS * G;
   float* sm_cm = sm_f + ATTN_TMA_CONS * G;
   float* mg = sm_cm + G;
-  float* acc_mid = mg + 3 * G * ATTN_GROUP + G;  // p.span != 1: [ATTN_TMA_CONS][G][D]
 
   if (tid == 0) {  // no global memory is read before the barriers are ready
     sm_bad_pages = 0;
@@ -1274,40 +1261,31 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   __syncthreads();
   const bool producer = warp == ATTN_TMA_CONS;
   // p.prewait (past_kv_ready): the producer reads the row and its page ids, and issues the
-  // copies of the block's first tiles whose keys all precede the row's own key, before its
+  // copies of the chunk's first tiles whose keys all precede the row's own key, before its
   // PDL wait (those keys were written by earlier launches); the rest after it
   const bool early = producer && p.prewait;
   AttnRow row;
-  // the block's chunks c_begin .. c_end - 1 (attn_span) are one stream of tiles from key_begin
-  // (chunk sizes are multiples of 64 keys, so chunk j of the block is tiles j T .. j T + T - 1,
-  // T = chunk_keys / 16, a multiple of ATTN_TMA_CONS: tile i is consumer warp i % 4's in every
-  // chunk). The producer's state: the page rows of tiles tb .. tb + 31 (lane j: tile tb + j),
-  // the next tile to issue, its ring slot and phase.
-  int c_begin = 0, c_end = 0;
+  // the producer's state: the page rows of tiles tb .. tb + 31 (lane j: tile tb + j), the next
+  // tile to issue, its ring slot and phase
   int rid = -2, next = 0, slot = 0;
   unsigned phase = 0;
+  bool bad = false;
   int key_begin = 0, key_end = 0, ntiles = 0;
   const unsigned long long policy = producer ? l2_evict_first_policy() : 0ull;
   const int cp = lane & 7;  // the producer lane's row pair (lanes 0..7: K, 8..15: V)
   const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
   const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
   auto plan = [&]() {
-    row = attn_row(p, n);
-    const int span = attn_span(p, row.n_chunks);
-    c_begin = (int)blockIdx.x * span;
-    c_end = min(c_begin + span, row.n_chunks);
-    key_begin = c_begin * row.chunk_keys;
-    key_end = min(row.len, c_end * row.chunk_keys);
+    key_begin = chunk * row.chunk_keys;
+    key_end = min(row.len, key_begin + row.chunk_keys);
     ntiles = (key_end - key_begin + ATTN_TMA_TILE - 1) / ATTN_TMA_TILE;
   };
-  // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15); an
-  // invalid page flags the row before any of these tiles is announced on `full`, so a consumer
-  // that waited for one of them sees sm_bad_pages
+  // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15)
   auto lookup = [&](const int* bt, int tb) {
     rid = tb + lane < ntiles ? attn_key_row(p, bt, row.ok, g, key_begin + ATTN_TMA_TILE * (tb + lane),
                                             key_end, true)
                              : -2;
-    if (__any_sync(ATTN_FULL, rid == -1) && lane == 0) sm_bad_pages = 1;
+    bad |= rid == -1;
   };
   // issues tile `next` (its page row in lane next % 32) into the next slot, once it is free
   auto issue = [&]() {
@@ -1329,8 +1307,9 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     ++next;
   };
   if (early) {
-    plan();
-    if (c_begin < row.n_chunks) {
+    row = attn_row(p, n);
+    if (chunk < row.n_chunks) {
+      plan();
       lookup(attn_row_table(p, row), 0);
       // tiles before the one holding key len - 1, at most one pass of the ring and one lookup
       const int pre = min(min(S, 32), min(ntiles, (row.len - 1 - key_begin) / ATTN_TMA_TILE));
@@ -1339,22 +1318,31 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   }
   pdl_enter();  // before the early exits: every block waits and triggers
   const TimelineMarks marks;  // (phase marks: timeline build only)
-  if (!early) plan();
-  if (c_begin >= row.n_chunks) return;
+  if (!early) row = attn_row(p, n);
+  if (chunk >= row.n_chunks) return;
 
+  const int gi = lane >> 2, t = lane & 3;
+  float o[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+  float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
   if (producer) {  // the copies do not wait for the consumers' q fragments
     const int* bt = attn_row_table(p, row);
-    if (!early) lookup(bt, 0);
+    if (!early) {
+      plan();
+      lookup(bt, 0);
+    }
     while (next < ntiles) {
       if (next > 0 && (next & 31) == 0) lookup(bt, next);
       issue();
     }
+    if (__any_sync(ATTN_FULL, bad) && lane == 0) sm_bad_pages = 1;
   } else {  // consumer warp `warp`: tiles warp, warp + ATTN_TMA_CONS, ...
+    plan();
     if (tid == 0) sm_bad = !row.ok;
     attn_stage_q_fragments<D>(p, n, g, G, qf, tid, CONS_THREADS);
-    attn_tma_consumers_sync();  // q fragments are ready
+    asm volatile("bar.sync 1, %0;" ::"n"(CONS_THREADS) : "memory");  // q fragments are ready
     timeline_mark(1);
-    const int gi = lane >> 2, t = lane & 3;
     const unsigned ring_u = smem_addr(ring);
     // ldmatrix rows: lanes 8i..8i+7 address matrix i (mi). K (A = [key][dim]): mma rows
     // r8 + 8 (mi & 1), dim chunk 2 ks + (mi >> 1); V (A = V^T by .trans): k rows r8 + 8 (mi >> 1),
@@ -1367,102 +1355,89 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     const bool odd = (gi & 1) != 0;
     int cslot = warp % S;
     unsigned cphase = (unsigned)(warp / S) & 1u;
-    const int chunk_tiles = row.chunk_keys / ATTN_TMA_TILE;
-    int i = warp;
-    for (int c = c_begin; c < c_end; ++c) {
-      float o[MT][4];
+    for (int i = warp; i < ntiles; i += ATTN_TMA_CONS) {
+      const int t0 = key_begin + ATTN_TMA_TILE * i;
+      const int nv = key_end - t0;  // valid keys of the tile (>= 1; may exceed 16)
+      const unsigned st = ring_u + cslot * STAGE_B;
+      mbar_wait(full + cslot, cphase);
+      if (i == 0) timeline_mark(2);  // (thread 0) the chunk's first tile landed
+      float sh0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sh1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float sl0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
-      float m0 = -NINFER_INF, m1 = -NINFER_INF, l0 = 0.0f, l1 = 0.0f;  // query heads 2t, 2t + 1
-      const int tile_end = min(ntiles, (c + 1 - c_begin) * chunk_tiles);
-      for (; i < tile_end; i += ATTN_TMA_CONS) {
-        const int t0 = key_begin + ATTN_TMA_TILE * i;
-        const int nv = key_end - t0;  // valid keys of the tile (>= 1; may exceed 16)
-        const unsigned st = ring_u + cslot * STAGE_B;
-        mbar_wait(full + cslot, cphase);
-        if (i == 0) timeline_mark(2);  // (thread 0) the block's first tile landed
-        float sh0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sh1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        float sl0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sl1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int ks = 0; ks < MT; ++ks) {
-          unsigned a[4];
-          ldsm_x4(st + ka + ks * 32, a);
-          const uint4 b = qf[ks * 32 + lane];
-          mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
-          mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
-        }
-        float sc[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-          sc[k] = __fadd_rn(__fadd_rn(sh0[k], sh1[k]), __fadd_rn(sl0[k], sl1[k]));
-        // accumulator rows: gi (key 2 gi) and gi + 8 (key 2 gi + 1)
-        const bool k0 = 2 * gi < nv, k1 = 2 * gi + 1 < nv;
-        unsigned ph0, pl0, ph1, pl1;  // k rows 2t, 2t + 1 | 2t + 8, 2t + 9
-        attn_mma_softmax_step(sc, k0, k1, p.scale_log2, src_a, src_b, odd, m0, m1, l0, l1, o,
-                              ph0, pl0, ph1, pl1);
-        // V^T fragments: registers 0, 1 hold k rows 2t (low half), 2t + 1 (high half) = keys
-        // 4t, 4t + 2; registers 2, 3 k rows 2t + 8, 2t + 9 = keys 4t + 1, 4t + 3. Rows of keys
-        // past len were not copied (stale bytes): zeroed, as p is 0 there but 0 * NaN is not 0.
-        const unsigned vm_lo =
-            (4 * t < nv ? 0x0000ffffu : 0u) | (4 * t + 2 < nv ? 0xffff0000u : 0u);
-        const unsigned vm_hi =
-            (4 * t + 1 < nv ? 0x0000ffffu : 0u) | (4 * t + 3 < nv ? 0xffff0000u : 0u);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          unsigned a[4];
-          ldsm_x4_trans(st + va + mt * 32, a);
-          a[0] &= vm_lo;
-          a[1] &= vm_lo;
-          a[2] &= vm_hi;
-          a[3] &= vm_hi;
-          mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
-          mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
-        }
-        __syncwarp();  // every lane has read the stage
-        if (lane == 0) mbar_arrive(empty + cslot);
-        cslot += ATTN_TMA_CONS;
-        while (cslot >= S) {
-          cslot -= S;
-          cphase ^= 1u;
-        }
+      for (int ks = 0; ks < MT; ++ks) {
+        unsigned a[4];
+        ldsm_x4(st + ka + ks * 32, a);
+        const uint4 b = qf[ks * 32 + lane];
+        mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
+        mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
       }
-      // chunk c's tiles are computed by every consumer (and, at the block's last chunk, every
-      // copy has landed and been read: the ring is free). The states go to the ring then, else
-      // to acc_mid (the producer is still filling the ring).
-      attn_tma_consumers_sync();
-      timeline_mark(7);
-      float* acc = c + 1 == c_end ? reinterpret_cast<float*>(ring) : acc_mid;  // [4][G][D]
-      attn_mma_store_state<D>(o, m0, m1, l0, l1, gi, t, G, acc + warp * G * D, sm_m + warp * G,
-                              sm_l + warp * G);
-      // every tile of the chunk has waited on `full` after its page lookup: an invalid page of
-      // the chunk has set sm_bad_pages (a later chunk's may have, too: the row is NaN anyway)
-      if (tid == 0 && sm_bad_pages) sm_bad = 1;
-      attn_tma_consumers_sync();
-      // merge the consumer warps (warp order) into the chunk partial, as paged_attention_kernel
-      // merges its key warps (a warp without keys has m = -inf: factor 0)
-      for (int k = tid; k < ATTN_TMA_CONS * G; k += CONS_THREADS) {
-        const int hl = k % G;
-        float mx = -NINFER_INF;
-        for (int w = 0; w < ATTN_TMA_CONS; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
-        sm_f[k] = sm_m[k] == -NINFER_INF ? 0.0f : exp2f(sm_m[k] - mx);
-        if (k < G) sm_cm[hl] = mx;
+      float s[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        s[k] = __fadd_rn(__fadd_rn(sh0[k], sh1[k]), __fadd_rn(sl0[k], sl1[k]));
+      // accumulator rows: gi (key 2 gi) and gi + 8 (key 2 gi + 1)
+      const bool k0 = 2 * gi < nv, k1 = 2 * gi + 1 < nv;
+      unsigned ph0, pl0, ph1, pl1;  // k rows 2t, 2t + 1 | 2t + 8, 2t + 9
+      attn_mma_softmax_step(s, k0, k1, p.scale_log2, src_a, src_b, odd, m0, m1, l0, l1, o, ph0,
+                            pl0, ph1, pl1);
+      // V^T fragments: registers 0, 1 hold k rows 2t (low half), 2t + 1 (high half) = keys 4t,
+      // 4t + 2; registers 2, 3 k rows 2t + 8, 2t + 9 = keys 4t + 1, 4t + 3. Rows of keys past
+      // len were not copied (stale bytes): zeroed, as p is 0 there but 0 * NaN is not 0.
+      const unsigned vm_lo = (4 * t < nv ? 0x0000ffffu : 0u) | (4 * t + 2 < nv ? 0xffff0000u : 0u);
+      const unsigned vm_hi =
+          (4 * t + 1 < nv ? 0x0000ffffu : 0u) | (4 * t + 3 < nv ? 0xffff0000u : 0u);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        unsigned a[4];
+        ldsm_x4_trans(st + va + mt * 32, a);
+        a[0] &= vm_lo;
+        a[1] &= vm_lo;
+        a[2] &= vm_hi;
+        a[3] &= vm_hi;
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
       }
-      attn_tma_consumers_sync();
-      for (int idx = tid; idx < G * D; idx += CONS_THREADS) {
-        const int hl = idx / D, d = idx % D;
-        float lsum = 0.0f, ov = 0.0f;
-        for (int w = 0; w < ATTN_TMA_CONS; ++w) {
-          const float f = sm_f[w * G + hl];
-          lsum = fmaf(sm_l[w * G + hl], f, lsum);
-          ov = fmaf(acc[w * G * D + idx], f, ov);
-        }
-        const int head = g * G + hl;
-        attn_chunk_result<D>(p, n, head, d, c, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
+      __syncwarp();  // every lane has read the stage
+      if (lane == 0) mbar_arrive(empty + cslot);
+      cslot += ATTN_TMA_CONS;
+      while (cslot >= S) {
+        cslot -= S;
+        cphase ^= 1u;
       }
     }
   }
+  __syncthreads();  // every copy has landed and been read: the ring is free for the states
+  timeline_mark(7);  // the chunk's tiles are computed
+  if (tid == 0 && sm_bad_pages) sm_bad = 1;  // read after the next barrier
+  float* acc = reinterpret_cast<float*>(ring);  // [ATTN_TMA_CONS][G][D]
+  if (warp < ATTN_TMA_CONS) {
+    attn_mma_store_state<D>(o, m0, m1, l0, l1, gi, t, G, acc + warp * G * D, sm_m + warp * G,
+                            sm_l + warp * G);
+  }
+  __syncthreads();
+  // merge the consumer warps (warp order) into the chunk partial, as paged_attention_kernel
+  // merges its key warps (a warp without keys has m = -inf: factor 0)
+  for (int k = tid; k < ATTN_TMA_CONS * G; k += nthreads) {
+    const int hl = k % G;
+    float mx = -NINFER_INF;
+    for (int w = 0; w < ATTN_TMA_CONS; ++w) mx = fmaxf(mx, sm_m[w * G + hl]);
+    sm_f[k] = sm_m[k] == -NINFER_INF ? 0.0f : exp2f(sm_m[k] - mx);
+    if (k < G) sm_cm[hl] = mx;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < G * D; idx += nthreads) {
+    const int hl = idx / D, d = idx % D;
+    float lsum = 0.0f, ov = 0.0f;
+    for (int w = 0; w < ATTN_TMA_CONS; ++w) {
+      const float f = sm_f[w * G + hl];
+      lsum = fmaf(sm_l[w * G + hl], f, lsum);
+      ov = fmaf(acc[w * G * D + idx], f, ov);
+    }
+    const int head = g * G + hl;
+    attn_chunk_result<D>(p, n, head, d, chunk, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
+  }
   if (row.n_chunks == 1) return;
-  attn_split_finish<D>(p, n, g, G, row.n_chunks, c_begin, c_end - c_begin, mg, sm_last);
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, 1, mg, sm_last);
 #else
   __trap();
 #endif

@@ -82,7 +82,6 @@ TMA_DIMS = (64, 128, 256)  # head dims of paged_attention_tma_kernel
 TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attention.cu)
 TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
 TMA_MAX_STAGES = 16  # ATTN_TMA_MAX_STAGES
-TMA_STATIC_SMEM = 128  # the kernel's static shared memory (nvcc --resource-usage, sm_90)
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
@@ -251,31 +250,18 @@ def tma_blocks(rows: int) -> int:
     return 3 if rows >= TMA_BLOCKS_AUTO_ROWS else 2
 
 
-def tma_kernel_name(dim: int, rows: int, span: int = 1) -> str:
-    """The paged_attention_tma_kernel instance for head dim `dim` and a call of `rows` rows
-    (span != 1: the 2-blocks-per-SM instance; its accumulator scratch leaves room for 2)."""
-    return f"paged_attention_tma_kernel<{dim}, {2 if span != 1 else tma_blocks(rows)}>"
+def tma_kernel_name(dim: int, rows: int) -> str:
+    """The paged_attention_tma_kernel instance for head dim `dim` and a call of `rows` rows."""
+    return f"paged_attention_tma_kernel<{dim}, {tma_blocks(rows)}>"
 
 
-def tma_smem_bytes(group: int, dim: int, stages: int, span: int = 1) -> int:
+def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
     """Dynamic shared memory of paged_attention_tma_kernel<dim> (layout comment in
     attention.cu): barriers (256 B), `stages` stages of 16 keys' K and V rows (8 copies of 2
-    rows each, 16 bytes apart), the q fragments, the warp states and the merge scratch; with
-    span != 1 also the consumers' accumulators of a chunk that is not the block's last."""
+    rows each, 16 bytes apart), the q fragments, the warp states and the merge scratch."""
     stage = 16 * (4 * dim + 16)
     floats = 3 * TMA_CONSUMERS * group + group + 3 * group * GROUP + group
-    if span != 1:
-        floats += TMA_CONSUMERS * group * dim
     return 256 + stages * stage + dim // 16 * 32 * 16 + 4 * floats
-
-
-def tma_span(span: int, group: int, dim: int, stages: int, smem_limit: int) -> int:
-    """The span a paged_attention_tma_kernel launch runs: `span`, or 1 when its accumulator
-    scratch would take the block past `smem_limit` bytes of shared memory (deep rings of
-    wide groups; the same bits either way)."""
-    if span != 1 and tma_smem_bytes(group, dim, stages, span) + TMA_STATIC_SMEM > smem_limit:
-        return 1
-    return span
 
 
 def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool,
@@ -335,7 +321,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
 
     span: the split mode's chunks per block of paged_attention_kernel (1, 2, 4 or 8; 0: chosen
     per row in the kernel, `SPAN_BLOCKS_PER_SM`; None: SPAN, NINFER_ATTN_SPAN). The same bits
-    for every span (with NINFER_ATTN_TMA too).
+    for every span; the TMA kernel always runs one chunk per block.
     """
     span = SPAN if span is None else span
     C.require(span in SPANS, "span", f"{span} not in {SPANS}")
@@ -367,9 +353,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     if tma:
         C.require(2 <= TMA_STAGES <= TMA_MAX_STAGES and TMA_STAGES % TMA_CONSUMERS == 0,
                   "stages", f"{TMA_STAGES} not a multiple of {TMA_CONSUMERS} in 4..16")
-        span = tma_span(span, group, dim, TMA_STAGES, current_device().max_smem_per_block_optin)
-        name = tma_kernel_name(dim, n, span)
-        smem = tma_smem_bytes(group, dim, TMA_STAGES, span)
+        name, smem = tma_kernel_name(dim, n), tma_smem_bytes(group, dim, TMA_STAGES)
         hg, kw = 1, TMA_CONSUMERS
     else:
         name, smem, hg, kw = kernel_plan(kind, group, dim, split)
@@ -406,7 +390,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
                     prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16),
-                    span=span,
+                    span=1 if tma else span,
                     span_blocks=max(1, SPAN_BLOCKS_PER_SM * current_device().sm_count))
     fn = get_function(SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:

@@ -97,14 +97,13 @@ class _Paged:
         return katt.AttentionWorkspace.allocate(rows, heads, self.d,
                                                 self.bt.shape[1] * self.page_size)
 
-    def run(self, q_d, row_seq, row_pos, scale, ws, gate=None, bt_d=None, ready=False,
-            span=None):
+    def run(self, q_d, row_seq, row_pos, scale, ws, gate=None, bt_d=None, ready=False):
         n, heads, d = q_d.shape
         out = poisoned((n, heads, d))
         katt.paged_attention(q_d, self.kp_d, self.vp_d, self.bt_d if bt_d is None else bt_d,
                              dev(np.asarray(row_seq, np.int32)),
                              dev(np.asarray(row_pos, np.int32)), scale, out, workspace=ws,
-                             gate=gate, past_kv_ready=ready, span=span)
+                             gate=gate, past_kv_ready=ready)
         return out
 
 
@@ -200,13 +199,11 @@ def test_tma_register_caps_give_the_same_bits(rng, monkeypatch, tma, group, d):
     assert not host(ws.counters).any()
 
 
-@pytest.mark.parametrize("span", [1, 4])
-def test_tma_graph_replay_equals_eager(rng, monkeypatch, tma, span):
+def test_tma_graph_replay_equals_eager(rng, tma):
     """A B=8 decode launch (9B shape) captured in a CUDA graph and replayed with new q gives
     the eager bits; the workspace counters stay 0."""
     from ninfer.core.cuda import DeviceContext
 
-    monkeypatch.setattr(katt, "SPAN", span)
     heads, hkv, d = 16, 4, 256
     lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
     ctx = DeviceContext(0)
@@ -251,15 +248,13 @@ def test_tma_gate_equals_attention_then_sigmoid_mul(rng, tma, heads, hkv, d):
     _assert_tma_ran(tma, d)
 
 
-@pytest.mark.parametrize("ready,span", [(False, 1), (True, 1), (True, 8), (False, 2)])
-def test_tma_invalid_rows_and_pages_give_nan(rng, monkeypatch, tma, ready, span):
+@pytest.mark.parametrize("ready", [False, True])
+def test_tma_invalid_rows_and_pages_give_nan(rng, monkeypatch, tma, ready):
     """An out-of-range page id (middle of a sequence) or -1 page inside the context, a row_seq
     out of range, row_pos < 0 or past the table: NaN rows, and only those; the other rows equal
     the same rows launched alone; also with past_kv_ready (pages looked up, and the first tiles
-    copied, before the PDL wait), and with several chunks per block (the bad page in a chunk
-    that is not the block's first)."""
+    copied, before the PDL wait)."""
     monkeypatch.setattr(katt, "PREWAIT", True)
-    monkeypatch.setattr(katt, "SPAN", span)
     heads, hkv, d, page_size = 8, 2, 256, 16
     kv = _Paged(rng, [3000, 100], hkv, d, page_size)
     assert_invalid_attention_rows_nan(rng, kv.kp_d, kv.vp_d, kv.bt, page_size, heads, d,
@@ -333,14 +328,12 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
     _assert_tma_ran(tma, d)
 
 
-@pytest.mark.parametrize("span", [1, 4])
-def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tma, span):
+def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tma):
     """The row's own key is written by the kernel launched just before (kv_write, PDL): with
     past_kv_ready the TMA kernel still copies its tile after the wait. The slot starts as NaN,
     so an early copy of it would make the row NaN; the result matches the oracle on the new
-    key (lengths at tile, ring-pass and chunk boundaries; one and four chunks per block)."""
+    key (lengths at tile, ring-pass and chunk boundaries)."""
     monkeypatch.setattr(katt, "PREWAIT", True)
-    monkeypatch.setattr(katt, "SPAN", span)
     heads, hkv, d = 16, 4, 256
     lengths = [1, 16, 17, 64, 65, 80, 81, 1025, 3000, 4097]
     kv = _Paged(rng, lengths, hkv, d)
@@ -362,44 +355,6 @@ def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tm
     _assert_tma_ran(tma, d)
     kv.kp, kv.vp = ref.kv_write(k_new, v_new, kp, vp, kv.bt, row_seq, row_pos)
     assert_close(got, kv.oracle(host(q), row_seq, row_pos, d ** -0.5), TOL)
-
-
-@pytest.mark.parametrize("group,d,page_size", [(4, 256, 16), (8, 256, 16), (3, 64, 32)])
-def test_tma_span_same_bits(rng, monkeypatch, tma, group, d, page_size):
-    """Several chunks per block (span 2, 4, 8, and 0: per row, here with one working block per
-    SM so that long rows take span 8 and short ones span 1; the producer streams the block's
-    chunks as one run of tiles, the consumers merge each chunk apart) give span 1's bits: rows
-    of one chunk, of one and of several merge groups, at B=9 and B=1, gated and with
-    past_kv_ready; the counters are 0 after every launch; span 8 matches the oracle."""
-    monkeypatch.setattr(katt, "PREWAIT", True)
-    monkeypatch.setattr(katt, "SPAN_BLOCKS_PER_SM", 1)
-    hkv = 2
-    heads = group * hkv
-    lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000, 2049]
-    kv = _Paged(rng, lengths, hkv, d, page_size)
-    row_seq = np.arange(len(lengths), dtype=np.int32)
-    row_pos = np.array(lengths, np.int32) - 1
-    n = len(lengths)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
-    ws = kv.workspace(n, heads)
-    outs = {}
-    for span in (1, 2, 4, 8, 0):
-        outs[span] = [kv.run(q, row_seq, row_pos, d ** -0.5, ws, gate=gate, ready=True,
-                             span=span),
-                      kv.run(q, row_seq, row_pos, d ** -0.5, ws, span=span)]
-        outs[span] += [kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], d ** -0.5, ws,
-                              span=span) for r in (0, 5, 7)]
-        assert not host(ws.counters).any(), f"span {span}: counters must be 0 after a launch"
-        _assert_tma_ran(tma, d)
-    for span in (2, 4, 8, 0):
-        for i, (a, b) in enumerate(zip(outs[span], outs[1])):
-            assert_same_bits(a, b, f"call {i}: span {span} vs 1")
-    got = host(outs[8][1])
-    assert np.isfinite(got).all()
-    want = kv.oracle(host(q), row_seq, row_pos, d ** -0.5)
-    for i in range(n):
-        assert_close(got[i], want[i], TOL, f"span 8, row {i} (len {lengths[i]})")
 
 
 def test_ineligible_pages_fall_back(rng, tma):
