@@ -151,38 +151,18 @@ class DecodeAttention:
                    paged_attention_bytes([context] * batch, shape.heads, shape.kv_heads,
                                          shape.head_dim, 2))
 
-    def call(self, i: int, past_kv_ready: bool = False, gate=None, span: int | None = None
-             ) -> None:
+    def call(self, i: int, past_kv_ready: bool = False, gate=None) -> None:
         from ninfer.kernels_cuda import attention as katt
 
         katt.paged_attention(self.q, self.kp, self.vp, self.block_tables,
                              self.seqs[i % len(self.seqs)], self.pos, self.scale, self.out,
-                             workspace=self.workspace, gate=gate, past_kv_ready=past_kv_ready,
-                             span=span)
-
-
-ATTN_BENCH_SPANS = (1, 2, 4, 8, 0)
-
-
-def attn_bench_spans(default: int) -> tuple[int, ...]:
-    """The spans (paged_attention span=, 0: per row) timed besides the default one: those of
-    NINFER_BENCH_ATTN_SPANS ("2 4 0"), else ATTN_BENCH_SPANS, without `default`."""
-    spec = os.environ.get("NINFER_BENCH_ATTN_SPANS", "").split()
-    try:
-        spans = tuple(int(s) for s in spec) or ATTN_BENCH_SPANS
-    except ValueError:
-        raise SystemExit(f"NINFER_BENCH_ATTN_SPANS: want spans like '2 4 0', got {spec!r}"
-                         ) from None
-    if any(s not in ATTN_BENCH_SPANS for s in spans):
-        raise SystemExit(f"NINFER_BENCH_ATTN_SPANS: spans in {ATTN_BENCH_SPANS}, got {spec!r}")
-    return tuple(s for s in spans if s != default)
+                             workspace=self.workspace, gate=gate, past_kv_ready=past_kv_ready)
 
 
 def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
-    """Decode rows of `context` keys each: one eager call (includes the Python launch) and the
-    per-call time of back-to-back calls replayed from a CUDA graph (`BenchContext.time_graph`;
-    the device time as inside the decode graph), without and with past_kv_ready, and with
-    past_kv_ready at each other span (`attn_bench_spans`; not for the TMA kernel); then the output
+    """Decode rows of `context` keys each: one eager call (includes the Python launch) and,
+    per K/V pipeline depth, the per-call time of back-to-back calls replayed from a CUDA graph
+    (`BenchContext.time_graph`; the device time as inside the decode graph); then the output
     gate as a separate sigmoid_mul launch vs fused into paged_attention (gate=), both graphed."""
     from ninfer.kernels_cuda import attention as katt
     from ninfer.kernels_cuda import elementwise as kew
@@ -207,12 +187,6 @@ def attention_decode(ctx: BenchContext, cp) -> list[Measure]:
         ms, _ = ctx.time_graph(lambda i: call(i, True), reps=reps)
         out.append(Measure("paged_attention", f"{label} past_kv_ready graph", ms, bytes=per_set,
                            note=f"graph of {reps} launches, {len(case.seqs)} sets"))
-        if path != "tma":  # the split mode's chunks per block (the same bits for every span)
-            for span in attn_bench_spans(katt.SPAN):
-                ms, _ = ctx.time_graph(lambda i, s=span: call(i, True, span=s), reps=reps)
-                out.append(Measure("paged_attention", f"{label} past_kv_ready span={span} graph",
-                                   ms, bytes=per_set,
-                                   note=f"graph of {reps} launches, {len(case.seqs)} sets"))
         # the Qwen3.5 output gate: separate sigmoid_mul launch (the gate copied contiguous, as
         # attn_prep does; in place) vs fused (gate= the strided half of [q_h | gate_h])
         gate = f32_random(cp, (batch, s.heads, 2 * s.head_dim))[:, :, s.head_dim:]

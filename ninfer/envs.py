@@ -267,25 +267,6 @@ def attention_acq_rel() -> bool:
 
 ATTN_TMA_BLOCKS = (0, 2, 3)
 ATTN_CHUNK_GRAINS = (64, 128, 256)
-ATTN_SPANS = (0, 1, 2, 4, 8)
-ATTN_SPAN_BLOCKS = tuple(range(1, 13))
-
-
-def attention_span() -> int:
-    """NINFER_ATTN_SPAN (0, 1, 2, 4 or 8; default 1): consecutive chunks of a row that one block
-    of decode (split mode) paged_attention computes, inside one merge group (attention.cu
-    attn_span); 0: per row in the kernel, the largest span that keeps
-    NINFER_ATTN_SPAN_BLOCKS working blocks per SM. A block computing a whole 8-chunk group
-    folds it without a count. Each chunk is computed and folded as by a block of its own, so a
-    row's bits do not depend on the span. Read once, at import of the launcher."""
-    return _choice("NINFER_ATTN_SPAN", 1, ATTN_SPANS)
-
-
-def attention_span_blocks_per_sm() -> int:
-    """NINFER_ATTN_SPAN_BLOCKS (1..12; default 3): with NINFER_ATTN_SPAN=0, the working blocks
-    per SM a decode paged_attention launch keeps at least when it gives rows longer spans.
-    Read once, at import of the launcher."""
-    return _choice("NINFER_ATTN_SPAN_BLOCKS", 3, ATTN_SPAN_BLOCKS)
 
 
 def attention_tma_blocks() -> int:

@@ -41,12 +41,10 @@
 //   l = fmaf(l_i, b_i, l * a_i), o = fmaf(o_i, b_i, o * a_i) from l = o = 0; a group's result
 //   (M, l, o) is an item of the row level; out = o / l. The running max is exact in any order,
 //   so the split mode computes it with a max-scan.
-//   SPLIT=1 (decode, few rows): grid (max chunks, Hkv, N), `span` consecutive chunks per block
-//     (attn_span: 1, 2, 4 or 8, inside one merge group; 1 unless the launch has blocks to
-//     spare), each computed and stored as by a block of its own; blocks past the row's chunks
-//     exit. A one-chunk row writes its output directly; otherwise the block stores its
-//     partials in the workspace; the last block of their group to finish (atomic counter
-//     counted by chunks; no count when one block computed the whole group) folds the group's <= 8 partials (a warp per head computes the
+//   SPLIT=1 (decode, few rows): grid (max chunks, Hkv, N), one chunk per block; blocks past the
+//     row's chunks exit. A one-chunk row writes its output directly; otherwise the block stores
+//     its partial in the workspace; the last block of its group to finish (atomic counter,
+//     threadfence pattern) folds the group's <= 8 partials (a warp per head computes the
 //     coefficients, a thread per 4 dims folds with all loads in flight) into a group partial,
 //     and the last group to finish folds the <= 8 groups into the output (a row with one group
 //     goes straight to the output). So no block reads more than 8 partials (32 KiB for G=4,
@@ -150,10 +148,8 @@ struct AttnParams {
   int prewait;      // 1: every row's keys before its own position were written before this
                     // launch (decode: one row per sequence); see paged_attention_kernel
   int out_bf16;     // 1: out holds bf16 bits (each final value rounded to nearest even)
-  int span;         // split mode: chunks per block (1, 2, 4, 8), or 0: attn_span's choice
-  int span_blocks;  // span 0: the working blocks attn_span keeps at least (> 0)
 };
-static_assert(sizeof(AttnParams) == 224, "AttnParams layout is mirrored in attention.py");
+static_assert(sizeof(AttnParams) == 216, "AttnParams layout is mirrored in attention.py");
 
 struct AttnRow {
   bool ok;
@@ -171,21 +167,6 @@ __device__ __forceinline__ AttnRow attn_row(const AttnParams& p, i64 n) {
   r.chunk_keys = max(ATTN_CHUNK_GRAIN, ((per - 1) / ATTN_CHUNK_GRAIN + 1) * ATTN_CHUNK_GRAIN);
   r.n_chunks = (r.len - 1) / r.chunk_keys + 1;
   return r;
-}
-
-// Chunks per block of the split mode for a row of nc chunks (paged_attention_kernel; the TMA
-// kernel runs one): p.span when > 0, else the largest of 1, 2, 4, 8 that still launches at
-// least p.span_blocks working blocks were every row of the launch like this one (rows x KV
-// heads x ceil(nc / span)). A span divides ATTN_GROUP and a block's first chunk is a multiple
-// of it, so a block's chunks lie in one merge group. Each chunk is computed and its partial
-// stored as by a block of its own, and the merges fold the same partials in the same order,
-// so a row's bits do not depend on the span.
-__device__ __forceinline__ int attn_span(const AttnParams& p, int nc) {
-  if (p.span > 0) return p.span;
-  const int rows_heads = gridDim.y * gridDim.z;
-  int s = 1;
-  while (s < ATTN_GROUP && rows_heads * ((nc - 1) / (2 * s) + 1) >= p.span_blocks) s *= 2;
-  return s;
 }
 
 // Row n's block-table row (row 0's for an invalid row, whose keys are never looked up as valid).
@@ -714,25 +695,24 @@ __device__ __forceinline__ void attn_chunk_result(const AttnParams& p, i64 n, in
 #ifndef ATTN_ACQ_REL
 #define ATTN_ACQ_REL 0
 #endif
-__device__ __forceinline__ int attn_count_acq_rel(int* counter, int inc) {
+__device__ __forceinline__ int attn_count_acq_rel(int* counter) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
-               : "=r"(old) : "l"(counter), "r"(inc) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
   return old;
 }
-// Called by every thread after its partial stores; counts the block's `inc` partials on
-// `counter` and returns (in every thread) whether the count reached `total` with them (this
-// block counted last); the partials of the blocks counted before it may then be read.
-__device__ __forceinline__ bool attn_count_last(int* counter, int inc, int total, int& sm_last) {
+// Called by every thread after its partial stores; returns (in every thread) whether this
+// block is the last of `total` to count on `counter`; the partials of the blocks counted
+// before it may then be read.
+__device__ __forceinline__ bool attn_count_last(int* counter, int total, int& sm_last) {
 #if ATTN_ACQ_REL
   __syncthreads();
-  if (threadIdx.x == 0) sm_last = attn_count_acq_rel(counter, inc) + inc == total;
+  if (threadIdx.x == 0) sm_last = attn_count_acq_rel(counter) == total - 1;
   __syncthreads();
   return sm_last;
 #else
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) sm_last = atomicAdd(counter, inc) + inc == total;
+  if (threadIdx.x == 0) sm_last = atomicAdd(counter, 1) == total - 1;
   __syncthreads();
   if (!sm_last) return false;
   __threadfence();
@@ -740,28 +720,21 @@ __device__ __forceinline__ bool attn_count_last(int* counter, int inc, int total
 #endif
 }
 
-// SPLIT=1, a row of several chunks, after this block stored the partials of its c_count chunks
-// from c_begin, all in one merge group (every thread of the block calls this). Level 1: the last
-// block of the group (<= 8 chunks) to finish folds the group's partials (at once, without a
-// count, when this block computed the whole group); level 2: the last group to finish folds
-// the groups (attn_count_last: a block's partials are visible before they are counted).
-// sm_last: a shared int.
+// SPLIT=1, a row of several chunks, after this block stored its chunk partial (every thread of
+// the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
+// folds the group's partials; level 2: the last group to finish folds the groups
+// (attn_count_last: a block's partial is visible before it is counted). sm_last: a shared int.
 template <int D>
 __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, int g, int G,
-                                                  int nc, int c_begin, int c_count, float* mg,
-                                                  int& sm_last) {
+                                                  int nc, int c_begin, float* mg, int& sm_last) {
   const int tid = threadIdx.x;
   const int n_groups = (nc - 1) / ATTN_GROUP + 1;
   const int grp = c_begin / ATTN_GROUP;
   const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
   int* counters = p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1);
-  if (c_count == grp_size) {
-    __syncthreads();  // the whole group is this block's: its partial stores are visible to it
-  } else {
-    if (!attn_count_last(counters + 1 + grp, c_count, grp_size, sm_last)) return;
-    if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
-  }
+  if (!attn_count_last(counters + 1 + grp, grp_size, sm_last)) return;
   timeline_mark(3);  // the last block of the group: the count returned (and its fence)
+  if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
   if (n_groups == 1) {
     attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
     timeline_mark(6);
@@ -770,7 +743,7 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
                 0, grp);
   timeline_mark(4);  // level 1 folded
-  if (!attn_count_last(counters, 1, n_groups, sm_last)) return;
+  if (!attn_count_last(counters, n_groups, sm_last)) return;
   timeline_mark(5);  // the last group: the count returned (and its fence)
   timeline_mark(0);  // level 2: after its fence
   if (tid == 0) counters[0] = 0;
@@ -820,20 +793,13 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
   const int hg = warp - kw * HG;
   const int g = blockIdx.y;
   const i64 n = blockIdx.z;
+  const int c_begin = SPLIT ? (int)blockIdx.x : 0;
   // p.prewait (FMA path): the row, its page ids and the warp's first tiles of K / V (keys
   // before the row's own, written by earlier launches) are read before pdl_wait, so their
   // round trips overlap the previous kernel (attn_prep, which writes q and the row's own key)
   const bool prewait = !MMA && p.prewait;
   AttnRow row;
-  int span = 1, c_begin = 0;  // SPLIT=1: the block's chunks c_begin .. c_begin + span - 1
-  auto plan_row = [&]() {
-    row = attn_row(p, n);
-    if (SPLIT) {
-      span = attn_span(p, row.n_chunks);
-      c_begin = (int)blockIdx.x * span;
-    }
-  };
-  if (prewait) plan_row();
+  if (prewait) row = attn_row(p, n);
 
   float* sm_stage = smem;
   float* sm_qf = sm_stage + nwarps * STAGE_F;  // MMA: uint4 [D / 16][32]
@@ -907,8 +873,8 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
   }
   pdl_enter();  // before the early exits: every block waits and triggers
   const TimelineMarks marks;  // (phase marks: timeline build only)
-  if (!prewait) plan_row();
-  const int c_end = SPLIT ? min(c_begin + span, row.n_chunks) : row.n_chunks;
+  if (!prewait) row = attn_row(p, n);
+  const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
   if (c_begin >= row.n_chunks) return;
 
   if (tid == 0) {
@@ -1148,7 +1114,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
   timeline_mark(2);  // thread 0: its part of the output or partial stored
   if (row.n_chunks == 1) return;
 
-  attn_split_finish<D>(p, n, g, G, row.n_chunks, c_begin, c_end - c_begin, mg, sm_last);
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, c_begin, mg, sm_last);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1437,7 +1403,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     attn_chunk_result<D>(p, n, head, d, chunk, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
   }
   if (row.n_chunks == 1) return;
-  attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, 1, mg, sm_last);
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, mg, sm_last);
 #else
   __trap();
 #endif

@@ -44,7 +44,6 @@ MAX_CHUNKS = 64   # chunks per row at most (ATTN_MAX_CHUNKS in attention.cu)
 # chunk sizes are multiples of this (ATTN_CHUNK_GRAIN, passed to attention.cu)
 CHUNK_GRAIN = envs.attention_chunk_grain()
 GROUP = 8         # chunks per merge group (ATTN_GROUP)
-SPANS = (0, 1, 2, 4, 8)  # split-mode chunks per block (0: per row, attn_span in attention.cu)
 SPLIT_MAX_ROWS = 64
 _BUF_FLOATS = 2048  # per warp and pipeline buffer (ATTN_BUF_FLOATS)
 _DPL = (1, 2, 4, 8)  # head_dim = 32 * DPL
@@ -63,13 +62,6 @@ PREWAIT = envs.attn_prewait()
 # 4 warps 3.059 / 7.682.
 WIDE = envs.attention_wide()
 WIDE_AUTO_GROUPS = (8,)
-# NINFER_ATTN_SPAN (read once at import): chunks per block of the split mode of
-# paged_attention_kernel (1, 2, 4, 8; 0: `span_blocks` picks per row, in the kernel); the same
-# bits for every span
-SPAN = envs.attention_span()
-# span 0: a row takes the largest span that still gives the launch at least this many working
-# blocks per SM (were every row like it); 3 = the 4-warp blocks resident per SM
-SPAN_BLOCKS_PER_SM = envs.attention_span_blocks_per_sm()
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
 TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for (0: auto)
@@ -116,9 +108,8 @@ _ATTN = C.struct(("q", "ptr"), ("out", "ptr"), ("k_pages", "ptr"), ("v_pages", "
                  ("q_heads", "i32"), ("num_seqs", "i32"), ("bt_cols", "i32"),
                  ("max_chunks", "i32"), ("head_groups", "i32"), ("scale_log2", "f32"),
                  ("hg_recip", "i32"), ("page_shift", "i32"), ("stages", "i32"),
-                 ("prewait", "i32"), ("out_bf16", "i32"), ("span", "i32"),
-                 ("span_blocks", "i32"))
-assert _ATTN.itemsize == 224
+                 ("prewait", "i32"), ("out_bf16", "i32"))
+assert _ATTN.itemsize == 216
 
 
 def chunk_keys(length: int) -> int:
@@ -288,7 +279,7 @@ def kernel_plan(kind: C.WKind, group: int, dim: int, split: bool) -> tuple[str, 
 
 def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: float, out, *,
                     workspace: AttentionWorkspace | None = None, gate=None,
-                    past_kv_ready: bool = False, span: int | None = None) -> None:
+                    past_kv_ready: bool = False) -> None:
     """Causal paged attention: row n attends keys 0..row_pos[n] of sequence row_seq[n].
 
     q f32[N,A,D] (rows/heads strided), out f32[N,A,D] (rows/heads strided) or its bf16 bits
@@ -318,13 +309,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     step, the index arrays copied from the host). The FMA kernel then reads them, and copies
     the first tiles of K / V, before its PDL wait (the same results; a wrong promise reads
     stale keys).
-
-    span: the split mode's chunks per block of paged_attention_kernel (1, 2, 4 or 8; 0: chosen
-    per row in the kernel, `SPAN_BLOCKS_PER_SM`; None: SPAN, NINFER_ATTN_SPAN). The same bits
-    for every span; the TMA kernel always runs one chunk per block.
     """
-    span = SPAN if span is None else span
-    C.require(span in SPANS, "span", f"{span} not in {SPANS}")
     kp, vp, kind = C.kv_pages(k_pages, v_pages)
     num_pages, kv_heads, page_size, dim = kp.shape
     C.device_array(q, "q", ndim=3)
@@ -389,9 +374,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     scale_log2=scale * math.log2(math.e), hg_recip=-(-65536 // hg),
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
-                    prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16),
-                    span=1 if tma else span,
-                    span_blocks=max(1, SPAN_BLOCKS_PER_SM * current_device().sm_count))
+                    prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
     fn = get_function(SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem

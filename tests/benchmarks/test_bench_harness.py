@@ -38,17 +38,3 @@ def test_measure_roofline():
     m = harness.Measure("op", "v", 0.01, bytes=32e6).finish(harness.Ceilings(copy_gbps=4000))
     assert m.gbps == pytest.approx(3200)
     assert m.roofline == pytest.approx(0.8)
-
-
-def test_attn_bench_spans(monkeypatch):
-    """NINFER_BENCH_ATTN_SPANS picks the spans timed besides the default; bad values exit."""
-    from bench.kernel_cases import ATTN_BENCH_SPANS, attn_bench_spans
-
-    monkeypatch.delenv("NINFER_BENCH_ATTN_SPANS", raising=False)
-    assert attn_bench_spans(1) == tuple(s for s in ATTN_BENCH_SPANS if s != 1)
-    monkeypatch.setenv("NINFER_BENCH_ATTN_SPANS", "4 0 1")
-    assert attn_bench_spans(1) == (4, 0)
-    for bad in ("3", "x"):
-        monkeypatch.setenv("NINFER_BENCH_ATTN_SPANS", bad)
-        with pytest.raises(SystemExit, match="NINFER_BENCH_ATTN_SPANS"):
-            attn_bench_spans(1)

@@ -44,8 +44,6 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.attention_tma_stages, "NINFER_ATTN_TMA_STAGES", 4, envs.ATTN_TMA_STAGES),
     (envs.attention_tma_blocks, "NINFER_ATTN_TMA_BLOCKS", 0, envs.ATTN_TMA_BLOCKS),
     (envs.norm_max_nv, "NINFER_NORM_MAX_NV", 8, envs.NORM_MAX_NV),
-    (envs.attention_span, "NINFER_ATTN_SPAN", 1, envs.ATTN_SPANS),
-    (envs.attention_span_blocks_per_sm, "NINFER_ATTN_SPAN_BLOCKS", 3, envs.ATTN_SPAN_BLOCKS),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
     """Unset or empty: the default; one of `allowed`: that value; anything else: ValueError."""

@@ -278,64 +278,11 @@ def test_acq_rel_counting_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
     assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
 
 
-@pytest.mark.parametrize("heads,hkv,d,bf16,mma", [(16, 4, 256, True, False),
-                                                   (16, 4, 256, True, True),
-                                                   (16, 2, 256, True, False),
-                                                   (12, 2, 128, False, False)])
-def test_span_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
-    """The split mode's chunks per block (span 2, 4, 8, and 0: per row in the kernel, here with
-    one working block per SM so that long rows take span 8 and short ones span 1) give span 1's
-    bits: rows of one chunk, of one and of several merge groups (a last group shorter than the
-    span), at B=9 and B=1, gated, past_kv_ready, an invalid row; the counters are 0 after
-    every launch."""
-    monkeypatch.setattr(katt, "MMA", mma)
-    monkeypatch.setattr(katt, "PREWAIT", True)
-    monkeypatch.setattr(katt, "SPAN_BLOCKS_PER_SM", 1)
-    lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000]
-    kv = _Kv(rng, lengths, hkv, d, bf16)
-    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
-    row_seq[-1] = len(lengths) + 3  # an invalid row
-    row_pos = np.array(lengths + [5], np.int32) - 1
-    n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
-    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
-    outs = {}
-    for span in (1, 2, 4, 8, 0):
-        outs[span] = [kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, gate=gate,
-                             past_kv_ready=True, span=span)]
-        outs[span] += [kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], d ** -0.5,
-                              workspace=ws, span=span) for r in (0, 4, 6, 7)]
-        assert not host(ws.counters).any(), f"span {span}: counters must be 0 after a launch"
-    for span in (2, 4, 8, 0):
-        for i, (a, b) in enumerate(zip(outs[span], outs[1])):
-            assert_same_bits(a, b, f"call {i}: span {span} vs 1")
-    o = host(outs[1][0])
-    assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
-    expect = kv.oracle(host(q)[:-1], row_seq[:-1], row_pos[:-1], d ** -0.5)
-    assert_close(host(outs[8][0])[:-1], expect * _sigmoid(host(gate)[:-1]),
-                 _tol(bf16, heads, hkv, d), "span 8 vs the float64 oracle")
-
-
-def _sigmoid(x):
-    return 1.0 / (1.0 + np.exp(-x.astype(np.float64)))
-
-
-def test_span_rejects_other_values(rng):
-    heads, hkv, d = 8, 2, 64
-    kv = _Kv(rng, [100], hkv, d, False)
-    q = dev(randn(rng, (1, heads, d)))
-    for span in (3, 16, -1):
-        with pytest.raises(InvalidInput, match="span"):
-            kv.run(q, [0], [99], d ** -0.5, span=span)
-
-
-@pytest.mark.parametrize("split,span", [(True, 1), (False, 1), (True, 8)])
-def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split, span):
+@pytest.mark.parametrize("split", [True, False])
+def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split):
     heads, hkv, d, page_size = 8, 2, 128, 16
     lengths = [3000, 100]
     kv = _Kv(rng, lengths, hkv, d, True, page_size)
-    monkeypatch.setattr(katt, "SPAN", span)
     if not split:
         monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
     ws = katt.AttentionWorkspace.allocate(7, heads, d, kv.bt.shape[1] * page_size)
@@ -397,14 +344,13 @@ def test_mma_path_vs_float64_and_fma(rng, monkeypatch, group, d):
     assert_same_bits(kv.run(q, row_seq, row_pos, scale), mma, "mma loop mode vs split mode")
 
 
-@pytest.mark.parametrize("mma,span", [(True, 1), (False, 1), (False, 4)])
-def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma, span):
+@pytest.mark.parametrize("mma", [True, False])
+def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
     """A B=8 decode launch (9B shape, bf16 pages) captured in a CUDA graph and replayed with
     new q gives the eager bits; the workspace counters stay 0."""
     from ninfer.core.cuda import DeviceContext
 
     monkeypatch.setattr(katt, "MMA", mma)
-    monkeypatch.setattr(katt, "SPAN", span)
     heads, hkv, d = 16, 4, 256
     lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 1025]
     ctx = DeviceContext(0)
