@@ -37,12 +37,12 @@ def _fmt(value, spec: str) -> str:
 def format_table(results: list[Measure], ceilings: Ceilings) -> str:
     lines = [f"ceilings: copy {ceilings.copy_gbps:.0f} GB/s (read+write), "
              f"bf16 matmul {ceilings.matmul_tflops:.0f} TFLOP/s",
-             f"{'op':<19} {'variant':<44} {'ms':>9} {'GB/s':>7} {'TFLOP/s':>8} {'roof':>5} "
+             f"{'op':<19} {'variant':<60} {'ms':>9} {'GB/s':>7} {'TFLOP/s':>8} {'roof':>5} "
              f"{'peer ms':>9} {'x peer':>6}  peer / note"]
     for r in results:
         speed = (r.peer_ms / r.time_ms) if r.peer_ms and r.time_ms else None
         tail = " / ".join(t for t in (r.peer or "", r.note) if t)
-        lines.append(f"{r.op:<19} {r.variant[:44]:<44} {r.time_ms:9.4f} {_fmt(r.gbps, '7.0f')} "
+        lines.append(f"{r.op:<19} {r.variant[:60]:<60} {r.time_ms:9.4f} {_fmt(r.gbps, '7.0f')} "
                      f"{_fmt(r.tflops, '8.1f')} {_fmt(r.roofline, '5.2f')} "
                      f"{_fmt(r.peer_ms, '9.4f')} {_fmt(speed, '6.2f')}  {tail}")
     return "\n".join(lines)

@@ -1139,16 +1139,20 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // barrier's, which mbarrier.try_wait.parity reports complete at once: the first GPU run, with 6
 // stages, read unlanded tiles and faulted); a stage is one tile of 16
 // consecutive keys of KV head g (inside one page, since page_size % 16 == 0 and chunks start at
-// multiples of 64): its K rows, then its V rows, each as 8 copies of 2 rows (1 KiB for
-// D = 256) at c * (4 D + 16) bytes (attn_tma_pair_bytes): the 16-byte shift puts the 8 rows of
-// every ldmatrix phase (rows 2 r8 + h, r8 = 0..7) in distinct bank groups. Stage = 16.25 KiB
-// for D = 256: 4 stages x 2 blocks per SM (156 registers x 160 threads) keep up to ~130 KiB
-// per SM in flight.
+// multiples of 64): its 16 K rows, then its 16 V rows, each brought by ONE tensor copy
+// (cp.async.bulk.tensor through the pages' tensor maps, `maps`; _tensor_map.py) in the
+// 128-byte swizzled layout that puts the 8 rows of every ldmatrix phase (keys 2 r8 + h,
+// r8 = 0..7) in distinct bank groups. One copy per 8 KiB: a producer warp's bulk copies cost
+// ~35-70 ns each whatever their size (bench/bulk_copy_rate.py: one producer streams ~27 GB/s
+// in 1 KiB copies, ~63 GB/s in 8 KiB ones), so the 16 copies of 2 rows per tile that this
+// kernel issued before capped an SM near 24 GB/s. Stage = 16 KiB for D = 256 (the ring
+// 1024-byte aligned): 4 stages x 2 blocks per SM (156 registers x 160 threads) keep up to
+// 128 KiB per SM in flight.
 //  - Producer warp: looks up the pages of 32 tiles at a time (a lane per tile), then per tile
 //    in order: lane 0 waits until the slot is free (`empty`) and announces the tile's bytes on
-//    `full`; lanes 0..7 copy the K row pairs, lanes 8..15 the V row pairs, only keys < len (a
-//    partial last tile copies fewer rows; nothing past the length is read). An invalid page (or
-//    row) copies nothing (`full` completes without bytes) and flags the row NaN (sm_bad_pages,
+//    `full` and issues the K and the V copy (whole tiles: the rows of a partial last tile past
+//    the length come from the same page and are masked). An invalid page (or row) copies
+//    nothing (`full` completes without bytes) and flags the row NaN (sm_bad_pages,
 //    folded into sm_bad after the tiles). It starts right after its PDL wait, without waiting
 //    for the consumers' q fragments; with p.prewait (past_kv_ready) it reads the row and the
 //    page ids and issues the tiles before the one holding the row's own key (at most one pass
@@ -1160,14 +1164,14 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 //    per query column, P^T split into hi + lo, O^T += V^T P^T; K and V through ldmatrix (V
 //    transposed). mma row kappa holds key pi(kappa) = 2 kappa (kappa < 8) or 2 (kappa - 8) + 1
 //    (both for S's rows and P V's k index, so the P^T exchange is attn_mma_warp's). Keys past
-//    len: scores -inf (p = 0) and their V values (not copied: stale bytes, possibly NaN) masked
-//    to zero in the fragments. Then lane 0 releases the slot (`empty`).
+//    len: scores -inf (p = 0) and their V values (whatever the page holds there, possibly NaN)
+//    masked to zero in the fragments. Then lane 0 releases the slot (`empty`).
 //  - Chunk end: all warps sync (every copy has landed and been read), the consumers' states go
 //    to the ring (acc [w][G][D] floats) and sm_m / sm_l, and are merged in warp order exactly as
 //    paged_attention_kernel merges its key warps; then the one-chunk output or the partial, and
 //    attn_split_finish.
 // Dynamic shared memory (attention.py tma_smem_bytes): barriers full[stages], empty[stages]
-// (256 B) | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
+// (256 B) | up to 1008 B to a 1024-byte boundary | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
 // m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G].
 // Phase marks (timeline build, bench/attn_timeline.py): 1 the q fragments staged, 2 the chunk's
 // first tile landed, 7 the tiles computed (a level-2 merge's attn_merge overwrites it), 3..6
@@ -1176,22 +1180,26 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 #define ATTN_TMA_TILE 16        // keys per ring stage
 #define ATTN_TMA_BAR_BYTES 256  // full[stages], empty[stages]
 #define ATTN_TMA_MAX_STAGES 16
-__host__ __device__ constexpr int attn_tma_pair_bytes(int d) { return 4 * d + 16; }
+#define ATTN_TMA_ALIGN 1024       // the ring's alignment (the 128-byte swizzle's period)
 __host__ __device__ constexpr int attn_tma_stage_bytes(int d) {
-  return 16 * attn_tma_pair_bytes(d);  // K: 8 row pairs, then V: 8 row pairs
+  return 2 * ATTN_TMA_TILE * 2 * d;  // K: 16 rows, then V: 16 rows (swizzled, _tensor_map.py)
 }
 extern __shared__ __align__(128) unsigned char attn_tma_smem[];
+// The K and V pages' tensor maps (attention.py, _tensor_map.kv_tile_map: one copy brings a
+// 16-key tile of one KV head, 128-byte swizzled), passed by value (__grid_constant__).
+struct __align__(64) AttnKvMaps {
+  unsigned long long k[16];
+  unsigned long long v[16];
+};
 
 // MINB: blocks per SM the registers are capped for (launch bounds): 2 (156 registers, no
 // spill) or 3 (128 registers, a 16-byte spill), attention.py TMA_BLOCKS.
 template <int D, int MINB>
 __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
-    paged_attention_tma_kernel(const AttnParams p) {
+    paged_attention_tma_kernel(const AttnParams p, const __grid_constant__ AttnKvMaps maps) {
 #if BULK_COPY_OK
-  constexpr int ROW_B = 2 * D;                          // one key row (bf16)
-  constexpr int PAIR_B = attn_tma_pair_bytes(D);        // a copy of 2 rows + the shift
-  constexpr int HALF_B = 8 * PAIR_B;                    // the K (or V) half of a stage
   constexpr int STAGE_B = attn_tma_stage_bytes(D);
+  constexpr int HALF_B = STAGE_B / 2;                   // the K (or V) half of a stage
   constexpr int MT = D / 16;                            // k-steps of S, m-tiles of O^T
   constexpr int CONS_THREADS = 32 * ATTN_TMA_CONS;
   static_assert(D == 64 || D == 128 || D == 256, "D = 64, 128 or 256");
@@ -1208,7 +1216,8 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
 
   mbar_t* full = reinterpret_cast<mbar_t*>(attn_tma_smem);
   mbar_t* empty = full + S;
-  unsigned char* ring = attn_tma_smem + ATTN_TMA_BAR_BYTES;
+  unsigned char* ring = attn_tma_smem + ATTN_TMA_BAR_BYTES;  // then up to a 1024-byte boundary
+  ring += (ATTN_TMA_ALIGN - (smem_addr(ring) & (ATTN_TMA_ALIGN - 1))) & (ATTN_TMA_ALIGN - 1);
   uint4* qf = reinterpret_cast<uint4*>(ring + S * STAGE_B);  // [MT][32]
   float* sm_m = reinterpret_cast<float*>(qf + MT * 32);
   float* sm_l = sm_m + ATTN_TMA_CONS * G;
@@ -1238,9 +1247,6 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   bool bad = false;
   int key_begin = 0, key_end = 0, ntiles = 0;
   const unsigned long long policy = producer ? l2_evict_first_policy() : 0ull;
-  const int cp = lane & 7;  // the producer lane's row pair (lanes 0..7: K, 8..15: V)
-  const bf16raw* src_base = static_cast<const bf16raw*>(lane < 8 ? p.k_pages : p.v_pages);
-  const int dst_ofs = (lane < 8 ? 0 : HALF_B) + cp * PAIR_B;
   auto plan = [&]() {
     key_begin = chunk * row.chunk_keys;
     key_end = min(row.len, key_begin + row.chunk_keys);
@@ -1253,19 +1259,21 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
                              : -2;
     bad |= rid == -1;
   };
-  // issues tile `next` (its page row in lane next % 32) into the next slot, once it is free
+  // issues tile `next` (its page row in lane next % 32) into the next slot, once it is free:
+  // one tensor copy of its 16 K rows and one of its 16 V rows (rows past the length come too,
+  // from the same page: the consumers mask them)
   auto issue = [&]() {
     const int r = __shfl_sync(ATTN_FULL, rid, next & 31);
-    const int nv = min(ATTN_TMA_TILE, key_end - key_begin - ATTN_TMA_TILE * next);
     if (lane == 0) {
       mbar_wait(empty + slot, phase ^ 1u);  // the slot's previous tile was read
-      mbar_arrive_expect_tx(full + slot, r >= 0 ? (unsigned)(2 * nv * ROW_B) : 0u);
+      mbar_arrive_expect_tx(full + slot, r >= 0 ? (unsigned)STAGE_B : 0u);
+      if (r >= 0) {
+        bulk_tensor_g2s_4d(ring + slot * STAGE_B, maps.k, 0, r >> 1, 0, 0, full + slot, policy);
+        bulk_tensor_g2s_4d(ring + slot * STAGE_B + HALF_B, maps.v, 0, r >> 1, 0, 0, full + slot,
+                           policy);
+      }
     }
     __syncwarp();
-    const int rows = min(2, nv - 2 * cp);
-    if (r >= 0 && lane < 16 && rows > 0)
-      bulk_copy_g2s(ring + slot * STAGE_B + dst_ofs, src_base + (i64)(r + 2 * cp) * D,
-                    (unsigned)(rows * ROW_B), full + slot, policy);
     if (++slot == S) {
       slot = 0;
       phase ^= 1u;
@@ -1311,11 +1319,14 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     timeline_mark(1);
     const unsigned ring_u = smem_addr(ring);
     // ldmatrix rows: lanes 8i..8i+7 address matrix i (mi). K (A = [key][dim]): mma rows
-    // r8 + 8 (mi & 1), dim chunk 2 ks + (mi >> 1); V (A = V^T by .trans): k rows r8 + 8 (mi >> 1),
-    // dim chunk 2 mt + (mi & 1). mma row kappa = r8 + 8 h is key 2 r8 + h: copy r8, row h.
+    // r8 + 8 (mi & 1), 16-byte dim unit w = 2 ks + (mi >> 1); V (A = V^T by .trans): k rows
+    // r8 + 8 (mi >> 1), unit w = 2 mt + (mi & 1). mma row kappa = r8 + 8 h is key 2 r8 + h:
+    // pair r8, parity h, so unit w of its row is at 128 (r8 + 8 h + 16 (w >> 3)) +
+    // 16 ((w & 7) ^ r8) (the swizzled tile, _tensor_map.py); (w & 7) ^ r8 =
+    // 2 (k & 3) ^ (r8 ^ x) for w = 2 k + x, x = 0 or 1.
     const int r8 = lane & 7, mi = lane >> 3;
-    const unsigned ka = r8 * PAIR_B + (mi & 1) * ROW_B + (mi >> 1) * 16;
-    const unsigned va = HALF_B + r8 * PAIR_B + (mi >> 1) * ROW_B + (mi & 1) * 16;
+    const unsigned ka = 128 * (r8 + 8 * (mi & 1)), kx = r8 ^ (mi >> 1);
+    const unsigned va = HALF_B + 128 * (r8 + 8 * (mi >> 1)), vx = r8 ^ (mi & 1);
     // P^T exchange (attn_mma_warp): lane (gi, t) needs p of k rows 2t, 2t+1 (+8) for query gi
     const int src_a = t * 8 + (gi >> 1), src_b = src_a + 4;
     const bool odd = (gi & 1) != 0;
@@ -1332,7 +1343,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
 #pragma unroll
       for (int ks = 0; ks < MT; ++ks) {
         unsigned a[4];
-        ldsm_x4(st + ka + ks * 32, a);
+        ldsm_x4(st + ka + 2048 * (ks >> 2) + (((2 * (ks & 3)) ^ kx) << 4), a);
         const uint4 b = qf[ks * 32 + lane];
         mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
         mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
@@ -1355,7 +1366,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         unsigned a[4];
-        ldsm_x4_trans(st + va + mt * 32, a);
+        ldsm_x4_trans(st + va + 2048 * (mt >> 2) + (((2 * (mt & 3)) ^ vx) << 4), a);
         a[0] &= vm_lo;
         a[1] &= vm_lo;
         a[2] &= vm_hi;

@@ -24,8 +24,8 @@ depends only on (dtype, D, group), never on N.
 NINFER_ATTN_TMA=1 (`use_tma`; default off): split-mode calls over bf16 pages with
 page_size % 16 == 0, D in 64 / 128 / 256 and <= 8 query heads per KV head, on sm_90, run
 paged_attention_tma_kernel instead: per block a producer warp streams the chunk's 16-key K / V
-tiles by bulk copies into a ring of `TMA_STAGES` shared-memory stages and 4 consumer warps run
-the MMA variant's math on them; same chunk plan, workspace, merges and gate. Its rows are batch
+tiles by tensor copies (one per 16 keys of K or of V; _tensor_map.py) into a ring of
+`TMA_STAGES` shared-memory stages and 4 consumer warps run the MMA variant's math on them; same chunk plan, workspace, merges and gate. Its rows are batch
 invariant among split-mode calls, but differ in the last bits from the other kernels, hence
 from the same row in a loop-mode call (N > SPLIT_MAX_ROWS).
 """
@@ -39,6 +39,7 @@ import numpy as np
 from ninfer import envs
 from ninfer.kernels_cuda import _checks as C
 from ninfer.kernels_cuda._loader import KernelSource, current_device, get_function, launch
+from ninfer.kernels_cuda._tensor_map import kv_maps_arg
 
 MAX_CHUNKS = 64   # chunks per row at most (ATTN_MAX_CHUNKS in attention.cu)
 # chunk sizes are multiples of this (ATTN_CHUNK_GRAIN, passed to attention.cu)
@@ -246,13 +247,18 @@ def tma_kernel_name(dim: int, rows: int) -> str:
     return f"paged_attention_tma_kernel<{dim}, {tma_blocks(rows)}>"
 
 
+def tma_stage_bytes(dim: int) -> int:
+    """One ring stage of paged_attention_tma_kernel: 16 keys' K and V rows (bf16)."""
+    return 2 * TMA_TILE * 2 * dim
+
+
 def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
     """Dynamic shared memory of paged_attention_tma_kernel<dim> (layout comment in
-    attention.cu): barriers (256 B), `stages` stages of 16 keys' K and V rows (8 copies of 2
-    rows each, 16 bytes apart), the q fragments, the warp states and the merge scratch."""
-    stage = 16 * (4 * dim + 16)
+    attention.cu): barriers (256 B), up to 1 KiB of padding to the ring's 1024-byte alignment,
+    `stages` stages (`tma_stage_bytes`), the q fragments, the warp states and the merge
+    scratch."""
     floats = 3 * TMA_CONSUMERS * group + group + 3 * group * GROUP + group
-    return 256 + stages * stage + dim // 16 * 32 * 16 + 4 * floats
+    return 256 + 1024 + stages * tma_stage_bytes(dim) + dim // 16 * 32 * 16 + 4 * floats
 
 
 def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool,
@@ -386,5 +392,6 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
         except (AttributeError, TypeError):
             pass
     threads = 32 * (TMA_CONSUMERS + 1) if tma else 32 * hg * kw
-    launch(fn, (chunks if split else 1, kv_heads, n), (threads,), (params,),
+    args = (params, kv_maps_arg(kp, vp)) if tma else (params,)
+    launch(fn, (chunks if split else 1, kv_heads, n), (threads,), args,
            shared_mem=smem, name="paged_attention", pdl=True)

@@ -82,4 +82,18 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, unsign
       "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
       : "memory");
 }
+
+// One box of a 4-d tensor map (`tmap`: the generic address of a CUtensorMap held in a
+// __grid_constant__ kernel parameter) at coordinates (c0, c1, c2, c3) to shared `dst` (aligned
+// as the map's swizzle needs: 1024 bytes for the 128-byte swizzle), counted on `bar`'s
+// transaction count (the whole box's bytes) when it lands.
+__device__ __forceinline__ void bulk_tensor_g2s_4d(void* dst, const void* tmap, int c0, int c1,
+                                                   int c2, int c3, mbar_t* bar,
+                                                   unsigned long long policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;" ::"r"(smem_addr(dst)),
+      "l"(tmap), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
 #endif

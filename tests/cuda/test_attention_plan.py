@@ -124,6 +124,22 @@ def test_tma_smem_fits(group, dim):
         smem = katt.tma_smem_bytes(group, dim, stages) + TMA_STATIC_SMEM
         assert smem + RESERVED <= BLOCK_SMEM_MAX, (stages, smem)
         assert 2 <= stages <= katt.TMA_MAX_STAGES and stages % katt.TMA_CONSUMERS == 0
-        assert stages * 16 * (4 * dim + 16) >= katt.TMA_CONSUMERS * group * dim * 4
+        assert 2 * katt.tma_stage_bytes(dim) >= katt.TMA_CONSUMERS * group * dim * 4
     smem = katt.tma_smem_bytes(group, dim, envs.attention_tma_stages()) + TMA_STATIC_SMEM + RESERVED
     assert 2 * smem <= SM_SMEM, smem
+
+
+def test_tensor_map_tile_layout_is_a_conflict_free_bijection():
+    """_tensor_map.swizzled_offset (the layout one tensor copy gives a 16-key tile, and the TMA
+    kernel's ldmatrix addressing): every (key, dim) has its own 2 bytes of the 2 D * 16 bytes,
+    and the 8 keys 2 q + h (q = 0..7) of one ldmatrix phase read a 16-byte unit in 8 distinct
+    bank groups."""
+    from ninfer.kernels_cuda._tensor_map import TILE_KEYS, swizzled_offset
+
+    for dim in katt.TMA_DIMS:
+        offs = {swizzled_offset(k, d) for k in range(TILE_KEYS) for d in range(dim)}
+        assert offs == set(range(0, 2 * dim * TILE_KEYS, 2)), dim
+        for h in (0, 1):
+            for unit in range(dim // 8):
+                banks = {(swizzled_offset(2 * q + h, 8 * unit) % 128) // 16 for q in range(8)}
+                assert len(banks) == 8, (dim, h, unit)
