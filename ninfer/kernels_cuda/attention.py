@@ -25,9 +25,10 @@ NINFER_ATTN_TMA=1 (`use_tma`; default off): split-mode calls over bf16 pages wit
 page_size % 16 == 0, D in 64 / 128 / 256 and <= 8 query heads per KV head, on sm_90, run
 paged_attention_tma_kernel instead: per block a producer warp streams the chunk's 16-key K / V
 tiles by tensor copies (one per 16 keys of K or of V; _tensor_map.py) into a ring of
-`TMA_STAGES` shared-memory stages and 4 consumer warps run the MMA variant's math on them; same chunk plan, workspace, merges and gate. Its rows are batch
-invariant among split-mode calls, but differ in the last bits from the other kernels, hence
-from the same row in a loop-mode call (N > SPLIT_MAX_ROWS).
+`TMA_STAGES` shared-memory stages and 4 consumer warps run the MMA variant's math on them;
+same chunk plan, workspace, merges and gate. Its rows are batch invariant among split-mode
+calls, but differ in the last bits from the other kernels, hence from the same row in a
+loop-mode call (N > SPLIT_MAX_ROWS).
 """
 from __future__ import annotations
 
