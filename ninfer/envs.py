@@ -222,8 +222,8 @@ def attention_mma() -> bool:
 def attention_tma() -> bool:
     """NINFER_ATTN_TMA (default off; "1" turns it on): decode (split mode) paged_attention over
     bf16 KV pages with page_size % 16 == 0, head_dim 64 / 128 / 256 and <= 8 query heads per KV
-    head, on an sm_90 device, runs paged_attention_tma_kernel (a producer warp streams the K / V
-    rows by bulk copies into a shared-memory ring; tensor-core math as NINFER_ATTN_MMA). Batch
+    head, on an sm_90 device, runs paged_attention_tma_kernel (a producer warp streams 16-key K / V
+    tiles by tensor copies into a shared-memory ring; tensor-core math as NINFER_ATTN_MMA). Batch
     invariant among split-mode calls, but not bitwise equal to the other kernels, so a row of a
     call with more than SPLIT_MAX_ROWS rows (loop mode) differs from it in the last bits. Read
     once, at import of the launcher."""

@@ -14,8 +14,8 @@ row .. row + 15 of one KV head (row a multiple of 16) into 2 D * 16 bytes of sha
 The 4-d view behind it: dim 0 the 64 dims of a chunk, dim 1 key pairs (stride 4 D bytes, all
 P * Hkv * page_size / 2 of them), dim 2 the key's parity (stride 2 D bytes), dim 3 the chunk
 (stride 128 bytes); box (64, 8, 2, D / 64). So the 8 keys 2 q + h (q = 0..7) that one ldmatrix
-phase of the decode attention reads sit in 8 distinct bank groups (XOR with q), as the
-attention kernel's 16-byte row shift placed them when it copied 2 rows at a time.
+phase of the decode attention reads sit in 8 distinct bank groups (XOR with q), in one copy
+per 8 KiB (2 rows per copy with a 16-byte shift did the same with 8 times the copies).
 """
 from __future__ import annotations
 
