@@ -38,3 +38,16 @@ def test_measure_roofline():
     m = harness.Measure("op", "v", 0.01, bytes=32e6).finish(harness.Ceilings(copy_gbps=4000))
     assert m.gbps == pytest.approx(3200)
     assert m.roofline == pytest.approx(0.8)
+
+
+def test_bulk_copy_rate_configs_fit_the_kernel():
+    """Every bench.bulk_copy_rate configuration launches: its ring fits a block's shared memory
+    (227 KiB), each slot has one consumer (slots a multiple of the 4 consumer warps), one
+    producer lane per copy, 16-byte aligned copies and pitches."""
+    from bench.bulk_copy_rate import CONFIGS
+
+    for c in CONFIGS:
+        assert 256 + c.stages * c.copies * c.pitch <= 227 * 1024, c
+        assert c.stages % 4 == 0 and 1 <= c.copies <= 32, c
+        assert c.copy % 16 == 0 and c.pitch % 16 == 0 and c.pitch >= c.copy, c
+        assert c.label()
