@@ -1144,10 +1144,10 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // 128-byte swizzled layout that puts the 8 rows of every ldmatrix phase (keys 2 r8 + h,
 // r8 = 0..7) in distinct bank groups. One copy per 8 KiB: a producer warp's bulk copies cost
 // ~35-70 ns each whatever their size (bench/bulk_copy_rate.py: one producer streams ~27 GB/s
-// in 1 KiB copies, ~63 GB/s in 8 KiB ones), so the 16 copies of 2 rows per tile that this
-// kernel issued before capped an SM near 24 GB/s. Stage = 16 KiB for D = 256 (the ring
-// 1024-byte aligned): 4 stages x 2 blocks per SM (156 registers x 160 threads) keep up to
-// 128 KiB per SM in flight.
+// in 1 KiB copies, ~63 GB/s in 8 KiB ones); with the 16 copies of 2 rows per tile it issued
+// before, a block of this kernel streamed ~19 GB/s (ncu, docs/performance.md). Stage = 16 KiB
+// for D = 256 (the ring 1024-byte aligned): 4 stages x 2 blocks per SM (161 registers x 160
+// threads) keep up to 128 KiB per SM in flight.
 //  - Producer warp: looks up the pages of 32 tiles at a time (a lane per tile), then per tile
 //    in order: lane 0 waits until the slot is free (`empty`) and announces the tile's bytes on
 //    `full` and issues the K and the V copy (whole tiles: the rows of a partial last tile past
