@@ -23,19 +23,33 @@ import numpy as np
 
 TILE_KEYS = 16
 MAP_BYTES = 128
-_CACHE: dict[tuple, np.ndarray] = {}
+_CACHE: dict[tuple, np.ndarray] = {}  # kv_tile_map's maps and kv_maps_arg's pairs
 _CACHE_MAX = 64
+
+
+def _cached(key: tuple, make) -> np.ndarray:
+    found = _CACHE.get(key)
+    if found is None:
+        found = make()
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = found
+    return found
+
+
+def _pages_key(pages) -> tuple:
+    return int(pages.data.ptr), tuple(pages.shape)
 
 
 def kv_tile_map(pages) -> np.ndarray:
     """The 128 bytes (uint64[16]) of the tensor map of `pages` (bf16 bits, uint16 CuPy array
     [P, Hkv, page_size, D]; layout in the module doc). Cached by address and shape (a map
     depends on nothing else); encoding needs the CUDA driver (cuda-python)."""
+    return _cached(("map",) + _pages_key(pages), lambda: _encode(pages))
+
+
+def _encode(pages) -> np.ndarray:
     num_pages, kv_heads, page_size, dim = pages.shape
-    key = (int(pages.data.ptr), tuple(pages.shape))
-    found = _CACHE.get(key)
-    if found is not None:
-        return found
     rows = num_pages * kv_heads * page_size
     if dim not in (64, 128, 256) or rows % 2 or pages.dtype != np.uint16:
         raise ValueError(f"kv_tile_map: bf16 pages of D 64/128/256 and an even row count, got "
@@ -47,7 +61,7 @@ def kv_tile_map(pages) -> np.ndarray:
     strides = [4 * dim, 2 * dim, 128]  # bytes, dims 1..3
     box = [64, TILE_KEYS // 2, 2, chunks]
     err, tmap = cu.cuTensorMapEncodeTiled(
-        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, key[0],
+        cu.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, int(pages.data.ptr),
         [cu.cuuint64_t(d) for d in dims], [cu.cuuint64_t(s) for s in strides],
         [cu.cuuint32_t(b) for b in box], [cu.cuuint32_t(1)] * 4,
         cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
@@ -56,18 +70,17 @@ def kv_tile_map(pages) -> np.ndarray:
         cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if err != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"cuTensorMapEncodeTiled({tuple(pages.shape)}): {err.name}")
-    raw = np.array([int(x) for x in tmap.opaque], dtype=np.uint64)
-    if len(_CACHE) >= _CACHE_MAX:
-        _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[key] = raw
-    return raw
+    return np.array([int(x) for x in tmap.opaque], dtype=np.uint64)
 
 
 def kv_maps_arg(k_pages, v_pages) -> np.ndarray:
     """The kernel argument holding the K and the V pages' maps (256 bytes, passed by value as a
-    `__grid_constant__` struct of two CUtensorMap)."""
-    both = np.concatenate([kv_tile_map(k_pages), kv_tile_map(v_pages)])
-    return np.frombuffer(both.tobytes(), dtype=np.dtype((np.void, 2 * MAP_BYTES)))
+    `__grid_constant__` struct of two CUtensorMap; cached, like the maps)."""
+    def make():
+        both = np.concatenate([kv_tile_map(k_pages), kv_tile_map(v_pages)])
+        return np.frombuffer(both.tobytes(), dtype=np.dtype((np.void, 2 * MAP_BYTES)))
+
+    return _cached(("arg",) + _pages_key(k_pages) + _pages_key(v_pages), make)
 
 
 def swizzled_offset(key: int, dim: int) -> int:

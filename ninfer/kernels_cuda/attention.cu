@@ -685,19 +685,21 @@ __device__ __forceinline__ void attn_chunk_result(const AttnParams& p, i64 n, in
 }
 
 // The split mode's counting of finished partials (attn_split_finish), in two builds:
-// ATTN_ACQ_REL (attention.py SOURCE_ACQ_REL, NINFER_ATTN_ACQ_REL, the default): after the block barrier that
-// follows its threads' partial stores, thread 0 counts with one atom.add.acq_rel.gpu: its
-// release orders the block's stores (ordered before it by the barrier: release is cumulative)
-// before the count, its acquire orders the other blocks' counted partials before the reads
-// that follow the next barrier (the CUTLASS semaphore pattern). Otherwise: every thread
-// fences (__threadfence, fence.sc.gpu), then thread 0 counts with a relaxed atomicAdd and
-// every thread fences again before reading the partials. The same bits either way.
+// ATTN_ACQ_REL (attention.py SOURCE_ACQ_REL, NINFER_ATTN_ACQ_REL, the default): after the
+// block barrier that follows its threads' partial stores, thread 0 counts with one
+// atom.add.acq_rel.gpu: its release orders the block's stores (ordered before it by the
+// barrier: release is cumulative) before the count, its acquire orders the other blocks'
+// counted partials before the reads that follow the next barrier (the CUTLASS semaphore
+// pattern). Otherwise: every thread fences (__threadfence, fence.sc.gpu), then thread 0
+// counts with a relaxed atomicAdd and every thread fences again before reading the partials.
+// The same bits either way.
 #ifndef ATTN_ACQ_REL
 #define ATTN_ACQ_REL 0
 #endif
 __device__ __forceinline__ int attn_count_acq_rel(int* counter) {
   int old;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;"
+               : "=r"(old) : "l"(counter) : "memory");
   return old;
 }
 // Called by every thread after its partial stores; returns (in every thread) whether this
@@ -1171,8 +1173,9 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 //    paged_attention_kernel merges its key warps; then the one-chunk output or the partial, and
 //    attn_split_finish.
 // Dynamic shared memory (attention.py tma_smem_bytes): barriers full[stages], empty[stages]
-// (256 B) | up to 1008 B to a 1024-byte boundary | ring stages x attn_tma_stage_bytes(D) | q fragments uint4 [D / 16][32] |
-// m, l, f [ATTN_TMA_CONS][G] | chunk max [G] | merge a, b, l [G][ATTN_GROUP], M [G].
+// (256 B) | up to 1008 B to a 1024-byte boundary | ring stages x attn_tma_stage_bytes(D) |
+// q fragments uint4 [D / 16][32] | m, l, f [ATTN_TMA_CONS][G] | chunk max [G] |
+// merge a, b, l [G][ATTN_GROUP], M [G].
 // Phase marks (timeline build, bench/attn_timeline.py): 1 the q fragments staged, 2 the chunk's
 // first tile landed, 7 the tiles computed (a level-2 merge's attn_merge overwrites it), 3..6
 // and 0 attn_split_finish's.
@@ -1181,6 +1184,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 #define ATTN_TMA_BAR_BYTES 256  // full[stages], empty[stages]
 #define ATTN_TMA_MAX_STAGES 16
 #define ATTN_TMA_ALIGN 1024       // the ring's alignment (the 128-byte swizzle's period)
+#define ATTN_TMA_LINE 128         // a swizzled line: 64 dims of one key (_tensor_map.py)
 __host__ __device__ constexpr int attn_tma_stage_bytes(int d) {
   return 2 * ATTN_TMA_TILE * 2 * d;  // K: 16 rows, then V: 16 rows (swizzled, _tensor_map.py)
 }
@@ -1192,8 +1196,8 @@ struct __align__(64) AttnKvMaps {
   unsigned long long v[16];
 };
 
-// MINB: blocks per SM the registers are capped for (launch bounds): 2 (156 registers, no
-// spill) or 3 (128 registers, a 16-byte spill), attention.py TMA_BLOCKS.
+// MINB: blocks per SM the registers are capped for (launch bounds): 2 (161 registers at
+// D = 256, no spill) or 3 (128 registers, a 24-byte spill), attention.py TMA_BLOCKS.
 template <int D, int MINB>
 __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     paged_attention_tma_kernel(const AttnParams p, const __grid_constant__ AttnKvMaps maps) {
@@ -1254,9 +1258,8 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   };
   // lane j: the element row of tile tb + j's first key (its 16 keys are rows rid .. + 15)
   auto lookup = [&](const int* bt, int tb) {
-    rid = tb + lane < ntiles ? attn_key_row(p, bt, row.ok, g, key_begin + ATTN_TMA_TILE * (tb + lane),
-                                            key_end, true)
-                             : -2;
+    const int key = key_begin + ATTN_TMA_TILE * (tb + lane);
+    rid = tb + lane < ntiles ? attn_key_row(p, bt, row.ok, g, key, key_end, true) : -2;
     bad |= rid == -1;
   };
   // issues tile `next` (its page row in lane next % 32) into the next slot, once it is free:
@@ -1325,8 +1328,9 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
     // 16 ((w & 7) ^ r8) (the swizzled tile, _tensor_map.py); (w & 7) ^ r8 =
     // 2 (k & 3) ^ (r8 ^ x) for w = 2 k + x, x = 0 or 1.
     const int r8 = lane & 7, mi = lane >> 3;
-    const unsigned ka = 128 * (r8 + 8 * (mi & 1)), kx = r8 ^ (mi >> 1);
-    const unsigned va = HALF_B + 128 * (r8 + 8 * (mi >> 1)), vx = r8 ^ (mi & 1);
+    constexpr int CHUNK_B = ATTN_TMA_TILE * ATTN_TMA_LINE;  // the lines of 64 dims of a tile
+    const unsigned ka = ATTN_TMA_LINE * (r8 + 8 * (mi & 1)), kx = r8 ^ (mi >> 1);
+    const unsigned va = HALF_B + ATTN_TMA_LINE * (r8 + 8 * (mi >> 1)), vx = r8 ^ (mi & 1);
     // P^T exchange (attn_mma_warp): lane (gi, t) needs p of k rows 2t, 2t+1 (+8) for query gi
     const int src_a = t * 8 + (gi >> 1), src_b = src_a + 4;
     const bool odd = (gi & 1) != 0;
@@ -1343,7 +1347,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
 #pragma unroll
       for (int ks = 0; ks < MT; ++ks) {
         unsigned a[4];
-        ldsm_x4(st + ka + 2048 * (ks >> 2) + (((2 * (ks & 3)) ^ kx) << 4), a);
+        ldsm_x4(st + ka + CHUNK_B * (ks >> 2) + (((2 * (ks & 3)) ^ kx) << 4), a);
         const uint4 b = qf[ks * 32 + lane];
         mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
         mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
@@ -1366,7 +1370,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         unsigned a[4];
-        ldsm_x4_trans(st + va + 2048 * (mt >> 2) + (((2 * (mt & 3)) ^ vx) << 4), a);
+        ldsm_x4_trans(st + va + CHUNK_B * (mt >> 2) + (((2 * (mt & 3)) ^ vx) << 4), a);
         a[0] &= vm_lo;
         a[1] &= vm_lo;
         a[2] &= vm_hi;

@@ -76,6 +76,7 @@ TMA_DIMS = (64, 128, 256)  # head dims of paged_attention_tma_kernel
 TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attention.cu)
 TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
 TMA_MAX_STAGES = 16  # ATTN_TMA_MAX_STAGES
+TMA_RING_ALIGN = 1024  # ATTN_TMA_ALIGN: the ring's alignment (the 128-byte swizzle's period)
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
@@ -259,7 +260,8 @@ def tma_smem_bytes(group: int, dim: int, stages: int) -> int:
     `stages` stages (`tma_stage_bytes`), the q fragments, the warp states and the merge
     scratch."""
     floats = 3 * TMA_CONSUMERS * group + group + 3 * group * GROUP + group
-    return 256 + 1024 + stages * tma_stage_bytes(dim) + dim // 16 * 32 * 16 + 4 * floats
+    return (256 + TMA_RING_ALIGN + stages * tma_stage_bytes(dim) + dim // 16 * 32 * 16
+            + 4 * floats)
 
 
 def _smem_bytes(group: int, kw: int, nwarps: int, dim: int, split: bool,

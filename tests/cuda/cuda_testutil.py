@@ -239,6 +239,26 @@ def assert_invalid_attention_rows_nan(rng, k_pages, v_pages, bt: np.ndarray, pag
     assert not host(workspace.counters).any()
 
 
+def acq_rel_same_bits(monkeypatch, launch, n: int, rows, counters):
+    """paged_attention's NINFER_ATTN_ACQ_REL builds (acquire-release vs fenced counting) give the
+    same bits: `launch(rows_slice, batched)` runs rows_slice of the caller's inputs (batched:
+    the whole batch, as the caller configures it, e.g. gated and past_kv_ready) and returns the
+    output; it runs for all `n` rows and for each row of `rows` alone, in both builds, and the
+    workspace `counters` are 0 after each build's launches. Returns the acquire-release build's
+    batched output."""
+    from ninfer.kernels_cuda import attention as katt
+
+    outs = {}
+    for acq_rel in (False, True):
+        monkeypatch.setattr(katt, "ACQ_REL", acq_rel)
+        outs[acq_rel] = [launch(slice(0, n), True)]
+        outs[acq_rel] += [launch(slice(r, r + 1), False) for r in rows]
+        assert not host(counters).any(), "workspace counters must be 0 after a launch"
+    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
+        assert_same_bits(a, b, f"call {i}: acq_rel vs fenced")
+    return outs[True][0]
+
+
 def assert_attention_graph_replay(ctx, rng, name: str, k_pages, v_pages, block_tables, lengths,
                                   heads: int, d: int, workspace) -> None:
     """A decode paged_attention launch (row i: sequence i at its last position, `heads` query

@@ -4,6 +4,7 @@ per SM it is meant for (H100 / H200: 228 KiB per SM, 227 KiB per block, 1 KiB re
 block)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ninfer.kernels_cuda import attention as katt
@@ -143,3 +144,32 @@ def test_tensor_map_tile_layout_is_a_conflict_free_bijection():
             for unit in range(dim // 8):
                 banks = {(swizzled_offset(2 * q + h, 8 * unit) % 128) // 16 for q in range(8)}
                 assert len(banks) == 8, (dim, h, unit)
+
+
+def test_kv_maps_arg_packs_both_maps_and_encodes_each_once(monkeypatch):
+    """kv_maps_arg: the K map's 128 bytes then the V map's, as one 256-byte by-value argument;
+    each pages array's map is encoded once (cached by address and shape), the pair too."""
+    import types
+
+    from ninfer.kernels_cuda import _tensor_map as tm
+
+    encoded = []
+
+    def fake_encode(pages):
+        encoded.append(pages.data.ptr)
+        return np.full(16, pages.data.ptr, dtype=np.uint64)
+
+    monkeypatch.setattr(tm, "_encode", fake_encode)
+    monkeypatch.setattr(tm, "_CACHE", {})
+
+    def pages(ptr):
+        return types.SimpleNamespace(data=types.SimpleNamespace(ptr=ptr), shape=(9, 2, 16, 256))
+
+    k, v = pages(4096), pages(8192)
+    arg = tm.kv_maps_arg(k, v)
+    assert arg.shape == (1,) and arg.dtype.itemsize == 2 * tm.MAP_BYTES
+    words = np.frombuffer(arg.tobytes(), dtype=np.uint64)
+    assert (words[:16] == 4096).all() and (words[16:] == 8192).all()
+    assert tm.kv_maps_arg(k, v) is arg
+    assert tm.kv_maps_arg(v, k) is not arg
+    assert sorted(encoded) == [4096, 8192]

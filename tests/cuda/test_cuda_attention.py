@@ -22,9 +22,9 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
-                           dev, host, assert_invalid_attention_rows_nan, nan_own_key_slots,
-                           poisoned, random_block_tables, randn, rel_err)
+from cuda_testutil import (acq_rel_same_bits, assert_attention_graph_replay, assert_close,
+                           assert_same_bits, cp, dev, host, assert_invalid_attention_rows_nan,
+                           nan_own_key_slots, poisoned, random_block_tables, randn, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -264,17 +264,12 @@ def test_acq_rel_counting_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
     q = dev(randn(rng, (n, heads, d), 2.0))
     gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
     ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
-    outs = {}
-    for acq_rel in (False, True):
-        monkeypatch.setattr(katt, "ACQ_REL", acq_rel)
-        outs[acq_rel] = [kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws, gate=gate,
-                                past_kv_ready=True)]
-        outs[acq_rel] += [kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], d ** -0.5,
-                                 workspace=ws) for r in (0, 4, 7)]
-        assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
-    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
-        assert_same_bits(a, b, f"call {i}: acq_rel vs fenced")
-    o = host(outs[True][0])
+
+    def launch(rows, batched):
+        return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, workspace=ws,
+                      gate=gate if batched else None, past_kv_ready=batched)
+
+    o = host(acq_rel_same_bits(monkeypatch, launch, n, (0, 4, 7), ws.counters))
     assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import (assert_attention_graph_replay, assert_close, assert_same_bits, cp,
-                           dev, host, assert_invalid_attention_rows_nan, nan_own_key_slots,
-                           poisoned, randn, rel_err)
+from cuda_testutil import (acq_rel_same_bits, assert_attention_graph_replay, assert_close,
+                           assert_same_bits, cp, dev, host, assert_invalid_attention_rows_nan,
+                           nan_own_key_slots, poisoned, randn, rel_err)
 
 from ninfer import ops
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -315,16 +315,13 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
     q = dev(randn(rng, (n, heads, d), 2.0))
     gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
     ws = kv.workspace(n, heads)
-    outs = {}
-    for acq_rel in (False, True):
-        monkeypatch.setattr(katt, "ACQ_REL", acq_rel)
-        outs[acq_rel] = [kv.run(q, row_seq, row_pos, d ** -0.5, ws, gate=gate, ready=True)]
-        outs[acq_rel] += [kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], d ** -0.5, ws)
-                          for r in (0, 5, 7)]
-        assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
-    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
-        assert_same_bits(a, b, f"call {i}: acq_rel vs fenced")
-    assert np.isfinite(host(outs[True][0])).all()
+
+    def launch(rows, batched):
+        return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, ws,
+                      gate=gate if batched else None, ready=batched)
+
+    assert np.isfinite(host(acq_rel_same_bits(monkeypatch, launch, n, (0, 5, 7),
+                                              ws.counters))).all()
     _assert_tma_ran(tma, d)
 
 
