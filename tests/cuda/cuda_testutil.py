@@ -239,6 +239,20 @@ def assert_invalid_attention_rows_nan(rng, k_pages, v_pages, bt: np.ndarray, pag
     assert not host(workspace.counters).any()
 
 
+def decode_rows(rng, lengths, heads: int, d: int, invalid: tuple[int, int] | None = None):
+    """Decode rows for paged_attention tests: row i is sequence i at its last position (length
+    lengths[i]); with invalid = (seq, length) one more row of that (out-of-range) sequence.
+    Returns (row_seq, row_pos) as int32 host arrays, then q [N, heads, d] (scale 2) and a gate
+    (the strided half of a [N, heads, 2 d] projection), both random on the device."""
+    extra = [] if invalid is None else [invalid]
+    row_seq = np.array(list(range(len(lengths))) + [s for s, _ in extra], np.int32)
+    row_pos = np.array(list(lengths) + [n for _, n in extra], np.int32) - 1
+    n = len(row_seq)
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
+    return row_seq, row_pos, q, gate
+
+
 def acq_rel_same_bits(monkeypatch, launch, n: int, rows, counters):
     """paged_attention's NINFER_ATTN_ACQ_REL builds (acquire-release vs fenced counting) give the
     same bits: `launch(rows_slice, batched)` runs rows_slice of the caller's inputs (batched:

@@ -23,8 +23,9 @@ from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
 from cuda_testutil import (acq_rel_same_bits, assert_attention_graph_replay, assert_close,
-                           assert_same_bits, cp, dev, host, assert_invalid_attention_rows_nan,
-                           nan_own_key_slots, poisoned, random_block_tables, randn, rel_err)
+                           assert_same_bits, cp, decode_rows, dev, host,
+                           assert_invalid_attention_rows_nan, nan_own_key_slots, poisoned,
+                           random_block_tables, randn, rel_err)
 
 pytestmark = pytest.mark.gpu
 
@@ -196,12 +197,9 @@ def test_past_kv_ready_same_bits(rng, monkeypatch, heads, hkv, d, bf16, split):
         monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
     lengths = [1, 2, 7, 8, 9, 16, 17, 31, 32, 33, 63, 64, 65, 96, 127, 129, 1025, 4097, 9000]
     kv = _Kv(rng, lengths, hkv, d, bf16)
-    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
-    row_seq[-1] = len(lengths) + 5  # an invalid row: NaN in both
-    row_pos = np.array(lengths + [3], np.int32) - 1
+    # an invalid row: NaN in both
+    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d, (len(lengths) + 5, 3))
     n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
     scale = d ** -0.5
     ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
     for g in (None, gate):
@@ -257,12 +255,9 @@ def test_acq_rel_counting_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
     monkeypatch.setattr(katt, "PREWAIT", True)
     lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000]
     kv = _Kv(rng, lengths, hkv, d, bf16)
-    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
-    row_seq[-1] = len(lengths) + 3  # an invalid row
-    row_pos = np.array(lengths + [5], np.int32) - 1
+    # and an invalid row
+    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d, (len(lengths) + 3, 5))
     n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
     ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
 
     def launch(rows, batched):

@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cuda_testutil import (acq_rel_same_bits, assert_attention_graph_replay, assert_close,
-                           assert_same_bits, cp, dev, host, assert_invalid_attention_rows_nan,
-                           nan_own_key_slots, poisoned, randn, rel_err)
+                           assert_same_bits, cp, decode_rows, dev, host,
+                           assert_invalid_attention_rows_nan, nan_own_key_slots, poisoned,
+                           randn, rel_err)
 
 from ninfer import ops
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -276,12 +277,9 @@ def test_tma_past_kv_ready_same_bits(rng, monkeypatch, tma, group, d, page_size)
     lengths = [1, 2, 15, 16, 17, 63, 64, 65, 80, 81, 127, 128, 129, 1000, 4097, 4111, 9000,
                33000, 33007]
     kv = _Paged(rng, lengths, hkv, d, page_size)
-    row_seq = np.arange(len(lengths) + 1, dtype=np.int32)
-    row_seq[-1] = len(lengths) + 5  # an invalid row
-    row_pos = np.array(lengths + [3], np.int32) - 1
+    # and an invalid row
+    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d, (len(lengths) + 5, 3))
     n = len(row_seq)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
     scale = d ** -0.5
     ws = kv.workspace(n, heads)
     for g in (None, gate):
@@ -309,11 +307,8 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
     heads, hkv, d = 16, 4, 256
     lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000, 2049]
     kv = _Paged(rng, lengths, hkv, d)
-    row_seq = np.arange(len(lengths), dtype=np.int32)
-    row_pos = np.array(lengths, np.int32) - 1
+    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d)
     n = len(lengths)
-    q = dev(randn(rng, (n, heads, d), 2.0))
-    gate = dev(randn(rng, (n, heads, 2 * d)))[:, :, d:]
     ws = kv.workspace(n, heads)
 
     def launch(rows, batched):
