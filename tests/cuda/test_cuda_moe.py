@@ -912,3 +912,143 @@ def test_moe_route_with_swiglu_graph_replay_equals_eager(rng):
                 randn_refill(rng, (x, 2.0), (logits, 2.0), (shared, 1.0)),
                 [w, ids, act, out], [w, ids, act, out], eager,
                 ("weights", "ids", "act", "out"), f"n={n}")
+
+
+# The router GEMV in that launch too (moe_router_route_with_swiglu; linear.cu
+# linear_tma_router_route_kernel: the routing block waits for the router blocks by a count):
+# bitwise linear + moe_route(..., workspace=) + linear_swiglu, group tables included.
+
+def _router_operands(rng, n, hidden, inter, experts):
+    """(x, router [E + 1, H] bf16, shared gate_up): the router's extra row plays the shared
+    expert's gate logit."""
+    x, gate_up, _ = _swiglu_route_operands(rng, n, hidden, inter, experts)
+    _, router = weight_pair(rng, (experts + 1, hidden), DType.BFLOAT16, hidden ** -0.5)
+    return x, router, gate_up
+
+
+def _router_route_run(x, router, experts, top_k, gate_up, *, fused: bool):
+    """((logits, weights, ids, act, tables...), launch names, workspace) into poisoned outputs
+    and workspace."""
+    from ninfer.kernels_cuda import linear as klinear
+
+    n, hidden = x.shape
+    inter = gate_up.shape[0] // 2
+    ws = _poisoned_ws(n, top_k, hidden, inter)
+    logits = poisoned((n, router.shape[0]))
+    w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, inter))
+    with launch_names(klinear, kmoe, attrs=("launch", "launch_dependent")) as names:
+        if fused:
+            assert ops.moe_router_route_with_swiglu_applies(x, router, logits, experts, top_k,
+                                                            gate_up, workspace=ws)
+            ops.moe_router_route_with_swiglu(x, router, logits, experts, top_k, w, ids, gate_up,
+                                             act, workspace=ws)
+        else:
+            ops.linear(x, router, logits)
+            ops.moe_route(logits[:, :experts], top_k, w, ids, workspace=ws)
+            ops.linear_swiglu(x, gate_up, act)
+    return (logits, w, ids, act) + _tables(ws, n * top_k), names, ws
+
+
+@pytest.mark.parametrize("hidden,inter,experts,top_k", [
+    (2048, 512, 256, 8),   # 35B-A3B: 17 router blocks, 64 SwiGLU tiles, the routing block
+    (1040, 200, 61, 5),    # odd E, top_k and tile counts
+    (64, 24, 16, 4),       # one partial stage
+    (4096, 136, 512, 10),  # E = 512 (moe_route_row<16> exactly), 4 stages
+    (6144, 40, 40, 3),     # K > 5 stages: x read per stage (XS = 0)
+])
+def test_moe_router_route_with_swiglu_equals_three_ops_bitwise(rng, hidden, inter, experts,
+                                                               top_k):
+    for n in (1, 2, 5, 8):
+        x, router, gate_up = _router_operands(rng, n, hidden, inter, experts)
+        what = f"n={n} H={hidden} I={inter} E={experts} K={top_k}"
+        got, names, ws = _router_route_run(x, router, experts, top_k, gate_up, fused=True)
+        want, base_names, _ = _router_route_run(x, router, experts, top_k, gate_up, fused=False)
+        assert names == ["linear_router_route"], (what, names)
+        assert len(base_names) == 3, (what, base_names)
+        assert int(host(ws.arrived)[0]) == 0, f"{what}: the count is left for the next launch"
+        assert np.isfinite(host(got[0])).all() and np.isfinite(host(got[3])).all(), what
+        labels = ("logits", "weights", "ids", "act", "num_groups", "group_expert", "group_pairs")
+        for a, b, label in zip(got, want, labels, strict=True):
+            assert_same_bits(a, b, f"{label}: one launch vs three ({what})")
+
+
+def test_moe_router_route_with_swiglu_many_launches_in_a_row(rng):
+    """40 launches back to back on one workspace (a step's MoE layers), PDL on, new x each
+    time: every launch's routing sees its own router's logits (the count is reset each time)."""
+    n, hidden, inter, experts, top_k = 1, 2048, 512, 256, 8
+    ws = _poisoned_ws(n, top_k, hidden, inter)
+    xs, outs = [], []
+    _, router, gate_up = _router_operands(rng, n, hidden, inter, experts)
+    for _ in range(40):
+        x = dev(randn(rng, (n, hidden), 2.0))
+        logits = poisoned((n, experts + 1))
+        w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, inter))
+        ops.moe_router_route_with_swiglu(x, router, logits, experts, top_k, w, ids, gate_up, act,
+                                         workspace=ws)
+        xs.append(x)
+        outs.append((logits, w, ids, act))
+    for i, (x, got) in enumerate(zip(xs, outs, strict=True)):
+        want, _, _ = _router_route_run(x, router, experts, top_k, gate_up, fused=False)
+        for a, b, label in zip(got, want[:4], ("logits", "weights", "ids", "act"), strict=True):
+            assert_same_bits(a, b, f"{label}: launch {i} of 40")
+    assert int(host(ws.arrived)[0]) == 0
+
+
+def test_moe_router_route_with_swiglu_falls_back_outside_its_shapes(rng):
+    """N = 9 (two column tiles) and E > 512: the separate launches, the same contract."""
+    for n, experts, top_k in ((9, 64, 4), (2, 600, 8)):
+        x, router, gate_up = _router_operands(rng, n, 128, 32, experts)
+        ws = _poisoned_ws(n, top_k, 128, 32)
+        logits = poisoned((n, experts + 1))
+        assert not ops.moe_router_route_with_swiglu_applies(x, router, logits, experts, top_k,
+                                                            gate_up, workspace=ws)
+        w, ids, act = poisoned((n, top_k)), poisoned((n, top_k), np.int32), poisoned((n, 32))
+        ops.moe_router_route_with_swiglu(x, router, logits, experts, top_k, w, ids, gate_up, act,
+                                         workspace=ws)
+        want, _, _ = _router_route_run(x, router, experts, top_k, gate_up, fused=False)
+        for a, b, label in zip((logits, w, ids, act), want[:4],
+                               ("logits", "weights", "ids", "act"), strict=True):
+            assert_same_bits(a, b, f"{label}: fallback n={n} E={experts}")
+
+
+def test_moe_router_route_with_swiglu_graph_replay_equals_eager(rng):
+    """Captured in a CUDA graph with the expert stages after it (the decode order), replayed on
+    new inputs: bitwise the eager linear + moe_route + linear_swiglu + moe_block."""
+    from ninfer.core.cuda import DeviceContext
+
+    experts, top_k, hidden, inter, sub = 256, 8, 2048, 512, 8
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        gu, dn, _, _ = _tiled_experts_35b(rng, experts, sub)
+        for n in (1, 8):
+            x, router, shared_gu = _router_operands(rng, n, hidden, inter, experts)
+            shared = dev(randn(rng, (n, hidden)))
+            ws = _poisoned_ws(n, top_k, hidden, inter)
+            logits = poisoned((n, experts + 1))
+            w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+            act, out = poisoned((n, inter)), poisoned((n, hidden))
+
+            def step():
+                ops.moe_router_route_with_swiglu(x, router, logits, experts, top_k, w, ids,
+                                                 shared_gu, act, workspace=ws)
+                ops.moe_block(x, logits[:, :experts], top_k, gu, dn, w, ids, out,
+                              shared=shared, shared_gate=logits[:, experts:], workspace=ws,
+                              routed=True)
+
+            def eager():
+                want, _, _ = _router_route_run(x, router, experts, top_k, shared_gu,
+                                               fused=False)
+                e_logits = want[0]
+                e_out = poisoned((n, hidden))
+                ew, eids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
+                ops.moe_block(x, e_logits[:, :experts], top_k, gu, dn, ew, eids, e_out,
+                              shared=shared, shared_gate=e_logits[:, experts:],
+                              workspace=_poisoned_ws(n, top_k, hidden, inter))
+                return [want[0], want[1], want[2], want[3], e_out]
+
+            assert_graph_replay_equals_eager(
+                ctx, "moe_router_route_with_swiglu", step,
+                randn_refill(rng, (x, 2.0), (shared, 1.0)),
+                [logits, w, ids, act, out], [logits, w, ids, act, out], eager,
+                ("logits", "weights", "ids", "act", "out"), f"n={n}")
+            assert int(host(ws.arrived)[0]) == 0
