@@ -109,15 +109,6 @@ def moe_route_swiglu() -> bool:
     return _flag("NINFER_MOE_ROUTE_SWIGLU", True)
 
 
-def moe_router_route() -> bool:
-    """NINFER_MOE_ROUTER_ROUTE (default off; "1" turns it on): at decode, with
-    NINFER_MOE_ROUTE_SWIGLU, a Qwen3.5 MoE layer's router GEMV runs in the same launch as its
-    routing and shared expert gate_up (kernels_cuda.moe.router_route_with_swiglu: the routing
-    block waits for the router blocks by a count); bitwise the same. Read when a backend is
-    built."""
-    return _flag("NINFER_MOE_ROUTER_ROUTE", False)
-
-
 def moe_down_prewait() -> bool:
     """NINFER_MOE_DOWN_PREWAIT (default on; "0" turns it off): the fused MoE down kernel
     prefetches its blocks' down-weight rows into the L2 before its PDL wait, where the group

@@ -28,10 +28,6 @@
 // the last, which runs the MoE routing (moe_route.cuh) on the router logits meanwhile (moe.py
 // route_with_swiglu; see below).
 //
-// linear_tma_router_route_kernel<SK, CONS, XS, J>: the router GEMV (linear_tma_kernel<0, ...>)
-// on its own blocks as well, the routing block waiting for their logits by a count (moe.py
-// router_route_with_swiglu; see below).
-//
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
 #include "bulk_copy.cuh"
@@ -277,10 +273,9 @@ __device__ __forceinline__ void tma_step(unsigned a, const unsigned (&xf)[XW], f
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
 #if BULK_COPY_OK
-// The body of linear_tma_kernel on G persistent row-tile blocks; b < G: this block's index
-// among them (blockIdx.x for linear_tma_kernel).
+// The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
-__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G, const int b) {
+__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
@@ -314,7 +309,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
     const bf16raw* w = static_cast<const bf16raw*>(p.w);
     const int r = lane & 15;  // this lane's stage row
     unsigned q = 0;           // the block's stage sequence number
-    for (int t0 = b; t0 < tiles; t0 += TG * G) {
+    for (int t0 = blockIdx.x; t0 < tiles; t0 += TG * G) {
       const bf16raw* src[TG];
       unsigned tx[TG];   // bytes per k of the tile's stage (its live rows)
       bool row_ok[TG];
@@ -393,7 +388,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   }
   unsigned q = 0;
   int parity = 0;
-  for (int t0 = b; t0 < tiles; t0 += TG * G) {
+  for (int t0 = blockIdx.x; t0 < tiles; t0 += TG * G) {
     float c[TG][4];
 #pragma unroll
     for (int i = 0; i < TG; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
@@ -451,7 +446,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
       if (tile >= tiles) break;
       mma_store_partials(red[parity], warp, g, t, c[i]);
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-      if (t0 == b && i == 0) timeline_mark(1);  // first tile: every warp's MMAs
+      if (t0 == (int)blockIdx.x && i == 0) timeline_mark(1);  // first tile: every warp's MMAs
       timeline_mark(2);  // (the last tile's overwrites it)
       const int m0 = tile * TILE;
       for (int idx = threadIdx.x; idx < TILE * 8; idx += 32 * CONS) {
@@ -475,7 +470,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
-  linear_tma_body<SWIGLU, SK, CONS, XS, TG, IO>(p, gridDim.x, blockIdx.x);
+  linear_tma_body<SWIGLU, SK, CONS, XS, TG, IO>(p, gridDim.x);
 #else
   __trap();
 #endif
@@ -495,29 +490,6 @@ struct TmaRouteParams {
 };
 static_assert(sizeof(TmaRouteParams) == 144, "TmaRouteParams layout is mirrored in linear.py");
 
-// The routing block's warps: one per row and at least one thread per pair (<= CONS + 1,
-// linear.py).
-__device__ __forceinline__ int tma_route_warps(const TmaRouteParams& q) {
-  return max(q.gemv.n, (q.gemv.n * q.top_k + 31) >> 5);
-}
-
-// The routing half of the fused kernels below on the routing block's first `warps` warps (the
-// rest of the block has exited): moe_route_group_kernel<J>'s routing of q.logits (complete when
-// called) with that kernel's warps (rows w, w + warps, ...), then its grouping, synchronised by
-// named barrier 1.
-template <int J>
-__device__ __forceinline__ void tma_route_rows(const TmaRouteParams& q, const int warps) {
-  const int n_rows = q.gemv.n, n_pairs = n_rows * q.top_k;
-  int* s_ids = reinterpret_cast<int*>(tma_smem);
-  const int lane = threadIdx.x & 31;
-  for (int n = threadIdx.x >> 5; n < n_rows; n += warps)
-    moe_route_row<J>(q.logits + n * q.logits_rs, q.experts, q.top_k, lane,
-                     q.w_out + n * q.w_out_rs, q.ids_out + n * q.top_k, s_ids + n * q.top_k);
-  moe_group_sync<true>(32 * warps);  // the routed ids in s_ids
-  moe_group_block<true>(s_ids, n_pairs, q.chunk, q.group_expert, q.group_pairs, q.num_groups,
-                        32 * warps);
-}
-
 // linear_tma_swiglu_route_kernel<SK, CONS, XS, J> (N <= 8: one column tile): blocks 0..G-1
 // (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1, 0> on q.gemv (the MoE layer's
 // shared expert gate_up + SwiGLU; each tile computed exactly as that kernel computes it), and
@@ -532,83 +504,22 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1)
 #if BULK_COPY_OK
   const int G = gridDim.x - 1;
   if (blockIdx.x < G) {
-    linear_tma_body<1, SK, CONS, XS, 1, 0>(q.gemv, G, blockIdx.x);
+    linear_tma_body<1, SK, CONS, XS, 1, 0>(q.gemv, G);
     return;
   }
   pdl_launch_dependents();  // as the GEMV blocks do: the next kernel waits for this grid
-  const int warps = tma_route_warps(q);
+  const int n_rows = q.gemv.n, n_pairs = n_rows * q.top_k;
+  const int warps = max(n_rows, (n_pairs + 31) >> 5);  // <= CONS + 1 (linear.py)
   if ((int)threadIdx.x >= 32 * warps) return;
   pdl_wait();
-  tma_route_rows<J>(q, warps);
-#else
-  __trap();
-#endif
-}
-
-// linear_tma_router_route_kernel<SK, CONS, XS, J> (N <= 8: one column tile): the MoE layer's
-// router GEMV, its routing and the shared expert's gate_up + SwiGLU in one launch. Blocks
-// 0..R-1 (R = q.router_blocks) run linear_tma_kernel<0, SK, CONS, XS, 1, 0> on q.router (the
-// logits, into q.route.logits' buffer), blocks R..gridDim.x-2 run linear_tma_kernel<1, SK, CONS,
-// XS, 1, 0> on q.route.gemv, and the last block routes as linear_tma_swiglu_route_kernel's does
-// once every router block has stored its logits: each router block's consumers meet at named
-// barrier 1, then thread 0 adds 1 to *q.arrived with release semantics (cumulative: it orders
-// the block's stores before the count); the routing block's thread 0 waits with acquire loads
-// until the count reaches R and resets it to 0 for the next launch (every count of this launch
-// has arrived; the next launch counts only after its pdl_wait, i.e. after this grid completed).
-// The grid is at most one block per SM (linear.py), so every router block is resident while
-// the routing block waits; a count that never arrives traps after ~ROUTER_WAIT_TRAP_NS instead
-// of hanging. Every tile and the routing are computed by the functions of the separate
-// launches, so logits, act, weights, ids and the group tables are bitwise those of `linear`,
-// then linear_tma_swiglu_route_kernel (or moe_route + linear_swiglu). The router link of the
-// step's dependent chain (its grid completion and the next launch's wait) goes away, and the
-// shared expert's GEMV runs beside the router instead of after it.
-struct TmaRouterRouteParams {
-  TmaRouteParams route;  // the shared expert's SwiGLU GEMV and the routing of route.logits
-  GemvParams router;     // the router GEMV (out: the logits buffer, route.logits' rows)
-  int* arrived;          // i32, 0 between launches: router blocks whose logits are stored
-  int router_blocks;
-  int pad;
-};
-static_assert(sizeof(TmaRouterRouteParams) == 224,
-              "TmaRouterRouteParams layout is mirrored in linear.py");
-#define ROUTER_WAIT_TRAP_NS 2000000000ull  // 2 s: a lost count, not a slow one
-
-template <int SK, int CONS, int XS, int J>
-__global__ void __launch_bounds__(32 * (CONS + 1), 1)
-    linear_tma_router_route_kernel(const __grid_constant__ TmaRouterRouteParams q) {
-#if BULK_COPY_OK
-  const int R = q.router_blocks, G = gridDim.x - 1 - R;
-  const int b = blockIdx.x;
-  if (b < R) {
-    linear_tma_body<0, SK, CONS, XS, 1, 0>(q.router, R, b);
-    if ((int)(threadIdx.x >> 5) == CONS) return;  // the producer warp
-    asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");  // every logit stored
-    if (threadIdx.x == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(q.arrived)
-                                       : "memory");
-    return;
-  }
-  if (b < R + G) {
-    linear_tma_body<1, SK, CONS, XS, 1, 0>(q.route.gemv, G, b - R);
-    return;
-  }
-  pdl_launch_dependents();  // as the GEMV blocks do: the next kernel waits for this grid
-  const int warps = tma_route_warps(q.route);
-  if ((int)threadIdx.x >= 32 * warps) return;
-  pdl_wait();  // the tables may still be read by the previous layer's expert stages
-  if (threadIdx.x == 0) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-      int seen;
-      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(q.arrived) : "memory");
-      if (seen >= R) break;
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-      if (t - t0 > ROUTER_WAIT_TRAP_NS) __trap();
-    }
-    *q.arrived = 0;
-  }
-  moe_group_sync<true>(32 * warps);  // thread 0's acquire orders the logits' loads after it
-  tma_route_rows<J>(q.route, warps);
+  int* s_ids = reinterpret_cast<int*>(tma_smem);
+  const int lane = threadIdx.x & 31;
+  for (int n = threadIdx.x >> 5; n < n_rows; n += warps)
+    moe_route_row<J>(q.logits + n * q.logits_rs, q.experts, q.top_k, lane,
+                     q.w_out + n * q.w_out_rs, q.ids_out + n * q.top_k, s_ids + n * q.top_k);
+  moe_group_sync<true>(32 * warps);  // the routed ids in s_ids
+  moe_group_block<true>(s_ids, n_pairs, q.chunk, q.group_expert, q.group_pairs, q.num_groups,
+                        32 * warps);
 #else
   __trap();
 #endif

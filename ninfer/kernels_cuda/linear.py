@@ -57,23 +57,17 @@ SOURCE = KernelSource("linear.cu", tuple(
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO) if tg > 1 or io]
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
-    + [f"linear_tma_{kind}_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
-       for kind in ("swiglu_route", "router_route")
+    + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
        for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                 ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
 GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
 assert GEMV_PARAMS.itemsize == 64
-_ROUTE_FIELDS = (*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
-                 ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
-                 ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"), ("top_k", "i32"),
-                 ("chunk", "i32"), ("pad", "i32"))
-ROUTE_PARAMS = C.struct(*_ROUTE_FIELDS)
+ROUTE_PARAMS = C.struct(*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
+                        ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
+                        ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"),
+                        ("top_k", "i32"), ("chunk", "i32"), ("pad", "i32"))
 assert ROUTE_PARAMS.itemsize == 144
-# linear.cu TmaRouterRouteParams: a TmaRouteParams, the router's GemvParams (r_*), the count
-ROUTER_ROUTE_PARAMS = C.struct(*_ROUTE_FIELDS, *[("r_" + n, t) for n, t in _GEMV_FIELDS],
-                               ("arrived", "ptr"), ("router_blocks", "i32"), ("pad2", "i32"))
-assert ROUTER_ROUTE_PARAMS.itemsize == 224
 # linear_tma_swiglu_route_kernel (moe.route_with_swiglu, NINFER_MOE_ROUTE_SWIGLU): the MoE
 # routing on an extra block of the shared expert's gate_up launch. H200 35B-A3B decode, same
 # machine, 3 rounds, B = 1 / 8 ms: 2.799-2.820 / 7.613-7.640 with it, 2.896-2.899 / 7.705-7.713
@@ -305,57 +299,6 @@ def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out
     gemv_blocks = max(1, min(-(-inner // 8), current_device().sm_count - 1))
     _start_tma(f"linear_tma_swiglu_route_kernel<{TMA_SK}, {TMA_CONSUMERS}, {xs}, {j}>",
                (gemv_blocks + 1, 1), TMA_CONSUMERS, params, smem, "linear_swiglu_route")
-
-
-def tma_router_route_ok(x, router, logits, experts: int, gate_up, top_k: int, *,
-                        batch_invariant: bool = False) -> bool:
-    """Whether `launch_tma_router_route` takes these operands: `tma_swiglu_route_ok` for the
-    shared expert and the routing, `linear(x, router, logits, batch_invariant=)` running
-    linear_tma_kernel with the default geometry (`tma_geometry`, an f32 x), a router [M, K] with
-    M >= experts, logits f32 [N, M], and room for the router's ceil(M / 16) blocks, one shared
-    expert block and the routing block at one block per SM."""
-    if not tma_swiglu_route_ok(x, gate_up, experts, top_k):
-        return False
-    if tma_geometry(x, router, batch_invariant=batch_invariant) != (1024, TMA_ROUTE_CONSUMERS):
-        return False
-    m = C.weight_array(router, "router")[0].shape[0]
-    return (m >= experts and logits.ndim == 2 and logits.shape == (x.shape[0], m)
-            and logits.dtype == np.float32 and -(-m // 16) + 2 <= current_device().sm_count)
-
-
-def launch_tma_router_route(x, router, logits, experts: int, gate_up, act_out, top_k: int,
-                            weights_out, ids_out, group_expert, group_pairs, num_groups,
-                            arrived, chunk: int) -> None:
-    """linear_tma_router_route_kernel on operands that passed `tma_router_route_ok`: logits f32
-    [N, M] = x @ router^T on the first ceil(M / 16) blocks, act_out f32 [N, I] = silu(x @
-    gate^T) * (x @ up^T) on the next ones, and on the last block, once the logits are stored,
-    the routing of logits[:, :experts] into weights_out (rows strided) and ids_out (contiguous)
-    and its group tables (groups of <= chunk pairs); bitwise `linear(x, router, logits)` then
-    `launch_tma_swiglu_route`. arrived: i32 [1], 0 (the kernel leaves it 0)."""
-    n, k = x.shape
-    w, _ = C.weight_array(gate_up, "gate_up")
-    r, _ = C.weight_array(router, "router")
-    inner, m = w.shape[0] // 2, r.shape[0]
-    stages, smem = tma_plan(TMA_SK, TMA_CONSUMERS, TMA_RING_KIB)
-    router_blocks = -(-m // 16)
-    gemv_blocks = max(1, min(-(-inner // 8), current_device().sm_count - 1 - router_blocks))
-    params = C.pack(ROUTER_ROUTE_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(act_out),
-                    w_rs=C.row_stride(w, "gate_up"), x_rs=C.row_stride(x, "x"),
-                    out_rs=C.row_stride(act_out, "act_out"), m=inner, k=k, n=n, splits=stages,
-                    logits=C.ptr(logits), w_out=C.ptr(weights_out), ids_out=C.ptr(ids_out),
-                    group_expert=C.ptr(group_expert), group_pairs=C.ptr(group_pairs),
-                    num_groups=C.ptr(num_groups), logits_rs=C.row_stride(logits, "logits"),
-                    w_out_rs=C.row_stride(weights_out, "weights_out"),
-                    experts=experts, top_k=top_k, chunk=chunk,
-                    r_w=C.ptr(r), r_x=C.ptr(x), r_out=C.ptr(logits),
-                    r_w_rs=C.row_stride(r, "router"), r_x_rs=C.row_stride(x, "x"),
-                    r_out_rs=C.row_stride(logits, "logits"), r_m=m, r_k=k, r_n=n,
-                    r_splits=stages, arrived=C.ptr(arrived), router_blocks=router_blocks)
-    xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS)
-    j = 8 if experts <= 256 else 16  # moe_route_row<J>: any 32 J >= E, the same bits
-    _start_tma(f"linear_tma_router_route_kernel<{TMA_SK}, {TMA_CONSUMERS}, {xs}, {j}>",
-               (router_blocks + gemv_blocks + 1, 1), TMA_CONSUMERS, params, smem,
-               "linear_router_route")
 
 
 def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,

@@ -36,15 +36,12 @@ from ninfer.kernels_cuda.linear import (
     MMA_ROWS_WARP_SMEM,
     ROWS_PER_BLOCK,
     k_splits,
-    launch_tma_router_route,
     launch_tma_swiglu_route,
-    linear,
     linear_swiglu,
     mma_splits,
     rows_tile,
     tma_geometry,
     tma_ok,
-    tma_router_route_ok,
     tma_swiglu_route_ok,
 )
 
@@ -302,42 +299,6 @@ def route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_
 
 
 
-def router_route_with_swiglu_applies(x, router, logits, experts: int, top_k: int, gate_up,
-                                     workspace: MoeWorkspace | None, *,
-                                     batch_invariant: bool = False) -> bool:
-    """Whether `router_route_with_swiglu` runs as one launch: `route_with_swiglu_applies` for
-    logits[:, :experts], a workspace with the launch's count, and linear.tma_router_route_ok
-    (the router GEMV on linear_tma_kernel's default geometry, room for its blocks)."""
-    return (workspace is not None and workspace.arrived is not None and logits.ndim == 2
-            and route_with_swiglu_applies(logits[:, :experts], top_k, x, gate_up, workspace)
-            and tma_router_route_ok(x, router, logits, experts, gate_up, top_k,
-                                    batch_invariant=batch_invariant))
-
-
-def router_route_with_swiglu(x, router, logits, experts: int, top_k: int, weights_out, ids_out,
-                             gate_up, act_out, *, workspace: MoeWorkspace,
-                             batch_invariant: bool = False) -> None:
-    """`linear(x, router, logits, batch_invariant=batch_invariant)` (the router: [M, H] with
-    M >= experts; logits f32 [N, M]), then `route_with_swiglu(logits[:, :experts], top_k,
-    weights_out, ids_out, x, gate_up, act_out, workspace=workspace)`: bitwise those, in one
-    launch where `router_route_with_swiglu_applies` (linear.cu linear_tma_router_route_kernel:
-    the routing block waits for the router blocks' logits by a count instead of for the
-    router's grid to complete), else the launches of those two calls."""
-    if not router_route_with_swiglu_applies(x, router, logits, experts, top_k, gate_up,
-                                            workspace, batch_invariant=batch_invariant):
-        linear(x, router, logits, batch_invariant=batch_invariant)
-        route_with_swiglu(logits[:, :experts], top_k, weights_out, ids_out, x, gate_up, act_out,
-                          workspace=workspace)
-        return
-    n, _ = _check_route(logits[:, :experts], top_k, weights_out, ids_out)
-    w, _ = C.weight_array(gate_up, "gate_up")
-    C.device_array(act_out, "act_out", dtype=np.float32, ndim=2, shape=(n, w.shape[0] // 2))
-    C.contiguous(ids_out, "ids_out")
-    launch_tma_router_route(x, router, logits, experts, gate_up, act_out, top_k, weights_out,
-                            ids_out, workspace.group_expert, workspace.group_pairs,
-                            workspace.num_groups, workspace.arrived, GROUP_STRIDE)
-
-
 def route_groups(ws: MoeWorkspace, pairs: int) -> bool:
     """Whether `moe_route(..., workspace=ws)` writes the group tables for `pairs` pairs: the
     grouped-GEMV path's pair limit and room in ws (else moe_block's grouped path cannot run
@@ -396,8 +357,6 @@ class MoeWorkspace:
     num_groups: object    # i32 [1]
     # u32 [2], zeros: moe_tma_experts_kernel's grid barrier (one u64: arrivals | generation << 32)
     barrier: object = None
-    # i32 [1], zero between launches: linear_tma_router_route_kernel's count of router blocks
-    arrived: object = None
 
     @classmethod
     def allocate(cls, max_rows: int, top_k: int, hidden: int, inter: int):
@@ -406,8 +365,7 @@ class MoeWorkspace:
         return cls(cp.empty((pairs, inter), dtype=np.float32),
                    cp.empty((pairs, hidden), dtype=np.float32),
                    cp.empty(pairs, dtype=np.int32), cp.empty(pairs * GROUP_STRIDE, dtype=np.int32),
-                   cp.empty(1, dtype=np.int32), cp.zeros(2, dtype=np.uint32),
-                   cp.zeros(1, dtype=np.int32))
+                   cp.empty(1, dtype=np.int32), cp.zeros(2, dtype=np.uint32))
 
     def fits(self, pairs: int, hidden: int, inter: int) -> bool:
         return (self.act.shape[0] >= pairs and self.act.shape[1] == inter

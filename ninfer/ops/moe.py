@@ -1,7 +1,6 @@
 """MoE ops: `moe_route` (softmax, top-k, renormalise), `moe_experts` and `moe_block` (the two
-plus the gated shared expert's add), and the CUDA decode paths `moe_route_with_swiglu` (the
-routing beside the shared expert's gate_up in one launch; docs/ops.md) and
-`moe_router_route_with_swiglu` (the router GEMV in that launch too)."""
+plus the gated shared expert's add), and the CUDA decode path `moe_route_with_swiglu` (the
+routing beside the shared expert's gate_up in one launch; docs/ops.md)."""
 from __future__ import annotations
 
 from ninfer.core.dtypes import DType
@@ -121,44 +120,6 @@ def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, 
                           out_name="act_out")
     check.kernels(backend, "moe").route_with_swiglu(logits, top_k, weights_out, ids_out, x,
                                                     gate_up, act_out, workspace=workspace)
-
-
-def moe_router_route_with_swiglu_applies(x, router, logits, experts: int, top_k: int, gate_up,
-                                         *, workspace=None, batch_invariant: bool = False) -> bool:
-    """Whether `moe_router_route_with_swiglu` runs as one launch for these operands (CUDA;
-    False on the CPU)."""
-    if backend_of(logits, x, router, gate_up) is not Backend.CUDA:
-        return False
-    return check.kernels(Backend.CUDA, "moe").router_route_with_swiglu_applies(
-        x, router, logits, experts, top_k, gate_up, workspace, batch_invariant=batch_invariant)
-
-
-def moe_router_route_with_swiglu(x, router, logits, experts: int, top_k: int, weights_out,
-                                 ids_out, gate_up, act_out, *, workspace,
-                                 batch_invariant: bool = False) -> None:
-    """CUDA-only decode fast path: `linear(x, router, logits, batch_invariant=batch_invariant)`
-    (router: Weight [M, H] with M >= experts, e.g. the routed experts' rows then the shared
-    expert's gate row; logits f32 [N, M]), then `moe_route_with_swiglu(logits[:, :experts],
-    top_k, weights_out, ids_out, x, gate_up, act_out, workspace=workspace)`: bitwise those two
-    ops' results, in one launch where `moe_router_route_with_swiglu_applies` (the routing
-    block waits for the router's blocks by a count), else their launches."""
-    backend = backend_of(logits, weights_out, ids_out, x, router, gate_up, act_out)
-    if backend is not Backend.CUDA:
-        raise TypeError("moe_router_route_with_swiglu is a CUDA-only op (the CPU backend runs "
-                        "linear, moe_route, then linear + swiglu)")
-    n, h = check.array("moe_router_route_with_swiglu", "x", x, check.F32, (None, None), _ROWS)
-    m, _ = check.weight("moe_router_route_with_swiglu", "router", router, (None, h))
-    check.array("moe_router_route_with_swiglu", "logits", logits, check.F32, (n, m), _ROWS)
-    if isinstance(experts, bool) or not isinstance(experts, int) or not 1 <= experts <= m:
-        raise ValueError(f"moe_router_route_with_swiglu: experts must be an int in [1, {m}], "
-                         f"got {experts!r}")
-    _check_route("moe_router_route_with_swiglu", logits[:, :experts], top_k, weights_out,
-                 ids_out)
-    check_swiglu_operands("moe_router_route_with_swiglu", x, gate_up, act_out, rows=n,
-                          out_name="act_out")
-    check.kernels(backend, "moe").router_route_with_swiglu(
-        x, router, logits, experts, top_k, weights_out, ids_out, gate_up, act_out,
-        workspace=workspace, batch_invariant=batch_invariant)
 
 
 def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:

@@ -308,19 +308,6 @@ def test_moe_route_with_swiglu_equals_two_launches(tmp_path, monkeypatch):
                                  configure, launch="linear_swiglu_route")
 
 
-def test_moe_router_route_equals_separate_launches(tmp_path, monkeypatch):
-    """NINFER_MOE_ROUTER_ROUTE (KernelWorkspaces.moe_router_route): the MoE layers' router GEMV
-    in the launch of the routing and the shared expert's gate_up gives bitwise the logits and
-    tokens of the router's own launch (decode graphs at several batch sizes), and the captured
-    graphs do hold the one-launch kernel."""
-    def configure(backend, on):
-        backend.decode_kws.moe_route_with_swiglu = True
-        backend.decode_kws.moe_router_route = on
-
-    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, "tiny-moe", dtype="bfloat16"),
-                                 configure, launch="linear_router_route")
-
-
 def test_moe_fold_shared_down_equals_linear(tmp_path, monkeypatch):
     """NINFER_MOE_FOLD_SHARED (KernelWorkspaces.moe_fold_shared_down): the MoE layers' shared
     down projection inside the fused MoE down launch gives bitwise the logits and tokens of its

@@ -182,24 +182,6 @@ def test_moe_route_with_swiglu_is_cuda_only(rng):
                               gate_up, poisoned((n, IM)), workspace=None)
 
 
-def test_moe_router_route_with_swiglu_is_cuda_only(rng):
-    """The router + routing + shared gate_up launch is a CUDA decode op: on the CPU
-    `moe_router_route_with_swiglu_applies` says no and the op raises a TypeError naming what the
-    CPU runs instead."""
-    from ninfer.core.dtypes import DType
-    from ninfer.ops import moe_router_route_with_swiglu, moe_router_route_with_swiglu_applies
-
-    n = 2
-    x, logits = randn(rng, (n, H)), poisoned((n, E + 1))
-    router = weight(rng, (E + 1, H), DType.BFLOAT16)
-    gate_up = weight(rng, (2 * IM, H), DType.BFLOAT16)
-    assert not moe_router_route_with_swiglu_applies(x, router, logits, E, K, gate_up)
-    with pytest.raises(TypeError, match="CUDA-only"):
-        moe_router_route_with_swiglu(x, router, logits, E, K, poisoned((n, K)),
-                                     poisoned((n, K), np.int32), gate_up, poisoned((n, IM)),
-                                     workspace=None)
-
-
 def test_moe_block_shared_down_folds_only_on_cuda(rng):
     """The shared down projection folded into moe_block is a CUDA decode path: on the CPU
     `moe_block_folds_shared_down` says no and moe_block refuses `shared_down` with a ValueError

@@ -153,7 +153,6 @@ class CudaBackend(BackendStores):
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True,
                 fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first,
                 moe_route_with_swiglu=envs.moe_route_swiglu(),
-                moe_router_route=envs.moe_router_route(),
                 moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,

@@ -96,9 +96,6 @@ class KernelWorkspaces:
     # with moe_route_first: the routing runs on an extra block of the shared expert's gate_up
     # GEMV (one moe_route_with_swiglu launch) where it applies (decode; fused_swiglu)
     moe_route_with_swiglu: bool = False
-    # with moe_route_with_swiglu: the router GEMV runs in that launch too (one
-    # moe_router_route_with_swiglu launch; the routing waits for the router's blocks by a count)
-    moe_router_route: bool = False
     # with moe_route_with_swiglu: the shared expert's down projection runs inside moe_block's
     # down launch where ops.moe_block_folds_shared_down (decode; bitwise the linear launch)
     moe_fold_shared_down: bool = False
@@ -354,36 +351,18 @@ class Qwen35Forward:
                 and ops.moe_route_with_swiglu_applies(logits, self.cfg.num_experts_per_tok, x,
                                                       w.shared_gate_up, workspace=self.kws.moe))
 
-    def _router_route_with_swiglu(self, w: MoEParams, logits, x) -> bool:
-        """Whether the router GEMV, the routing and the shared expert's gate_up run as one
-        launch: bitwise the router `linear` and the one launch of `_route_with_swiglu`."""
-        return (self.kws.moe_router_route and self.kws.moe_route_with_swiglu
-                and self._fused_swiglu(w.shared_gate_up)
-                and ops.moe_router_route_with_swiglu_applies(
-                    x, w.router_gate, logits, self.cfg.num_experts,
-                    self.cfg.num_experts_per_tok, w.shared_gate_up, workspace=self.kws.moe,
-                    batch_invariant=self.kws.batch_invariant))
-
     def _moe(self, w: MoEParams, x, out) -> None:
         ws, n, e, top_k = self.ws, x.shape[0], self.cfg.num_experts, self.cfg.num_experts_per_tok
         logits = ws.router_logits[:n]  # [router logits | shared-expert gate logit]
         weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
+        self._linear(x, w.router_gate, logits)
         routed = self.kws.moe_route_first
         shared = ws.shared_out[:n]
         fold = {}
-        act = ws.ffn_act(n, w.shared_gate_up.shape[0] // 2)
-        if routed and self._router_route_with_swiglu(w, logits, x):
-            ops.moe_router_route_with_swiglu(x, w.router_gate, logits, e, top_k, weights, ids,
-                                             w.shared_gate_up, act, workspace=self.kws.moe,
-                                             batch_invariant=self.kws.batch_invariant)
-            one_launch = True
-        else:
-            self._linear(x, w.router_gate, logits)
-            one_launch = routed and self._route_with_swiglu(w, logits[:, :e], x)
-            if one_launch:
-                ops.moe_route_with_swiglu(logits[:, :e], top_k, weights, ids, x,
-                                          w.shared_gate_up, act, workspace=self.kws.moe)
-        if one_launch:
+        if routed and self._route_with_swiglu(w, logits[:, :e], x):
+            act = ws.ffn_act(n, w.shared_gate_up.shape[0] // 2)
+            ops.moe_route_with_swiglu(logits[:, :e], top_k, weights, ids, x, w.shared_gate_up,
+                                      act, workspace=self.kws.moe)
             if self.kws.moe_fold_shared_down and ops.moe_block_folds_shared_down(
                     x, top_k, w.experts_gate_up, w.experts_down, w.shared_down, act,
                     batch_invariant=self.kws.batch_invariant):
