@@ -100,14 +100,6 @@ def moe_tma_x_regs() -> bool:
     return _flag("NINFER_MOE_TMA_XREGS", True)
 
 
-def moe_tma_tables() -> bool:
-    """NINFER_MOE_TMA_TABLES (default on; "0" turns it off): moe_tma_gate_up_kernel copies the
-    MoE group tables into shared memory once after its PDL wait instead of reading each work
-    item's expert id and pair slots from global memory (the same bits either way). Read once,
-    at import of the launcher."""
-    return _flag("NINFER_MOE_TMA_TABLES", True)
-
-
 def moe_route_swiglu() -> bool:
     """NINFER_MOE_ROUTE_SWIGLU (default on; "0" turns it off): at decode a Qwen3.5 MoE layer's
     routing runs on an extra block of its shared expert's gate_up + SwiGLU GEMV (one launch,

@@ -736,10 +736,6 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
 // stages of 16 pitch bytes.
 // pairs = 1 (moe.py MOE_TMA_PAIRS): consumers take the block's items two at a time (see
 // moe_tma_consume) when the ring holds two items; the same bits as one at a time.
-// table_pairs in 1..MOE_FUSED_PAIRS (moe.py TMA_TABLES): the group tables' first table_pairs
-// entries (>= num_groups) are copied into static shared memory after pdl_wait, beside the
-// num_groups load, and every item's expert id and pair slots are read from there; 0: from
-// global memory per item. Static shared memory: MoeTableCopy (moe.py TMA_GATE_UP_STATIC).
 #define MOE_TMA_PAD 64
 #define MOE_TMA_MAX_STAGES 16
 #define MOE_TMA_BAR_BYTES 256
@@ -766,39 +762,14 @@ struct MoeTmaItem {
   const int* gp;
   int m0, e;
 };
-
-// The group tables a bulk-copy expert stage reads per work item: p.group_expert /
-// p.group_pairs, or the block's shared-memory copy of them (moe_tma_stage_tables).
-struct MoeTables {
-  const int* expert;
-  const int* pairs;
-};
-
-// moe_tma_gate_up_kernel's copy of the group tables (table_pairs <= MOE_FUSED_PAIRS entries:
-// the call's pairs, >= its groups), so that no work item waits on a global round trip for its
-// expert and pair slots. Every thread of the block calls it after pdl_wait; the caller
-// synchronises the block before the copy is read.
-struct MoeTableCopy {
-  int expert[MOE_FUSED_PAIRS];
-  int pairs[MOE_FUSED_PAIRS * MOE_GROUP];
-};
-__device__ __forceinline__ MoeTables moe_tma_stage_tables(const MoeGemvParams& p,
-                                                          int table_pairs, MoeTableCopy& s) {
-  if (table_pairs <= 0 || table_pairs > MOE_FUSED_PAIRS) return {p.group_expert, p.group_pairs};
-  for (int i = threadIdx.x; i < table_pairs * MOE_GROUP; i += blockDim.x) {
-    s.pairs[i] = p.group_pairs[i];
-    if (i < table_pairs) s.expert[i] = p.group_expert[i];
-  }
-  return {s.expert, s.pairs};
-}
 template <int XR>
-__device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, const MoeTables& tb,
-                                                   int item, int tiles, int g) {
+__device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int item, int tiles,
+                                                   int g) {
   MoeTmaItem it;
   const int grp = item / tiles;
   it.m0 = (item - grp * tiles) * 8;
-  it.e = tb.expert[grp];
-  it.gp = tb.pairs + grp * MOE_GROUP;
+  it.e = p.group_expert[grp];
+  it.gp = p.group_pairs + grp * MOE_GROUP;
   if (XR) {  // every pair reads x row 0 (held in registers; xp unused)
     it.xp = p.x;
     return it;
@@ -941,16 +912,16 @@ __device__ __forceinline__ void moe_tma_ring_init(const MoeTmaRing& r, int cons,
 
 // The producer warp of moe_tma_gate_up_kernel: streams the block's work items' stages into the
 // ring (see the kernel).
-__device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const MoeTables& tb,
-                                                const MoeTmaRing& R, int sk, int ns, int stages,
-                                                int items, int tiles, int lane) {
+__device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const MoeTmaRing& R,
+                                                int sk, int ns, int stages, int items,
+                                                int tiles, int lane) {
   const int G = gridDim.x;
   const unsigned long long policy = l2_evict_first_policy();
   const int r = lane & 15;  // this lane's tile row
   unsigned q = 0;           // the block's stage sequence number
   for (int item = blockIdx.x; item < items; item += G) {
     const int grp = item / tiles, m0 = (item - grp * tiles) * 8;
-    const int e = tb.expert[grp];
+    const int e = p.group_expert[grp];
     const bool bad = e < 0 || e >= p.experts;
     const int live = bad ? 0 : min(8, p.m - m0);  // copied gate (= up) rows
     const bool row_ok = lane < 16 && (r & 7) < live;
@@ -977,7 +948,6 @@ __device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const Mo
 // act = silu(gate) * up into p.out (see the kernel).
 template <int XR>
 __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
-                                                      const MoeTables& tb,
                                                       const MoeTmaRing& R, int sk, int sw,
                                                       int stages, int pairs, int items,
                                                       int tiles, int warp, int lane) {
@@ -1025,7 +995,7 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
     float c[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {  // (the second item's state repeats the first's when alone)
-      it[j] = moe_tma_item<XR>(p, tb, j < n_it ? item + j * G : item, tiles, g);
+      it[j] = moe_tma_item<XR>(p, j < n_it ? item + j * G : item, tiles, g);
       const unsigned qj = q + (unsigned)(j * ns);
       slot[j] = qj % (unsigned)stages;
       c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
@@ -1073,8 +1043,7 @@ template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
                                                                           int stages,
-                                                                          int pairs,
-                                                                          int table_pairs) {
+                                                                          int pairs) {
 #if BULK_COPY_OK
   const TimelineMarks marks;  // (phase marks: timeline build only; thread 0 is a consumer)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1092,14 +1061,11 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
   timeline_mark(0);
   const int tiles = (p.m + 7) >> 3;
   const int items = *p.num_groups * tiles;
-  __shared__ MoeTableCopy tables;
-  const MoeTables tb = moe_tma_stage_tables(p, table_pairs, tables);
-  __syncthreads();
   if (warp == cons) {  // producer
-    moe_tma_produce(p, tb, ring, sk, ns, stages, items, tiles, lane);
+    moe_tma_produce(p, ring, sk, ns, stages, items, tiles, lane);
     return;
   }
-  moe_tma_consume_items<XR>(p, tb, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
+  moe_tma_consume_items<XR>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
   timeline_mark(1);  // thread 0: its last item's outputs stored
 #else
   __trap();
@@ -1468,8 +1434,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
   const unsigned q_act = q_down + (unsigned)((down_groups + gps - 1) / gps);
   const int x_pitch = d.k + 4;
   if (warp == cons) {  // producer: the gate_up items, then the shared and down tiles
-    moe_tma_produce(p, {p.group_expert, p.group_pairs}, ring, q.sk, ns, q.stages, items,
-                    tiles_m, lane);
+    moe_tma_produce(p, ring, q.sk, ns, q.stages, items, tiles_m, lane);
     if (fold && owns) {
       const bf16raw* src[MOE_EXPERTS_GROUPS] = {sd.w + (i64)m0 * sd.w_rs};
       moe_tma_stage_tiles(ring, q.stages, q_shared, src, 1, sd.w_rs, min(16, sd.m - m0),
@@ -1477,8 +1442,8 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1)
     }
     moe_tma_produce_down(d, ring, q.stages, q_down, down_groups, gps, lane);
   } else {
-    moe_tma_consume_items<XR>(p, {p.group_expert, p.group_pairs}, ring, q.sk, q.sw, q.stages,
-                              q.pairs, items, tiles_m, warp, lane);
+    moe_tma_consume_items<XR>(p, ring, q.sk, q.sw, q.stages, q.pairs, items, tiles_m, warp,
+                              lane);
   }
   timeline_mark(1);
   if (fold && owns && warp < cons) {

@@ -94,11 +94,6 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 # NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
 # it can run, unless a caller says otherwise (the same bits either way).
 TMA_X_REGS = envs.moe_tma_x_regs()
-# NINFER_MOE_TMA_TABLES (read once at import; default on): moe_tma_gate_up_kernel copies the
-# group tables (up to FUSED_MAX_PAIRS pairs) into shared memory once after its PDL wait, so no
-# work item waits on a global round trip for its expert id and pair slots (the same bits).
-TMA_TABLES = envs.moe_tma_tables()
-TMA_GATE_UP_STATIC = 4 * (FUSED_MAX_PAIRS + FUSED_MAX_PAIRS * 8)  # moe.cu MoeTableCopy
 # NINFER_MOE_PERSIST (read once at import; default off): moe_block's fused decode path with the
 # bulk-copy gate_up runs both expert stages and the combine as one persistent launch
 # (moe_tma_experts_kernel: the down tiles stream through the gate_up ring behind the block's
@@ -150,15 +145,14 @@ def tma_pitch(sk: int) -> int:
     return 2 * sk + TMA_PAD - ((2 * sk) & TMA_PAD)
 
 
-def tma_gate_up_plan(k: int, smem_limit: int = TMA_SMEM_LIMIT - TMA_GATE_UP_STATIC,
+def tma_gate_up_plan(k: int, smem_limit: int = TMA_SMEM_LIMIT,
                      target_sk: int = TMA_TARGET_SK) -> TmaPlan | None:
     """The ring of moe_tma_gate_up_kernel for K (pure; None when no ring fits `smem_limit`).
     splits = mma_splits(K, MMA_SPLITS) and the warps' K ranges of mma_warp_k_range (ceil(steps
     / splits) 32-k steps each, none empty); a stage holds stage_warps consecutive ranges, the
     divisor of splits that leaves room for two items in flight and whose stage k is nearest
     `target_sk` (2 KiB copies; ties: the shorter), else one item in flight. Every plan gives
-    the same bits (tests take other limits and targets to exercise the ring). The default
-    limit leaves room for the kernel's static copy of the group tables (TMA_GATE_UP_STATIC)."""
+    the same bits (tests take other limits and targets to exercise the ring)."""
     if k <= 0 or k % 16:
         return None
     splits = mma_splits(k, MMA_SPLITS)
@@ -874,8 +868,7 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     items = pairs * ((m + 7) // 8)
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
            (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
-            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs),
-            np.int32(pairs if TMA_TABLES and pairs <= FUSED_MAX_PAIRS else 0)),
+            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)),
            shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 

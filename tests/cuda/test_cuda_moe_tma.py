@@ -111,26 +111,6 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
             assert_close(want, expect)
 
 
-@pytest.mark.parametrize("tables", [True, False])
-def test_tma_gate_up_staged_tables_equal_rows_kernel_bitwise(rng, monkeypatch, tables):
-    """The group tables copied into shared memory (kmoe.TMA_TABLES, up to 64 pairs) or read per
-    work item from global memory (off, or more pairs): bitwise the rows kernel either way,
-    with groups of several pairs and rows beyond the copy's 64 pairs (n = 9, top_k = 8)."""
-    monkeypatch.setattr(kmoe, "TMA_TABLES", tables)
-    m, k, experts, top_k = 512, 2048, 256, 8
-    _, w_d = _tiled_experts(rng, experts, 12, 2 * m, k)
-    plan = kmoe.tma_gate_up_plan(k)
-    for n in (1, 8, 9):
-        ids_h = _routing(rng, n, experts, top_k)
-        ids_h[3 % n] = ids_h[0][::-1]  # shared experts across rows (groups of > 1 pair)
-        ids = dev(ids_h)
-        _, x_d = _x(rng, n, k)
-        want = _stage(w_d, x_d, ids, m, experts, 0, None)
-        assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
-        got = _stage(w_d, x_d, ids, m, experts, 0, plan)
-        assert_same_bits(got, want, f"n={n} tables={tables}")
-
-
 def test_tma_gate_up_bad_expert_rows_are_nan(rng):
     """Expert ids outside [0, E): NaN rows (weights never copied), bitwise the rows kernel."""
     experts, top_k, n, m, k = 16, 4, 3, 40, 1040
