@@ -81,3 +81,42 @@ def check_swiglu_operands(op: str, x, gate_up, out, *, rows: int | None = None,
     if bf16 and not swiglu_reads_bf16_x(gate_up):
         raise TypeError(f"{op}: bf16 operands need the bf16-x GEMV (NINFER_GEMV_BF16_X=1, a CUDA "
                         f"sm_90 device, K % 16 == 0)")
+
+
+def add_rms_norm_linear_applies(residual, norm_weight, weight, *, swiglu: bool = False) -> bool:
+    """Whether `add_rms_norm_linear` runs for these operands (CUDA, 1..8 rows, a bf16 weight
+    on the bf16-x GEMV with x in registers, K with a norm order it reproduces); False on the
+    CPU."""
+    if backend_of(residual, norm_weight, weight) is not Backend.CUDA or residual.ndim != 2:
+        return False
+    n, k = residual.shape
+    return check.kernels(Backend.CUDA, "linear").norm_fold_ok(n, k, norm_weight, weight,
+                                                             swiglu=swiglu)
+
+
+def add_rms_norm_linear(residual, x, norm_weight, eps, weight, out, *, residual_out,
+                        swiglu: bool = False) -> None:
+    """CUDA-only decode fusion: `add_rms_norm(residual, x, norm_weight, eps, normed)` with
+    `normed` bf16 bits, then `linear(normed, weight, out)` (`linear_swiglu(normed, weight, out)`
+    with swiglu), in one launch that computes `normed` itself: bitwise those two ops, except that
+    residual + x is written to `residual_out` and `residual` is left unchanged.
+
+    residual, x, residual_out: f32[N, H] C-contiguous (residual_out overlaps neither);
+    norm_weight: Weight[H]; weight: bf16 Weight [M, H] ([2I, H] with swiglu); out: f32[N, M]
+    (swiglu: f32 or bf16 bits [N, I]). Needs `add_rms_norm_linear_applies`.
+    """
+    op = "add_rms_norm_linear"
+    backend = backend_of(residual, x, norm_weight, weight, out, residual_out)
+    if backend is not Backend.CUDA:
+        raise TypeError(f"{op} is a CUDA-only op (the CPU backend runs add_rms_norm, then "
+                        f"linear)")
+    shape = check.array(op, "residual", residual, check.F32, (None, None))
+    check.array(op, "x", x, check.F32, shape)
+    check.array(op, "residual_out", residual_out, check.F32, shape)
+    check.weight(op, "norm_weight", norm_weight, (shape[1],))
+    check.scalar(op, "eps", eps, minimum=0.0)
+    if not add_rms_norm_linear_applies(residual, norm_weight, weight, swiglu=swiglu):
+        raise ValueError(f"{op}: no folded-norm GEMV for these operands (1..8 rows, a bf16 "
+                         f"weight on the bf16-x GEMV, sm_90; see add_rms_norm_linear_applies)")
+    check.kernels(backend, "linear").linear_norm(residual, x, norm_weight, eps, weight, out,
+                                                 residual_out, swiglu=swiglu)
