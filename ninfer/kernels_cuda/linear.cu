@@ -295,25 +295,40 @@ static_assert(sizeof(NormFold) == 80, "NormFold layout is mirrored in linear.py"
 #define NORM_FOLD_STEPS 8  // norm.py: NV <= 8 for every D the fold takes
 #define NORM_FOLD_ROWS 8   // one column tile
 
-// The consumers' bf16 x fragments (linear_tma_body, XS > 0, bf16 x) of the folded norm, the
-// rows staged once in shared memory `xs` (rows x K bf16, after the ring): pass 1 sums each row's
-// squares in norm_kernel's order for D = K (thread t of its T sums (r + d)^2 at i = t + j T,
-// j ascending, by fmaf from 0; warp_sum; the warp partials by block_sum or block_sum_tree),
-// consumer warp w playing norm warps w, w + CONS, ...; pass 2 (every consumer thread, any
-// element: the rest is elementwise) stores y = bf16((r + d) / denom * (1 + w)) as that kernel's
-// output holds it (block 0 also stores r + d to r_out); then each lane reads its fragment words
-// from xs as the bf16-x path reads them from global memory. Named barrier 1 (the consumers).
+// y = bf16(((r + d) / denom) * (1 + w)) for elements k, k + 1 packed low / high (norm.cu
+// norm_value, MODE 4, then from_f32<bf16raw>).
+__device__ __forceinline__ unsigned norm_fold_pair(const float* r, const float* d,
+                                                   const NormFold& nf, int k, float denom) {
+  unsigned bits[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float wv = nf.w_bf16 ? to_f32(static_cast<const bf16raw*>(nf.w)[k + e])
+                               : static_cast<const float*>(nf.w)[k + e];
+    float y = (r[k + e] + d[k + e]) / denom;
+    y = y * (1.0f + wv);
+    bits[e] = f32_to_bf16(y);
+  }
+  return bits[0] | (bits[1] << 16);
+}
+
+// The consumers' bf16 x fragments (linear_tma_body, XS > 0, bf16 x) of the folded norm: the
+// rows' sums of squares in norm_kernel's order for D = K (thread t of its T sums (r + d)^2 at
+// i = t + j T, j ascending, by fmaf from 0; warp_sum; the warp partials by block_sum or
+// block_sum_tree), consumer warp w playing norm warps w, w + CONS, ...; then each lane's
+// fragment values as that kernel's output would hold them. Block 0 stores r_out. Named barrier
+// 1 (the consumers).
 template <int XN, int WK, int SK, int CONS>
 __device__ __forceinline__ void norm_fold_fragments(const GemvParams& p, const NormFold& nf,
                                                     int n0, int warp, int lane, int g, int t,
-                                                    bf16raw* xs,
                                                     unsigned (&xf)[XN][WK / 16][2]) {
   __shared__ float part[NORM_FOLD_ROWS][32];  // per row, per norm warp: its warp_sum
   const int rows = min(NORM_FOLD_ROWS, p.n - n0);
   const int nw = nf.threads >> 5;
+  const bool writer = blockIdx.x == 0;
   for (int r = 0; r < rows; ++r) {
     const float* ri = nf.r_in + (i64)(n0 + r) * nf.r_rs;
     const float* di = nf.delta + (i64)(n0 + r) * nf.d_rs;
+    float* ro = nf.r_out + (i64)(n0 + r) * nf.ro_rs;
     for (int w2 = warp; w2 < nw; w2 += CONS) {
       float v[NORM_FOLD_STEPS];
 #pragma unroll
@@ -323,45 +338,39 @@ __device__ __forceinline__ void norm_fold_fragments(const GemvParams& p, const N
       }
       float ss = 0.0f;
 #pragma unroll
-      for (int j = 0; j < NORM_FOLD_STEPS; ++j)
-        if (j < nf.steps && 32 * w2 + lane + j * nf.threads < p.k) ss = fmaf(v[j], v[j], ss);
+      for (int j = 0; j < NORM_FOLD_STEPS; ++j) {
+        const int i = 32 * w2 + lane + j * nf.threads;
+        if (j < nf.steps && i < p.k) {
+          ss = fmaf(v[j], v[j], ss);
+          if (writer) ro[i] = v[j];
+        }
+      }
       ss = warp_sum(ss);
       if (lane == 0) part[r][w2] = ss;
     }
   }
   asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-  const bool writer = blockIdx.x == 0;
-  for (int r = 0; r < rows; ++r) {
-    float total = 0.0f;
-    if (nf.tree) {
-      total = warp_sum(lane < nw ? part[r][lane] : 0.0f);
-    } else {
-      for (int w2 = 0; w2 < nw; ++w2) total += part[r][w2];
+  const int mine = min(g, rows - 1);  // rows past N read row N - 1 (as x does)
+  float total = 0.0f;
+  if (nf.tree) {
+    for (int r = 0; r < rows; ++r) {  // every lane of the warp sums each row's partials
+      const float sr = warp_sum(lane < nw ? part[r][lane] : 0.0f);
+      if (r == mine) total = sr;
     }
-    const float denom = sqrtf(total / (float)p.k + nf.eps);
-    const float* ri = nf.r_in + (i64)(n0 + r) * nf.r_rs;
-    const float* di = nf.delta + (i64)(n0 + r) * nf.d_rs;
-    float* ro = nf.r_out + (i64)(n0 + r) * nf.ro_rs;
-    for (int i = threadIdx.x; i < p.k; i += 32 * CONS) {
-      const float v = ri[i] + di[i];
-      const float wv = nf.w_bf16 ? to_f32(static_cast<const bf16raw*>(nf.w)[i])
-                                 : static_cast<const float*>(nf.w)[i];
-      float y = v / denom;
-      y = y * (1.0f + wv);
-      xs[r * p.k + i] = f32_to_bf16(y);
-      if (writer) ro[i] = v;
-    }
+  } else {
+    for (int w2 = 0; w2 < nw; ++w2) total += part[mine][w2];
   }
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-  const unsigned* xrow =
-      reinterpret_cast<const unsigned*>(xs + min(g, rows - 1) * p.k + 2 * t + warp * WK);
+  const float denom = sqrtf(total / (float)p.k + nf.eps);
+  const float* ri = nf.r_in + (i64)(n0 + mine) * nf.r_rs;
+  const float* di = nf.delta + (i64)(n0 + mine) * nf.d_rs;
 #pragma unroll
   for (int s = 0; s < XN; ++s)
 #pragma unroll
     for (int j = 0; j < WK / 16; ++j) {
-      const bool in = s * SK + warp * WK + 16 * j < p.k;  // K % 16 == 0: the whole step
-      xf[s][j][0] = in ? xrow[(s * SK + 16 * j) / 2] : 0u;
-      xf[s][j][1] = in ? xrow[(s * SK + 16 * j) / 2 + 4] : 0u;
+      const int k = s * SK + warp * WK + 16 * j;
+      const bool in = k < p.k;  // K % 16 == 0: the whole step
+      xf[s][j][0] = in ? norm_fold_pair(ri, di, nf, k + 2 * t, denom) : 0u;
+      xf[s][j][1] = in ? norm_fold_pair(ri, di, nf, k + 8 + 2 * t, denom) : 0u;
     }
 }
 
@@ -454,9 +463,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   unsigned xf[XN][WK / 16][XW];
   static_assert(!NORM || (XS > 0 && XB && TG == 1), "the fold builds bf16 x fragments");
   if constexpr (NORM) {
-    // the rows' bf16 x after the ring (linear.py linear_norm adds rows x K x 2 bytes)
-    bf16raw* xs = reinterpret_cast<bf16raw*>(ring + STAGES * STAGE);
-    norm_fold_fragments<XN, WK, SK, CONS>(p, *nf, n0, warp, lane, g, t, xs, xf);
+    norm_fold_fragments<XN, WK, SK, CONS>(p, *nf, n0, warp, lane, g, t, xf);
   } else if constexpr (XS > 0 && XB) {
 #pragma unroll
     for (int s = 0; s < XN; ++s)

@@ -73,10 +73,6 @@ NORM_FOLD = C.struct(("r_in", "ptr"), ("delta", "ptr"), ("w", "ptr"), ("r_out", 
 assert NORM_FOLD.itemsize == 80
 NORM_FOLD_ROWS = 8  # linear.cu NORM_FOLD_ROWS: one column tile
 NORM_FOLD_STEPS = 8  # linear.cu NORM_FOLD_STEPS: norm_kernel's NV at most
-# linear_tma_norm_kernel's shared memory beside the GEMV's: the rows' bf16 x after the ring
-# (dynamic), the warp partials (static, + slack for the timeline build's marks); the sm_90 cap
-NORM_FOLD_STATIC = 8 * 32 * 4 + 256
-SMEM_LIMIT = 227 * 1024
 ROUTE_PARAMS = C.struct(*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
                         ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
                         ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"),
@@ -279,8 +275,7 @@ def _start_tma(instance: str, grid, consumers: int, params, smem: int, name: str
 def norm_fold_ok(n: int, k: int, norm_weight, weight, *, swiglu: bool = False) -> bool:
     """Whether `linear_norm` takes these operands: 1..NORM_FOLD_ROWS rows, the bf16-x GEMV for
     `weight` (`gemv_takes_bf16`; [2I, K] with swiglu) with x in registers (an XS instance for
-    K), a norm weight [K], a norm_kernel order for D = K with NV <= NORM_FOLD_STEPS, and room
-    for the n rows of bf16 x beside the ring in shared memory."""
+    K), a norm weight [K] and a norm_kernel order for D = K with NV <= NORM_FOLD_STEPS."""
     from ninfer.kernels_cuda.norm import launch_shape
 
     if not (1 <= n <= NORM_FOLD_ROWS and gemv_takes_bf16(weight)):
@@ -290,12 +285,7 @@ def norm_fold_ok(n: int, k: int, norm_weight, weight, *, swiglu: bool = False) -
     nv = launch_shape(k)[0]
     return (w.shape[1] == k and (not swiglu or w.shape[0] % 2 == 0) and nw.shape == (k,)
             and tma_x_stages(k, TMA_SK, TMA_CONSUMERS, bf16_x=True) > 0
-            and 1 <= nv <= NORM_FOLD_STEPS and _norm_fold_smem(n, k) <= SMEM_LIMIT)
-
-
-def _norm_fold_smem(n: int, k: int) -> int:
-    """linear_tma_norm_kernel's shared memory for n rows of K (dynamic + static)."""
-    return tma_plan(TMA_SK, TMA_CONSUMERS, TMA_RING_KIB)[1] + 2 * n * k + NORM_FOLD_STATIC
+            and 1 <= nv <= NORM_FOLD_STEPS)
 
 
 def linear_norm(residual, delta, norm_weight, eps: float, weight, out, residual_out, *,
@@ -334,7 +324,6 @@ def linear_norm(residual, delta, norm_weight, eps: float, weight, out, residual_
     io = TMA_IO_X_BF16 | (TMA_IO_OUT_BF16 if bf16_out else 0)
     xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS, bf16_x=True)
     tiles = -(-m // (8 if swiglu else 16))
-    smem += 2 * n * k  # the rows' bf16 x after the ring
     _start_tma(f"linear_tma_norm_kernel<{int(swiglu)}, {xs}, {io}>",
                (max(1, min(tiles, current_device().sm_count)), 1), TMA_CONSUMERS, params, smem,
                "linear_norm_swiglu" if swiglu else "linear_norm", extra=(fold,))

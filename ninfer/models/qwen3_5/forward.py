@@ -73,10 +73,6 @@ class FoldedNorm:
     residual_out: object
     dtype = np.dtype(np.uint16)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self.residual.shape
-
 
 @dataclasses.dataclass
 class KernelWorkspaces:
