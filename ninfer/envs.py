@@ -100,14 +100,6 @@ def moe_tma_x_regs() -> bool:
     return _flag("NINFER_MOE_TMA_XREGS", True)
 
 
-def fold_norm_rows() -> int:
-    """NINFER_FOLD_NORM_ROWS (default 0: off): decode steps of at most this many rows (<= 8)
-    fold each add_rms_norm into the GEMV that reads it (ops.add_rms_norm_linear: the GEMV's
-    consumers compute the norm; bitwise the same x and residual sums). Read when a backend is
-    built."""
-    return _choice("NINFER_FOLD_NORM_ROWS", 0, tuple(range(9)))
-
-
 def moe_route_swiglu() -> bool:
     """NINFER_MOE_ROUTE_SWIGLU (default on; "0" turns it off): at decode a Qwen3.5 MoE layer's
     routing runs on an extra block of its shared expert's gate_up + SwiGLU GEMV (one launch,

@@ -28,9 +28,6 @@
 // the last, which runs the MoE routing (moe_route.cuh) on the router logits meanwhile (moe.py
 // route_with_swiglu; see below).
 //
-// linear_tma_norm_kernel<SWIGLU, XS, IO>: linear_tma_kernel with add_rms_norm folded into its x
-// (see below).
-//
 // f32_to_bf16_kernel: x f32 [N, K] (rows strided) -> bf16 [N, K] contiguous, round to nearest
 // even; feeds the cuBLAS bf16 prefill path (linear.py).
 #include "bulk_copy.cuh"
@@ -275,112 +272,10 @@ __device__ __forceinline__ void tma_step(unsigned a, const unsigned (&xf)[XW], f
 // tile: at N = 8 and K > 5 SK the per-tile x reads cost as much L2 traffic as the weights. Each
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
-// The add_rms_norm folded into a bf16-x GEMV (linear_tma_norm_kernel): x = bf16(norm_kernel<WT,
-// bf16, ADD_RMS_ZC>) of r_in + delta, computed by the GEMV's consumers instead of read from a
-// buffer, and r_in + delta stored to r_out (the residual stream after the add) by block 0.
-struct NormFold {
-  const float* r_in;   // residual rows [N, K], r_rs apart
-  const float* delta;  // rows added to them [N, K], d_rs apart
-  const void* w;       // norm weight [K]: f32, or bf16 when w_bf16
-  float* r_out;        // r_in + delta [N, K], ro_rs apart (may not overlap r_in or delta)
-  i64 r_rs, d_rs, ro_rs;
-  float eps;
-  int w_bf16;
-  int threads;  // norm.cu's T for D = K (norm.py launch_shape): its reduction order
-  int steps;    // values per thread of that order (NV), <= NORM_FOLD_STEPS
-  int tree;     // 1: the warp partials summed by block_sum_tree (T > 256), 0: by block_sum
-  int pad;
-};
-static_assert(sizeof(NormFold) == 80, "NormFold layout is mirrored in linear.py");
-#define NORM_FOLD_STEPS 8  // norm.py: NV <= 8 for every D the fold takes
-#define NORM_FOLD_ROWS 8   // one column tile
-
-// y = bf16(((r + d) / denom) * (1 + w)) for elements k, k + 1 packed low / high (norm.cu
-// norm_value, MODE 4, then from_f32<bf16raw>).
-__device__ __forceinline__ unsigned norm_fold_pair(const float* r, const float* d,
-                                                   const NormFold& nf, int k, float denom) {
-  unsigned bits[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float wv = nf.w_bf16 ? to_f32(static_cast<const bf16raw*>(nf.w)[k + e])
-                               : static_cast<const float*>(nf.w)[k + e];
-    float y = (r[k + e] + d[k + e]) / denom;
-    y = y * (1.0f + wv);
-    bits[e] = f32_to_bf16(y);
-  }
-  return bits[0] | (bits[1] << 16);
-}
-
-// The consumers' bf16 x fragments (linear_tma_body, XS > 0, bf16 x) of the folded norm: the
-// rows' sums of squares in norm_kernel's order for D = K (thread t of its T sums (r + d)^2 at
-// i = t + j T, j ascending, by fmaf from 0; warp_sum; the warp partials by block_sum or
-// block_sum_tree), consumer warp w playing norm warps w, w + CONS, ...; then each lane's
-// fragment values as that kernel's output would hold them. Block 0 stores r_out. Named barrier
-// 1 (the consumers).
-template <int XN, int WK, int SK, int CONS>
-__device__ __forceinline__ void norm_fold_fragments(const GemvParams& p, const NormFold& nf,
-                                                    int n0, int warp, int lane, int g, int t,
-                                                    unsigned (&xf)[XN][WK / 16][2]) {
-  __shared__ float part[NORM_FOLD_ROWS][32];  // per row, per norm warp: its warp_sum
-  const int rows = min(NORM_FOLD_ROWS, p.n - n0);
-  const int nw = nf.threads >> 5;
-  const bool writer = blockIdx.x == 0;
-  for (int r = 0; r < rows; ++r) {
-    const float* ri = nf.r_in + (i64)(n0 + r) * nf.r_rs;
-    const float* di = nf.delta + (i64)(n0 + r) * nf.d_rs;
-    float* ro = nf.r_out + (i64)(n0 + r) * nf.ro_rs;
-    for (int w2 = warp; w2 < nw; w2 += CONS) {
-      float v[NORM_FOLD_STEPS];
-#pragma unroll
-      for (int j = 0; j < NORM_FOLD_STEPS; ++j) {  // every load issued before the sum
-        const int i = 32 * w2 + lane + j * nf.threads;
-        v[j] = j < nf.steps && i < p.k ? ri[i] + di[i] : 0.0f;
-      }
-      float ss = 0.0f;
-#pragma unroll
-      for (int j = 0; j < NORM_FOLD_STEPS; ++j) {
-        const int i = 32 * w2 + lane + j * nf.threads;
-        if (j < nf.steps && i < p.k) {
-          ss = fmaf(v[j], v[j], ss);
-          if (writer) ro[i] = v[j];
-        }
-      }
-      ss = warp_sum(ss);
-      if (lane == 0) part[r][w2] = ss;
-    }
-  }
-  asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
-  const int mine = min(g, rows - 1);  // rows past N read row N - 1 (as x does)
-  float total = 0.0f;
-  if (nf.tree) {
-    for (int r = 0; r < rows; ++r) {  // every lane of the warp sums each row's partials
-      const float sr = warp_sum(lane < nw ? part[r][lane] : 0.0f);
-      if (r == mine) total = sr;
-    }
-  } else {
-    for (int w2 = 0; w2 < nw; ++w2) total += part[mine][w2];
-  }
-  const float denom = sqrtf(total / (float)p.k + nf.eps);
-  const float* ri = nf.r_in + (i64)(n0 + mine) * nf.r_rs;
-  const float* di = nf.delta + (i64)(n0 + mine) * nf.d_rs;
-#pragma unroll
-  for (int s = 0; s < XN; ++s)
-#pragma unroll
-    for (int j = 0; j < WK / 16; ++j) {
-      const int k = s * SK + warp * WK + 16 * j;
-      const bool in = k < p.k;  // K % 16 == 0: the whole step
-      xf[s][j][0] = in ? norm_fold_pair(ri, di, nf, k + 2 * t, denom) : 0u;
-      xf[s][j][1] = in ? norm_fold_pair(ri, di, nf, k + 8 + 2 * t, denom) : 0u;
-    }
-}
-
 #if BULK_COPY_OK
 // The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
-// NORM = 1 (XS > 0, bf16 x): the x fragments come from the folded norm `nf`
-// (norm_fold_fragments), not from p.x.
-template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO, int NORM = 0>
-__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G,
-                                                const NormFold* nf = nullptr) {
+template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
+__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
@@ -461,10 +356,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
   constexpr int XN = XS > 0 ? XS : 1;
   unsigned xf[XN][WK / 16][XW];
-  static_assert(!NORM || (XS > 0 && XB && TG == 1), "the fold builds bf16 x fragments");
-  if constexpr (NORM) {
-    norm_fold_fragments<XN, WK, SK, CONS>(p, *nf, n0, warp, lane, g, t, xf);
-  } else if constexpr (XS > 0 && XB) {
+  if constexpr (XS > 0 && XB) {
 #pragma unroll
     for (int s = 0; s < XN; ++s)
 #pragma unroll
@@ -579,21 +471,6 @@ template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
 #if BULK_COPY_OK
   linear_tma_body<SWIGLU, SK, CONS, XS, TG, IO>(p, gridDim.x);
-#else
-  __trap();
-#endif
-}
-
-// linear_tma_norm_kernel<SWIGLU, XS, IO> (IO with TMA_IO_X_BF16; N <= 8): linear_tma_kernel<
-// SWIGLU, 1024, 16, XS, 1, IO> whose x is add_rms_norm's bf16 output, computed from nf by the
-// consumers (norm_fold_fragments) instead of read: bitwise add_rms_norm(r_in (+)= delta, ...,
-// x) then that kernel on x, with the residual sum in nf.r_out (stored by block 0) instead of in
-// place. The norm's launch and its link in the step's dependent chain go away.
-template <int SWIGLU, int XS, int IO>
-__global__ void __launch_bounds__(32 * (16 + 1), 1)
-    linear_tma_norm_kernel(const GemvParams p, const __grid_constant__ NormFold nf) {
-#if BULK_COPY_OK
-  linear_tma_body<SWIGLU, 1024, 16, XS, 1, IO, 1>(p, gridDim.x, &nf);
 #else
   __trap();
 #endif

@@ -58,21 +58,11 @@ SOURCE = KernelSource("linear.cu", tuple(
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
     + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
-       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]
-    + [f"linear_tma_norm_kernel<{sw}, {xs}, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
-       for sw, io in TMA_BF16_IO]))
+       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                 ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
 GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
 assert GEMV_PARAMS.itemsize == 64
-# linear.cu NormFold: the add_rms_norm folded into linear_tma_norm_kernel's x
-NORM_FOLD = C.struct(("r_in", "ptr"), ("delta", "ptr"), ("w", "ptr"), ("r_out", "ptr"),
-                     ("r_rs", "i64"), ("d_rs", "i64"), ("ro_rs", "i64"), ("eps", "f32"),
-                     ("w_bf16", "i32"), ("threads", "i32"), ("steps", "i32"), ("tree", "i32"),
-                     ("pad", "i32"))
-assert NORM_FOLD.itemsize == 80
-NORM_FOLD_ROWS = 8  # linear.cu NORM_FOLD_ROWS: one column tile
-NORM_FOLD_STEPS = 8  # linear.cu NORM_FOLD_STEPS: norm_kernel's NV at most
 ROUTE_PARAMS = C.struct(*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
                         ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
                         ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"),
@@ -261,72 +251,14 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
 
 
 def _start_tma(instance: str, grid, consumers: int, params, smem: int, name: str,
-               pdl: bool | None = None, extra: tuple = ()) -> None:
+               pdl: bool | None = None) -> None:
     """Launch a bulk-copy GEMV instance of SOURCE (consumers + 1 warps per block, `smem` bytes
-    of dynamic shared memory, opted into once) with PDL where `pdl` (None: GEMV_PDL); `extra`:
-    kernel arguments after `params`."""
+    of dynamic shared memory, opted into once) with PDL where `pdl` (None: GEMV_PDL)."""
     fn = get_function(SOURCE, instance)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     start = launch_dependent if (GEMV_PDL if pdl is None else pdl) else launch
-    start(fn, grid, (32 * (consumers + 1),), (params, *extra), shared_mem=smem, name=name)
-
-
-def norm_fold_ok(n: int, k: int, norm_weight, weight, *, swiglu: bool = False) -> bool:
-    """Whether `linear_norm` takes these operands: 1..NORM_FOLD_ROWS rows, the bf16-x GEMV for
-    `weight` (`gemv_takes_bf16`; [2I, K] with swiglu) with x in registers (an XS instance for
-    K), a norm weight [K] and a norm_kernel order for D = K with NV <= NORM_FOLD_STEPS."""
-    from ninfer.kernels_cuda.norm import launch_shape
-
-    if not (1 <= n <= NORM_FOLD_ROWS and gemv_takes_bf16(weight)):
-        return False
-    w, _ = C.weight_array(weight, "weight")
-    nw, _ = C.weight_array(norm_weight, "norm_weight")
-    nv = launch_shape(k)[0]
-    return (w.shape[1] == k and (not swiglu or w.shape[0] % 2 == 0) and nw.shape == (k,)
-            and tma_x_stages(k, TMA_SK, TMA_CONSUMERS, bf16_x=True) > 0
-            and 1 <= nv <= NORM_FOLD_STEPS)
-
-
-def linear_norm(residual, delta, norm_weight, eps: float, weight, out, residual_out, *,
-                swiglu: bool = False) -> None:
-    """`norm.add_rms_norm(residual, delta, norm_weight, eps, x)` with x bf16 bits, then
-    `linear(x, weight, out)` (or `linear_swiglu(x, weight, out)`), in one launch where
-    `norm_fold_ok` (linear_tma_norm_kernel): bitwise those results, except that residual +
-    delta goes to `residual_out` and `residual` is left as it was. residual, delta,
-    residual_out: f32 [N, K] (rows strided; residual_out overlaps neither); out f32 [N, M]
-    (swiglu: f32 or bf16 bits [N, I])."""
-    from ninfer.kernels_cuda.norm import launch_shape
-
-    n, k = residual.shape
-    for a, name in ((residual, "residual"), (delta, "delta"), (residual_out, "residual_out")):
-        C.device_array(a, name, dtype=np.float32, ndim=2, shape=(n, k))
-    C.require(norm_fold_ok(n, k, norm_weight, weight, swiglu=swiglu), "weight",
-              "no folded-norm GEMV for these operands (norm_fold_ok)")
-    w, _ = C.weight_array(weight, "weight")
-    nw, nkind = C.weight_array(norm_weight, "norm_weight")
-    m = w.shape[0] // 2 if swiglu else w.shape[0]
-    bf16_out = C.is_bf16_bits(out)
-    C.require(swiglu or not bf16_out, "out", "a bf16 out needs swiglu")
-    C.device_array(out, "out", dtype=np.uint16 if bf16_out else np.float32, ndim=2,
-                   shape=(n, m))
-    nv, threads, _ = launch_shape(k)
-    stages, smem = tma_plan(TMA_SK, TMA_CONSUMERS, TMA_RING_KIB)
-    params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(residual), out=C.ptr(out),
-                    w_rs=C.row_stride(w, "weight"), x_rs=C.row_stride(residual, "residual"),
-                    out_rs=C.row_stride(out, "out"), m=m, k=k, n=n, splits=stages)
-    fold = C.pack(NORM_FOLD, r_in=C.ptr(residual), delta=C.ptr(delta),
-                  w=C.ptr(C.contiguous(nw, "norm_weight")), r_out=C.ptr(residual_out),
-                  r_rs=C.row_stride(residual, "residual"), d_rs=C.row_stride(delta, "delta"),
-                  ro_rs=C.row_stride(residual_out, "residual_out"), eps=float(eps),
-                  w_bf16=int(nkind is C.WKind.BF16), threads=threads, steps=nv,
-                  tree=int(threads > 256))
-    io = TMA_IO_X_BF16 | (TMA_IO_OUT_BF16 if bf16_out else 0)
-    xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS, bf16_x=True)
-    tiles = -(-m // (8 if swiglu else 16))
-    _start_tma(f"linear_tma_norm_kernel<{int(swiglu)}, {xs}, {io}>",
-               (max(1, min(tiles, current_device().sm_count)), 1), TMA_CONSUMERS, params, smem,
-               "linear_norm_swiglu" if swiglu else "linear_norm", extra=(fold,))
+    start(fn, grid, (32 * (consumers + 1),), (params,), shared_mem=smem, name=name)
 
 
 def tma_swiglu_route_ok(x, gate_up, experts: int, top_k: int) -> bool:

@@ -308,19 +308,6 @@ def test_moe_route_with_swiglu_equals_two_launches(tmp_path, monkeypatch):
                                  configure, launch="linear_swiglu_route")
 
 
-@pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
-def test_folded_norms_equal_norm_launches(tmp_path, monkeypatch, model):
-    """NINFER_FOLD_NORM_ROWS (KernelWorkspaces.fold_norm_rows): every add_rms_norm folded into
-    the bf16-x GEMV after it (the residual stream alternating between two buffers) gives
-    bitwise the logits and tokens of the norm launches (decode graphs at several batch sizes),
-    and the captured graphs do hold the folded GEMVs."""
-    def configure(backend, on):
-        backend.decode_kws.fold_norm_rows = 8 if on else 0
-
-    _same_with_switch_on_and_off(monkeypatch, build_case(tmp_path, model, dtype="bfloat16"),
-                                 configure, launch="linear_norm")
-
-
 def test_moe_fold_shared_down_equals_linear(tmp_path, monkeypatch):
     """NINFER_MOE_FOLD_SHARED (KernelWorkspaces.moe_fold_shared_down): the MoE layers' shared
     down projection inside the fused MoE down launch gives bitwise the logits and tokens of its

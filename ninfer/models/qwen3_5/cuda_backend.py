@@ -153,8 +153,7 @@ class CudaBackend(BackendStores):
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True,
                 fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first,
                 moe_route_with_swiglu=envs.moe_route_swiglu(),
-                moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X,
-                fold_norm_rows=envs.fold_norm_rows())
+                moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X)
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
@@ -165,7 +164,7 @@ class CudaBackend(BackendStores):
                 moe_route_first=route_first)
             self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp, bf16_operands=True)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp,
-                                       bf16_operands=GEMV_BF16_X, residual_spare=True)
+                                       bf16_operands=GEMV_BF16_X)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,
                                                  self.states, xp=cp, kernel_ws=self.prefill_kws)
             self.decode_forward = Qwen35Forward(cfg, params, self.decode_ws, self.kv,

@@ -60,20 +60,6 @@ def _mixer_input(layer: LayerParams):
     return layer.mixer.qkv_proj
 
 
-@dataclasses.dataclass(frozen=True)
-class FoldedNorm:
-    """An add_rms_norm left to the GEMV that reads its output: that GEMV runs
-    ops.add_rms_norm_linear(residual, delta, weight, eps, ..., residual_out=residual_out), so the
-    residual sum lands in `residual_out`. Stands for a bf16-bits x (dtype)."""
-
-    residual: object
-    delta: object
-    weight: object
-    eps: float
-    residual_out: object
-    dtype = np.dtype(np.uint16)
-
-
 @dataclasses.dataclass
 class KernelWorkspaces:
     """Backend scratch the ops need beyond the activation buffers (CUDA; all None on the CPU).
@@ -113,9 +99,6 @@ class KernelWorkspaces:
     # with moe_route_with_swiglu: the shared expert's down projection runs inside moe_block's
     # down launch where ops.moe_block_folds_shared_down (decode; bitwise the linear launch)
     moe_fold_shared_down: bool = False
-    # steps of at most this many rows fold each add_rms_norm into the GEMV after it where
-    # ops.add_rms_norm_linear applies (the workspace needs hidden_spare); 0: never
-    fold_norm_rows: int = 0
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -180,21 +163,17 @@ class Qwen35Forward:
         """Returns logits f32[rows in ctx.logit_rows, V] (a workspace view), or None for no rows."""
         cfg, p, ws, n = self.cfg, self.params, self.ws, ctx.n
         h, out = ws.hidden[:n], ws.block_out[:n]
-        spare = ws.hidden_spare[:n] if ws.hidden_spare is not None else None
         ops.embedding(ctx.ids, p.embed, h)
         x = self._normed(n, _mixer_input(p.layers[0]))
         ops.rms_norm(h, p.layers[0].input_norm, cfg.rms_norm_eps, x, zero_centered=True)
         for i, layer in enumerate(p.layers):
             self._mixer(i, layer, x, out, ctx)
-            ffn_w = None if isinstance(layer.ffn, MoEParams) else layer.ffn.gate_up
-            x, h, spare = self._add_norm(h, spare, out, layer.post_norm, ffn_w,
-                                         self._ffn_normed(n, layer.ffn),
-                                         swiglu=ffn_w is not None and self._fused_swiglu(ffn_w))
+            x = self._ffn_normed(n, layer.ffn)
+            ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
             self._ffn(layer.ffn, x, out)
             if i + 1 < len(p.layers):
-                mixer_w = _mixer_input(p.layers[i + 1])
-                x, h, spare = self._add_norm(h, spare, out, p.layers[i + 1].input_norm, mixer_w,
-                                             self._normed(n, mixer_w))
+                x = self._normed(n, _mixer_input(p.layers[i + 1]))
+                ops.add_rms_norm(h, out, p.layers[i + 1].input_norm, cfg.rms_norm_eps, x)
         rows = ctx.logit_rows
         b = rows.stop - rows.start
         if b == 0:
@@ -206,34 +185,9 @@ class Qwen35Forward:
         self._linear(normed, p.lm_head, logits)
         return logits
 
-    def _add_norm(self, h, spare, delta, norm_w, weight, x_buf, *, swiglu: bool = False):
-        """h += delta, then x = the zero-centred RMSNorm of h for the GEMV on `weight` (None:
-        not one GEMV): (x, h, spare). Where that GEMV folds the norm (kws.fold_norm_rows, a bf16
-        x buffer as the unfolded GEMV reads, ops.add_rms_norm_linear_applies), x is a FoldedNorm
-        whose GEMV writes the sum to `spare`, which becomes the stream (bitwise the same x and
-        sums); else one add_rms_norm launch in place."""
-        n = h.shape[0]
-        if (spare is not None and weight is not None and 0 < n <= self.kws.fold_norm_rows
-                and x_buf.dtype == np.uint16
-                and ops.add_rms_norm_linear_applies(h, norm_w, weight, swiglu=swiglu)):
-            return FoldedNorm(h, delta, norm_w, self.cfg.rms_norm_eps, spare), spare, h
-        ops.add_rms_norm(h, delta, norm_w, self.cfg.rms_norm_eps, x_buf)
-        return x_buf, h, spare
-
     def _linear(self, x, weight, out) -> None:
-        if isinstance(x, FoldedNorm):
-            ops.add_rms_norm_linear(x.residual, x.delta, x.weight, x.eps, weight, out,
-                                    residual_out=x.residual_out)
-            return
         ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant,
                    **self.kws.kw(self.kws.linear_bf16))
-
-    def _linear_swiglu(self, x, gate_up, out) -> None:
-        if isinstance(x, FoldedNorm):
-            ops.add_rms_norm_linear(x.residual, x.delta, x.weight, x.eps, gate_up, out,
-                                    residual_out=x.residual_out, swiglu=True)
-            return
-        ops.linear_swiglu(x, gate_up, out)
 
     # -- where linear inputs are written -------------------------------------------------------
     def _x_buffer(self, rows: int, width: int, weight, f32_buffer, *, swiglu: bool = False,
@@ -381,7 +335,7 @@ class Qwen35Forward:
             if x.dtype == np.uint16:  # a bf16 x: the activation too where down reads it
                 act = self._x_buffer(n, inner, down, act,
                                      bf16_buffer=self.ws.ffn_act_bf16(n, inner))
-            self._linear_swiglu(x, gate_up, act)
+            ops.linear_swiglu(x, gate_up, act)
             self._linear(act, down, out)
             return
         gu = self.ws.proj(n, 2 * inner)

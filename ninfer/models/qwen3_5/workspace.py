@@ -43,12 +43,11 @@ class Workspace:
     `xp` is numpy (CPU backend) or cupy (CUDA backend). All float buffers are float32.
     `bf16_operands`: also allocate `operand_bf16`, where the producer of a linear's x writes it
     as bf16 bits when the linear takes x so (CUDA: the prefill GEMMs, and the decode GEMVs
-    under NINFER_GEMV_BF16_X). `residual_spare`: also allocate `hidden_spare`, the residual
-    stream's second buffer (folded norms, KernelWorkspaces.fold_norm_rows).
+    under NINFER_GEMV_BF16_X).
     """
 
     def __init__(self, cfg: Qwen35Config, max_rows: int, max_logit_rows: int, xp=np,
-                 bf16_operands: bool = False, residual_spare: bool = False):
+                 bf16_operands: bool = False):
         f32 = np.float32
         sizes = ProjectionSizes.of(cfg)
         n, h = max_rows, cfg.hidden_size
@@ -58,9 +57,6 @@ class Workspace:
         self.max_rows = n
         self.max_logit_rows = max_logit_rows
         self.hidden = xp.empty((n, h), f32)  # residual stream
-        # residual_spare: the stream's second buffer, for GEMVs that fold the add + norm before
-        # them and write the sum to the other buffer (KernelWorkspaces.fold_norm_rows)
-        self.hidden_spare = xp.empty((n, h), f32) if residual_spare else None
         self.normed = xp.empty((n, h), f32)  # input of the next mixer / FFN
         self.block_out = xp.empty((n, h), f32)  # output of the current mixer / FFN
         # flat buffers viewed as contiguous [rows, width] matrices of the width in use
