@@ -100,13 +100,6 @@ def moe_tma_x_regs() -> bool:
     return _flag("NINFER_MOE_TMA_XREGS", True)
 
 
-def moe_rows_groups() -> int:
-    """NINFER_MOE_ROWS_GROUPS (default 1): the groups each block of the per-stage MoE expert
-    kernel (moe_mma_rows_kernel: the B > 1 down stage) walks; the same bits for every value.
-    Read once, at import of the launcher."""
-    return _choice("NINFER_MOE_ROWS_GROUPS", 1, (1, 2, 4, 8, 16, 64))
-
-
 def moe_route_swiglu() -> bool:
     """NINFER_MOE_ROUTE_SWIGLU (default on; "0" turns it off): at decode a Qwen3.5 MoE layer's
     routing runs on an extra block of its shared expert's gate_up + SwiGLU GEMV (one launch,

@@ -315,10 +315,16 @@ __device__ __forceinline__ void moe_rows_smem_check(unsigned base_s, unsigned us
   if (base_s - s0 + used > dyn) __trap();
 }
 
-// One tile (moe_mma_rows_kernel): tile m0 of group grp (expert e) into out.
 template <int SWIGLU>
-__device__ __forceinline__ void moe_rows_group_tile(const MoeGemvParams& p, int grp, int e,
-                                                    int m0, int warp, int lane) {
+__global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
+  pdl_enter();
+  const int grp = blockIdx.y;
+  // group_expert has N*K entries (the grid's y extent): in bounds past num_groups too
+  const int groups = *p.num_groups, e = p.group_expert[grp];
+  if (grp >= groups) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
+  const int m0 = blockIdx.x * TILE;
   unsigned base_s;
   char* const base = moe_rows_base(base_s);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -329,28 +335,6 @@ __device__ __forceinline__ void moe_rows_group_tile(const MoeGemvParams& p, int 
   mma_store_partials(red, warp, lane >> 2, lane & 3, c);
   __syncthreads();
   moe_mma_store<SWIGLU>(p, red, p.group_pairs + grp * MOE_GROUP, m0, bad);
-}
-
-// WALK = 0: block (x, y) computes tile x of group y (gridDim.y = the pairs). WALK = 1: of the
-// groups y, y + gridDim.y, ... (fewer, longer-lived blocks; the same tiles and bits).
-template <int SWIGLU, int WALK>
-__global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
-  pdl_enter();
-  const int grp = blockIdx.y;
-  // group_expert has N*K entries (the grid's y extent): in bounds past num_groups too
-  const int groups = *p.num_groups, e = p.group_expert[grp];
-  if (grp >= groups) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  constexpr int TILE = SWIGLU ? 8 : 16;  // output rows per block
-  const int m0 = blockIdx.x * TILE;
-  if constexpr (!WALK) {
-    moe_rows_group_tile<SWIGLU>(p, grp, e, m0, warp, lane);
-  } else {
-    for (int g = grp; g < groups; g += gridDim.y) {
-      if (g != grp) __syncthreads();  // the partials are read before the next tile's overwrite
-      moe_rows_group_tile<SWIGLU>(p, g, g == grp ? e : p.group_expert[g], m0, warp, lane);
-    }
-  }
 }
 
 // out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or

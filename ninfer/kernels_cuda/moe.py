@@ -94,9 +94,6 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 # NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
 # it can run, unless a caller says otherwise (the same bits either way).
 TMA_X_REGS = envs.moe_tma_x_regs()
-# NINFER_MOE_ROWS_GROUPS (read once at import; default 1): moe_mma_rows_kernel blocks walk up to
-# this many groups each (fewer, longer-lived blocks; the same bits)
-ROWS_GROUPS_PER_BLOCK = envs.moe_rows_groups()
 # NINFER_MOE_PERSIST (read once at import; default off): moe_block's fused decode path with the
 # bulk-copy gate_up runs both expert stages and the combine as one persistent launch
 # (moe_tma_experts_kernel: the down tiles stream through the gate_up ring behind the block's
@@ -186,8 +183,8 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_group_kernel", "moe_combine_kernel"]
     + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
-    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>"]
-    + [f"moe_mma_rows_kernel<{sw}, {walk}>" for sw in (0, 1) for walk in (0, 1)]
+    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
+       "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
     + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>"]
     + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
@@ -906,11 +903,8 @@ def launch_mma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: in
                                            experts=experts, ws=ws))
     tile = 8 if swiglu else 16
     grid = ((m + tile - 1) // tile, pairs)
-    walk = int(rows and ROWS_GROUPS_PER_BLOCK > 1)  # blocks walk several groups (same bits)
-    if walk:
-        grid = (grid[0], max(1, -(-pairs // ROWS_GROUPS_PER_BLOCK)))
     if rows:
-        launch(get_function(SOURCE, f"moe_mma_rows_kernel<{int(swiglu)}, {walk}>"), grid,
+        launch(get_function(SOURCE, f"moe_mma_rows_kernel<{int(swiglu)}>"), grid,
                (32 * splits,), (params,), shared_mem=mma_rows_smem(splits), name="moe_mma_rows",
                pdl=True)
     else:

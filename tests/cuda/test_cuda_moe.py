@@ -912,26 +912,3 @@ def test_moe_route_with_swiglu_graph_replay_equals_eager(rng):
                 randn_refill(rng, (x, 2.0), (logits, 2.0), (shared, 1.0)),
                 [w, ids, act, out], [w, ids, act, out], eager,
                 ("weights", "ids", "act", "out"), f"n={n}")
-
-
-@pytest.mark.parametrize("experts,hidden,inter,top_k", [(256, 2048, 512, 8), (61, 1040, 200, 5)])
-def test_moe_rows_kernel_walking_groups_equals_one_group_per_block(rng, monkeypatch, experts,
-                                                                  hidden, inter, top_k):
-    """NINFER_MOE_ROWS_GROUPS (kmoe.ROWS_GROUPS_PER_BLOCK): moe_mma_rows_kernel blocks walking
-    2, 4 or all groups give bitwise the output of one group per block (moe_block at B = 5 and
-    8, the per-stage path)."""
-    gu, dn, _, _ = tiled_experts(rng, experts, hidden, inter, 8)
-    for n in (5, 8):
-        x = dev(randn(rng, (n, hidden), 2.0))
-        logits = dev(randn(rng, (n, experts), 2.0))
-        outs = []
-        for walk in (1, 2, 4, 64):
-            monkeypatch.setattr(kmoe, "ROWS_GROUPS_PER_BLOCK", walk)
-            ws = _poisoned_ws(n, top_k, hidden, inter)
-            w, ids = poisoned((n, top_k)), poisoned((n, top_k), np.int32)
-            out = poisoned((n, hidden))
-            ops.moe_block(x, logits, top_k, gu, dn, w, ids, out, workspace=ws)
-            outs.append(out)
-        assert np.isfinite(host(outs[0])).all(), n
-        for walk, out in zip((2, 4, 64), outs[1:], strict=True):
-            assert_same_bits(out, outs[0], f"n={n} E={experts}: {walk} groups per block vs 1")
