@@ -770,7 +770,7 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
   it.m0 = (item - grp * tiles) * 8;
   it.e = p.group_expert[grp];
   it.gp = p.group_pairs + grp * MOE_GROUP;
-  if (XR == 1) {  // every pair reads x row 0 (held in registers; xp unused)
+  if (XR) {  // every pair reads x row 0 (held in registers; xp unused)
     it.xp = p.x;
     return it;
   }
