@@ -100,14 +100,6 @@ def moe_tma_x_regs() -> bool:
     return _flag("NINFER_MOE_TMA_XREGS", True)
 
 
-def moe_tma_x_smem() -> bool:
-    """NINFER_MOE_TMA_XSMEM (default on; "0" turns it off): where moe_tma_gate_up_kernel's
-    consumers do not hold x in registers (B > 1), the x rows are copied into shared memory once
-    per block (a shorter ring where they need the room) instead of read per work item through
-    the L2 (the same bits either way). Read once, at import of the launcher."""
-    return _flag("NINFER_MOE_TMA_XSMEM", True)
-
-
 def moe_route_swiglu() -> bool:
     """NINFER_MOE_ROUTE_SWIGLU (default on; "0" turns it off): at decode a Qwen3.5 MoE layer's
     routing runs on an extra block of its shared expert's gate_up + SwiGLU GEMV (one launch,

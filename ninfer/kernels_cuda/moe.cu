@@ -764,7 +764,7 @@ struct MoeTmaItem {
 };
 template <int XR>
 __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int item, int tiles,
-                                                   int g, const float* xs) {
+                                                   int g) {
   MoeTmaItem it;
   const int grp = item / tiles;
   it.m0 = (item - grp * tiles) * 8;
@@ -777,8 +777,7 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
   const int pr = it.gp[g];
   const int p0 = __shfl_sync(0xffffffffu, pr, 0);
   const int pa = pr >= 0 ? pr : p0;
-  const int row = p.x_by_pair ? pa : pa / p.top_k;
-  it.xp = XR == 2 ? xs + (i64)row * p.k : p.x + (i64)row * p.x_rs;  // XR = 2: the staged rows
+  it.xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs;
   return it;
 }
 
@@ -834,11 +833,6 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
 // after pdl_wait, splits them into bf16 hi + lo words in registers and feeds every item from
 // them (moe_tma_consume_xr): no global x loads per item, the same fragments and mma order.
 #define MOE_TMA_XR_STEPS 8
-// XR = 2 (moe.py TMA_X_SMEM, where x is not in registers): after pdl_wait the consumer warps
-// copy the x_rows x rows (K floats each) into shared memory after the ring, once per block, and
-// every item reads its pair's row there (moe_tma_consume<NI, true>) instead of through the L2,
-// whose latency under the weight stream bounded the consumers at B = 8 (ncu: 39% of their
-// stall cycles on L1TEX scoreboards); the same values and mma order.
 
 // moe_tma_consume with x held split in registers (XR = 1): xh[st] / xl[st] = split x[k_begin
 // + 32 st + 8 t .. + 7] (zeros where that unit is past k_end), steps in ascending order, the
@@ -956,8 +950,7 @@ template <int XR>
 __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
                                                       const MoeTmaRing& R, int sk, int sw,
                                                       int stages, int pairs, int items,
-                                                      int tiles, int warp, int lane,
-                                                      const float* xs = nullptr) {
+                                                      int tiles, int warp, int lane) {
   const int G = gridDim.x;
   const int cons = p.splits, ns = cons / sw;
   const int pitch = R.pitch, stage_bytes = R.stage_bytes;
@@ -975,7 +968,7 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
   // for the slot the consumers release only after the second item.)
   const int per = pairs && stages >= 2 * ns ? 2 : 1;
   unsigned xh[MOE_TMA_XR_STEPS][4], xl[MOE_TMA_XR_STEPS][4];  // XR = 1 only
-  if constexpr (XR == 1) {  // all loads issued before any is split
+  if constexpr (XR) {  // all loads issued before any is split
     float4 xa[MOE_TMA_XR_STEPS], xb[MOE_TMA_XR_STEPS];
 #pragma unroll
     for (int st = 0; st < MOE_TMA_XR_STEPS; ++st) {
@@ -1002,13 +995,13 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
     float c[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {  // (the second item's state repeats the first's when alone)
-      it[j] = moe_tma_item<XR>(p, j < n_it ? item + j * G : item, tiles, g, xs);
+      it[j] = moe_tma_item<XR>(p, j < n_it ? item + j * G : item, tiles, g);
       const unsigned qj = q + (unsigned)(j * ns);
       slot[j] = qj % (unsigned)stages;
       c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
       if (j < n_it) mbar_wait(R.full + slot[j], (qj / (unsigned)stages) & 1u);
     }
-    if constexpr (XR == 1) {
+    if constexpr (XR) {
       if (n_it == 2)
         moe_tma_consume_xr<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
                               xh, xl, k_begin, k_end, t, c);
@@ -1016,11 +1009,11 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
         moe_tma_consume_xr<1>(a0 + slot[0] * stage_bytes, 0u, pitch, xh, xl, k_begin, k_end, t,
                               c);
     } else if (n_it == 2) {
-      moe_tma_consume<2, XR == 2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes,
-                                  pitch, it[0].xp, it[1].xp, k_begin, k_end, t, c);
+      moe_tma_consume<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
+                         it[0].xp, it[1].xp, k_begin, k_end, t, c);
     } else {
-      moe_tma_consume<1, XR == 2>(a0 + slot[0] * stage_bytes, 0u, pitch, it[0].xp, nullptr,
-                                  k_begin, k_end, t, c);
+      moe_tma_consume<1>(a0 + slot[0] * stage_bytes, 0u, pitch, it[0].xp, nullptr, k_begin,
+                         k_end, t, c);
     }
     __syncwarp();
 #pragma unroll
@@ -1050,8 +1043,7 @@ template <int XR>
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
                                                                           int stages,
-                                                                          int pairs,
-                                                                          int x_rows) {
+                                                                          int pairs) {
 #if BULK_COPY_OK
   const TimelineMarks marks;  // (phase marks: timeline build only; thread 0 is a consumer)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -1073,18 +1065,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     moe_tma_produce(p, ring, sk, ns, stages, items, tiles, lane);
     return;
   }
-  float* xs = nullptr;
-  if constexpr (XR == 2) {  // the x rows into shared memory after the ring, once per block
-    xs = reinterpret_cast<float*>(ring.ring + stages * ring.stage_bytes);
-    const int n4 = x_rows * (p.k >> 2);  // K % 16 == 0: a float4 never crosses a row
-    for (int i = threadIdx.x; i < n4; i += 32 * cons) {
-      const int row = i / (p.k >> 2), c4 = i - row * (p.k >> 2);
-      reinterpret_cast<float4*>(xs)[i] =
-          __ldg(reinterpret_cast<const float4*>(p.x + (i64)row * p.x_rs) + c4);
-    }
-    asm volatile("bar.sync 1, %0;" ::"r"(32 * cons) : "memory");
-  }
-  moe_tma_consume_items<XR>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane, xs);
+  moe_tma_consume_items<XR>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
   timeline_mark(1);  // thread 0: its last item's outputs stored
 #else
   __trap();

@@ -94,11 +94,6 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 # NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
 # it can run, unless a caller says otherwise (the same bits either way).
 TMA_X_REGS = envs.moe_tma_x_regs()
-# NINFER_MOE_TMA_XSMEM (read once at import; default on): where x is not held in registers
-# (B > 1), moe_tma_gate_up_kernel<2> copies the x rows into shared memory after its ring (a ring
-# of fewer stages where they need the room) once per block, so its consumers read x there per
-# work item instead of through the L2 (the same bits).
-TMA_X_SMEM = envs.moe_tma_x_smem()
 # NINFER_MOE_PERSIST (read once at import; default off): moe_block's fused decode path with the
 # bulk-copy gate_up runs both expert stages and the combine as one persistent launch
 # (moe_tma_experts_kernel: the down tiles stream through the gate_up ring behind the block's
@@ -191,7 +186,7 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
        "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
-    + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>", "moe_tma_gate_up_kernel<2>"]
+    + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>"]
     + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
@@ -849,7 +844,7 @@ def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
                        plan: TmaPlan, item_pairs: bool | None = None,
-                       x_regs: bool | None = None, x_smem: bool | None = None) -> None:
+                       x_regs: bool | None = None) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
@@ -859,39 +854,22 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     bits either way). `x_regs`: the consumers hold their x values in registers
     (moe_tma_gate_up_kernel<1>), possible where every pair reads x row 0 (x_by_pair = 0 and
     pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
-    wherever possible when TMA_X_REGS is set (the same bits either way). `x_smem` (without
-    x_regs): the x rows (all x.shape[0] of them) copied into shared memory after the ring
-    (moe_tma_gate_up_kernel<2>; the ring re-planned with their room, `tma_x_smem_plan`); None
-    takes it wherever it fits when TMA_X_SMEM is set (the same bits either way)."""
+    wherever possible when TMA_X_REGS is set (the same bits either way)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
     C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
     xr = (xr_ok and TMA_X_REGS) if x_regs is None else x_regs
-    x_rows = x.shape[0]
-    xs_plan = None if xr else tma_x_smem_plan(k, x_rows)
-    C.require(not x_smem or xs_plan is not None, "x_smem", "the x rows do not fit beside a ring")
-    mode, smem = int(xr), plan.smem
-    if xs_plan is not None and (TMA_X_SMEM if x_smem is None else x_smem):
-        plan, mode, smem = xs_plan, 2, xs_plan.smem + 4 * x_rows * k
     params = C.pack(_GEMV, **_stage_fields(w, w_rs, w_es, x, x_rs, x_by_pair, out, m, k,
                                            splits=plan.splits, top_k=top_k, up_offset=m,
                                            experts=experts, ws=ws))
-    fn = get_function(SOURCE, f"moe_tma_gate_up_kernel<{mode}>")
-    if fn.max_dynamic_shared_size_bytes < smem:
-        fn.max_dynamic_shared_size_bytes = smem
+    fn = get_function(SOURCE, f"moe_tma_gate_up_kernel<{int(xr)}>")
+    if fn.max_dynamic_shared_size_bytes < plan.smem:
+        fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)
     launch(fn, (max(1, min(current_device().sm_count, items)),), (32 * (plan.splits + 1),),
            (params, np.int32(plan.sk), np.int32(plan.stage_warps), np.int32(plan.stages),
-            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs), np.int32(x_rows)),
-           shared_mem=smem, name="moe_tma_gate_up", pdl=True)
-
-
-def tma_x_smem_plan(k: int, x_rows: int) -> TmaPlan | None:
-    """The ring of moe_tma_gate_up_kernel<2> for K and x_rows f32 x rows in shared memory after
-    it (`tma_gate_up_plan` with their room taken off; None where no ring of two stages per item
-    fits beside them)."""
-    plan = tma_gate_up_plan(k, TMA_SMEM_LIMIT - 4 * x_rows * k)
-    return plan if plan is not None and plan.stages >= 2 * plan.per_item else None
+            np.int32(MOE_TMA_PAIRS if item_pairs is None else item_pairs)),
+           shared_mem=plan.smem, name="moe_tma_gate_up", pdl=True)
 
 
 def tma_x_regs_ok(k: int, splits: int, x_by_pair: int, pairs: int, top_k: int) -> bool:

@@ -60,12 +60,10 @@ def _plans(k):
     return plans + [one]
 
 
-def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None, x_regs=None,
-           x_smem=False):
+def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None, x_regs=None):
     """act [pairs, m] of moe_tma_gate_up_kernel (plan; `item_pairs`: its consumers take two
-    items at a time; `x_regs`: x held in registers; `x_smem`: the x rows in shared memory) or
-    moe_mma_rows_kernel<1> (None) on the group tables of ids (device), into a NaN-poisoned
-    buffer."""
+    items at a time; `x_regs`: x held in registers) or moe_mma_rows_kernel<1> (None) on the
+    group tables of ids (device), into a NaN-poisoned buffer."""
     n, top_k = ids.shape
     ws = kmoe.MoeWorkspace.allocate(n, top_k, 8, 8)  # only the group tables are used
     kmoe._group(ids, kmoe.GROUP_STRIDE, ws)
@@ -77,8 +75,7 @@ def _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs=None, x_regs=Non
     if plan is None:
         kmoe.launch_mma(*args, swiglu=True, up_offset=m, rows=True, **kw)
     else:
-        kmoe.launch_tma_gate_up(*args, plan=plan, item_pairs=item_pairs, x_regs=x_regs,
-                                x_smem=x_smem, **kw)
+        kmoe.launch_tma_gate_up(*args, plan=plan, item_pairs=item_pairs, x_regs=x_regs, **kw)
     return out
 
 
@@ -100,18 +97,12 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
         # x in registers (moe_tma_gate_up_kernel<1>) where one x row feeds every pair
         xr_ok = kmoe.tma_x_regs_ok(k, plans[0].splits, by_pair, ids_h.size, top_k)
         assert xr_ok == (n == 1 and k != 1040), (n, k)  # K = 1040: 9 steps per warp
-        # x rows in shared memory (moe_tma_gate_up_kernel<2>, its own ring) where they fit
-        xs_ok = kmoe.tma_x_smem_plan(k, x_d.shape[0]) is not None
-        assert xs_ok or by_pair, (x_d.shape, k)  # up to 8 token rows always fit
         for plan in plans:
             for item_pairs in (False, True):  # one item at a time, or two (rings of >= 2)
-                for x_mode in ("global", "regs", "smem"):
-                    if (x_mode == "regs" and not xr_ok) or (x_mode == "smem" and not xs_ok):
-                        continue
-                    got = _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs,
-                                 x_mode == "regs", x_mode == "smem")
+                for x_regs in (False, True) if xr_ok else (False,):
+                    got = _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs, x_regs)
                     assert_same_bits(got, want, f"m={m} k={k} E={experts} K={top_k} n={n} "
-                                                f"{plan} pairs={item_pairs} x={x_mode}")
+                                                f"{plan} pairs={item_pairs} x_regs={x_regs}")
         if n == 2:  # and the values (float64 oracle)
             expect = np.empty((ids_h.size, m))
             for pr, e in enumerate(ids_h.reshape(-1)):
