@@ -100,6 +100,14 @@ def moe_tma_x_regs() -> bool:
     return _flag("NINFER_MOE_TMA_XREGS", True)
 
 
+def moe_tma_xpipe() -> bool:
+    """NINFER_MOE_TMA_XPIPE (default off; "1" turns it on): where moe_tma_gate_up_kernel's
+    consumers do not hold x in registers (B > 1), each batch's x loads are issued before the
+    previous batch's mmas (two batches in flight; the same bits). Not yet measured on a GPU.
+    Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA_XPIPE", False)
+
+
 def moe_route_swiglu() -> bool:
     """NINFER_MOE_ROUTE_SWIGLU (default on; "0" turns it off): at decode a Qwen3.5 MoE layer's
     routing runs on an extra block of its shared expert's gate_up + SwiGLU GEMV (one launch,

@@ -740,6 +740,9 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
 #define MOE_TMA_MAX_STAGES 16
 #define MOE_TMA_BAR_BYTES 256
 #define MOE_TMA_U 4  // 32-k steps whose shared / x loads are issued together
+#ifndef MOE_TMA_XPIPE
+#define MOE_TMA_XPIPE 0
+#endif
 
 // Bytes between the ring's rows for stages of sk k (sk % 32 == 0): 2 sk rounded up to 64 mod
 // 128 (adds 0 or MOE_TMA_PAD bytes).
@@ -788,6 +791,70 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
 // fragments and order of moe_mma_rows_kernel<1>. The items' loads are issued together and their
 // mma chains interleave (independent accumulators). XS: x is in shared memory (generic loads),
 // else read through the read-only path.
+#if MOE_TMA_XPIPE
+// MOE_TMA_XPIPE (moe.py SOURCE_XPIPE, NINFER_MOE_TMA_XPIPE): the same steps, fragments and mma
+// order, with each batch's x loads issued before the previous batch's mmas (two batches of x in
+// flight per warp instead of one: at B > 1 the consumers' time per item is mostly x loads
+// crossing the L2 behind the weight stream).
+template <int NI, bool XS = false>
+__device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
+                                                const float* x_0, const float* x_1, int k_begin,
+                                                int k_end, int t, float (&c)[2][4]) {
+  constexpr int U = NI == 1 ? MOE_TMA_U : MOE_TMA_U / 2;  // the same loads in flight
+  unsigned a[2] = {a_0, a_1};
+  const float* xp[2] = {x_0, x_1};
+  float4 xa[NI][U], xb[NI][U];  // this batch's x (zeros past k_end)
+  auto load_x = [&](int k0, float4 (&ya)[NI][U], float4 (&yb)[NI][U]) {
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const int k = k0 + 32 * i + 8 * t;
+        const bool in = k < k_end;  // K % 8 == 0: the whole unit
+        const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
+        ya[j][i] = in ? (XS ? x4[0] : __ldg(x4)) : zf;
+        yb[j][i] = in ? (XS ? x4[1] : __ldg(x4 + 1)) : zf;
+      }
+    }
+  };
+  load_x(k_begin, xa, xb);
+  for (int k0 = k_begin; k0 < k_end; k0 += 32 * U) {
+    uint4 w0[NI][U], w1[NI][U];
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        const bool in = k0 + 32 * i + 8 * t < k_end;
+        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+        w0[j][i] = in ? moe_lds16(a[j] + 64 * i) : z;
+        w1[j][i] = in ? moe_lds16(a[j] + 64 * i + 8 * pitch) : z;
+      }
+    }
+    float4 na[NI][U], nb[NI][U];
+    load_x(k0 + 32 * U, na, nb);  // the next batch's, in flight during this batch's mmas
+#pragma unroll
+    for (int i = 0; i < U; ++i) {
+      if (k0 + 32 * i >= k_end) break;
+#pragma unroll
+      for (int j = 0; j < NI; ++j) {
+        const float xv[8] = {xa[j][i].x, xa[j][i].y, xa[j][i].z, xa[j][i].w,
+                             xb[j][i].x, xb[j][i].y, xb[j][i].z, xb[j][i].w};
+        mma_step_x8(c[j], w0[j][i], w1[j][i], xv);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NI; ++j) {
+      a[j] += 64 * U;
+#pragma unroll
+      for (int i = 0; i < U; ++i) {
+        xa[j][i] = na[j][i];
+        xb[j][i] = nb[j][i];
+      }
+    }
+  }
+}
+#else
 template <int NI, bool XS = false>
 __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
                                                 const float* x_0, const float* x_1, int k_begin,
@@ -827,6 +894,7 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
     for (int j = 0; j < NI; ++j) a[j] += 64 * U;
   }
 }
+#endif
 
 // XR = 1 (moe.py: one x row for every pair, x_by_pair = 0, and at most MOE_TMA_XR_STEPS 32-k
 // steps per consumer warp): each consumer lane loads its x values of its K range once, right

@@ -94,6 +94,10 @@ DOWN_PREWAIT = envs.moe_down_prewait()
 # NINFER_MOE_TMA_XREGS (read once at import): moe_tma_gate_up_kernel<1> (x in registers) wherever
 # it can run, unless a caller says otherwise (the same bits either way).
 TMA_X_REGS = envs.moe_tma_x_regs()
+# NINFER_MOE_TMA_XPIPE (read once at import; default off, not yet measured): where x is not in
+# registers (B > 1), moe_tma_gate_up_kernel's consumers keep two batches of x loads in flight
+# (SOURCE_XPIPE; the same bits)
+TMA_XPIPE = envs.moe_tma_xpipe()
 # NINFER_MOE_PERSIST (read once at import; default off): moe_block's fused decode path with the
 # bulk-copy gate_up runs both expert stages and the combine as one persistent launch
 # (moe_tma_experts_kernel: the down tiles stream through the gate_up ring behind the block's
@@ -190,6 +194,10 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
     + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
+# moe_tma_gate_up_kernel<0> with each batch's x loads issued before the previous batch's mmas
+# (moe.cu MOE_TMA_XPIPE; the same bits), used under TMA_XPIPE
+SOURCE_XPIPE = dataclasses.replace(SOURCE, name_expressions=("moe_tma_gate_up_kernel<0>",),
+                                   options=("-DMOE_TMA_XPIPE=1",))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
                 ("group_pairs", "ptr"), ("num_groups", "ptr"), ("w_es", "i64"), ("w_rs", "i64"),
                 ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
@@ -862,7 +870,8 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     params = C.pack(_GEMV, **_stage_fields(w, w_rs, w_es, x, x_rs, x_by_pair, out, m, k,
                                            splits=plan.splits, top_k=top_k, up_offset=m,
                                            experts=experts, ws=ws))
-    fn = get_function(SOURCE, f"moe_tma_gate_up_kernel<{int(xr)}>")
+    source = SOURCE_XPIPE if TMA_XPIPE and not xr else SOURCE
+    fn = get_function(source, f"moe_tma_gate_up_kernel<{int(xr)}>")
     if fn.max_dynamic_shared_size_bytes < plan.smem:
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)

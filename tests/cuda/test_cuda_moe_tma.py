@@ -111,6 +111,28 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
             assert_close(want, expect)
 
 
+@pytest.mark.parametrize("m,k", [(512, 2048), (200, 1040), (200, 2032), (512, 1520)])
+def test_tma_gate_up_x_pipelined_equals_rows_kernel_bitwise(rng, monkeypatch, m, k):
+    """NINFER_MOE_TMA_XPIPE (kmoe.TMA_XPIPE; moe.cu MOE_TMA_XPIPE): each consumer warp's next
+    batch of x loads issued before the current batch's mmas. Bitwise the rows kernel for every
+    plan, one or two items at a time, x rows by token and by pair, with groups of > 1 pair."""
+    monkeypatch.setattr(kmoe, "TMA_XPIPE", True)
+    experts, top_k = 256, 8
+    _, w_d = _tiled_experts(rng, experts, 12, 2 * m, k)
+    for n in (2, 5, 8):
+        by_pair = int(n == 5)
+        ids_h = _routing(rng, n, experts, top_k)
+        ids_h[n - 1] = ids_h[0][::-1]  # shared experts across rows (groups of > 1 pair)
+        ids = dev(ids_h)
+        _, x_d = _x(rng, n * top_k if by_pair else n, k)
+        want = _stage(w_d, x_d, ids, m, experts, by_pair, None)
+        assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
+        for plan in _plans(k):
+            for item_pairs in (False, True):
+                got = _stage(w_d, x_d, ids, m, experts, by_pair, plan, item_pairs, False)
+                assert_same_bits(got, want, f"m={m} k={k} n={n} {plan} pairs={item_pairs}")
+
+
 def test_tma_gate_up_bad_expert_rows_are_nan(rng):
     """Expert ids outside [0, E): NaN rows (weights never copied), bitwise the rows kernel."""
     experts, top_k, n, m, k = 16, 4, 3, 40, 1040
