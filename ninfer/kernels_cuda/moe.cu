@@ -791,11 +791,10 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
 // fragments and order of moe_mma_rows_kernel<1>. The items' loads are issued together and their
 // mma chains interleave (independent accumulators). XS: x is in shared memory (generic loads),
 // else read through the read-only path.
-#if MOE_TMA_XPIPE
-// MOE_TMA_XPIPE (moe.py SOURCE_XPIPE, NINFER_MOE_TMA_XPIPE): the same steps, fragments and mma
-// order, with each batch's x loads issued before the previous batch's mmas (two batches of x in
-// flight per warp instead of one: at B > 1 the consumers' time per item is mostly x loads
-// crossing the L2 behind the weight stream).
+// MOE_TMA_XPIPE (moe.py SOURCE_XPIPE, NINFER_MOE_TMA_XPIPE): each batch's x loads are issued
+// before the previous batch's mmas (two batches of x in flight per warp instead of one: at B > 1
+// the consumers' time per item is mostly x loads crossing the L2 behind the weight stream); the
+// same steps, fragments and mma order.
 template <int NI, bool XS = false>
 __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
                                                 const float* x_0, const float* x_1, int k_begin,
@@ -803,36 +802,39 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
   constexpr int U = NI == 1 ? MOE_TMA_U : MOE_TMA_U / 2;  // the same loads in flight
   unsigned a[2] = {a_0, a_1};
   const float* xp[2] = {x_0, x_1};
-  float4 xa[NI][U], xb[NI][U];  // this batch's x (zeros past k_end)
-  auto load_x = [&](int k0, float4 (&ya)[NI][U], float4 (&yb)[NI][U]) {
-#pragma unroll
-    for (int j = 0; j < NI; ++j) {
-#pragma unroll
-      for (int i = 0; i < U; ++i) {
-        const int k = k0 + 32 * i + 8 * t;
-        const bool in = k < k_end;  // K % 8 == 0: the whole unit
-        const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
-        ya[j][i] = in ? (XS ? x4[0] : __ldg(x4)) : zf;
-        yb[j][i] = in ? (XS ? x4[1] : __ldg(x4 + 1)) : zf;
-      }
-    }
+  // item j's x[k .. k + 7] (zeros from k_end: K % 8 == 0, so a unit is whole or out)
+  auto load_x = [&](int j, int k, float4& ya, float4& yb) {
+    const bool in = k < k_end;
+    const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
+    ya = in ? (XS ? x4[0] : __ldg(x4)) : zf;
+    yb = in ? (XS ? x4[1] : __ldg(x4 + 1)) : zf;
   };
-  load_x(k_begin, xa, xb);
+  // MOE_TMA_XPIPE: the batch at k0's x, loaded before the loop / during the previous batch
+  auto load_batch_x = [&](int k0, float4 (&ya)[NI][U], float4 (&yb)[NI][U]) {
+#pragma unroll
+    for (int j = 0; j < NI; ++j)
+#pragma unroll
+      for (int i = 0; i < U; ++i) load_x(j, k0 + 32 * i + 8 * t, ya[j][i], yb[j][i]);
+  };
+  float4 xa[NI][U], xb[NI][U];
+  if constexpr (MOE_TMA_XPIPE) load_batch_x(k_begin, xa, xb);
   for (int k0 = k_begin; k0 < k_end; k0 += 32 * U) {
     uint4 w0[NI][U], w1[NI][U];
 #pragma unroll
     for (int j = 0; j < NI; ++j) {
 #pragma unroll
       for (int i = 0; i < U; ++i) {
-        const bool in = k0 + 32 * i + 8 * t < k_end;
+        const int k = k0 + 32 * i + 8 * t;
+        const bool in = k < k_end;  // K % 8 == 0: the whole unit
         const uint4 z = make_uint4(0u, 0u, 0u, 0u);
         w0[j][i] = in ? moe_lds16(a[j] + 64 * i) : z;
         w1[j][i] = in ? moe_lds16(a[j] + 64 * i + 8 * pitch) : z;
+        if constexpr (!MOE_TMA_XPIPE) load_x(j, k, xa[j][i], xb[j][i]);
       }
     }
-    float4 na[NI][U], nb[NI][U];
-    load_x(k0 + 32 * U, na, nb);  // the next batch's, in flight during this batch's mmas
+    float4 na[NI][U], nb[NI][U];  // MOE_TMA_XPIPE: the next batch's, in flight during the mmas
+    if constexpr (MOE_TMA_XPIPE) load_batch_x(k0 + 32 * U, na, nb);
 #pragma unroll
     for (int i = 0; i < U; ++i) {
       if (k0 + 32 * i >= k_end) break;
@@ -846,55 +848,17 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
 #pragma unroll
     for (int j = 0; j < NI; ++j) {
       a[j] += 64 * U;
+      if constexpr (MOE_TMA_XPIPE) {
 #pragma unroll
-      for (int i = 0; i < U; ++i) {
-        xa[j][i] = na[j][i];
-        xb[j][i] = nb[j][i];
+        for (int i = 0; i < U; ++i) {
+          xa[j][i] = na[j][i];
+          xb[j][i] = nb[j][i];
+        }
       }
     }
   }
 }
-#else
-template <int NI, bool XS = false>
-__device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
-                                                const float* x_0, const float* x_1, int k_begin,
-                                                int k_end, int t, float (&c)[2][4]) {
-  constexpr int U = NI == 1 ? MOE_TMA_U : MOE_TMA_U / 2;  // the same loads in flight
-  unsigned a[2] = {a_0, a_1};
-  const float* xp[2] = {x_0, x_1};
-  for (int k0 = k_begin; k0 < k_end; k0 += 32 * U) {
-    uint4 w0[NI][U], w1[NI][U];
-    float4 xa[NI][U], xb[NI][U];
-#pragma unroll
-    for (int j = 0; j < NI; ++j) {
-#pragma unroll
-      for (int i = 0; i < U; ++i) {
-        const int k = k0 + 32 * i + 8 * t;
-        const bool in = k < k_end;  // K % 8 == 0: the whole unit
-        const uint4 z = make_uint4(0u, 0u, 0u, 0u);
-        const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        w0[j][i] = in ? moe_lds16(a[j] + 64 * i) : z;
-        w1[j][i] = in ? moe_lds16(a[j] + 64 * i + 8 * pitch) : z;
-        const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
-        xa[j][i] = in ? (XS ? x4[0] : __ldg(x4)) : zf;
-        xb[j][i] = in ? (XS ? x4[1] : __ldg(x4 + 1)) : zf;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < U; ++i) {
-      if (k0 + 32 * i >= k_end) break;
-#pragma unroll
-      for (int j = 0; j < NI; ++j) {
-        const float xv[8] = {xa[j][i].x, xa[j][i].y, xa[j][i].z, xa[j][i].w,
-                             xb[j][i].x, xb[j][i].y, xb[j][i].z, xb[j][i].w};
-        mma_step_x8(c[j], w0[j][i], w1[j][i], xv);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < NI; ++j) a[j] += 64 * U;
-  }
-}
-#endif
+
 
 // XR = 1 (moe.py: one x row for every pair, x_by_pair = 0, and at most MOE_TMA_XR_STEPS 32-k
 // steps per consumer warp): each consumer lane loads its x values of its K range once, right
