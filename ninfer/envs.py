@@ -101,11 +101,11 @@ def moe_tma_x_regs() -> bool:
 
 
 def moe_tma_xpipe() -> bool:
-    """NINFER_MOE_TMA_XPIPE (default off; "1" turns it on): where moe_tma_gate_up_kernel's
+    """NINFER_MOE_TMA_XPIPE (default on; "0" turns it off): where moe_tma_gate_up_kernel's
     consumers do not hold x in registers (B > 1), each batch's x loads are issued before the
-    previous batch's mmas (two batches in flight; the same bits). Not yet measured on a GPU.
-    Read once, at import of the launcher."""
-    return _flag("NINFER_MOE_TMA_XPIPE", False)
+    previous batch's mmas (two batches in flight; the same bits). Measured: 35B-A3B B=8 7.30-7.31
+    ms against 7.38-7.39, B=1 unchanged. Read once, at import of the launcher."""
+    return _flag("NINFER_MOE_TMA_XPIPE", True)
 
 
 def moe_route_swiglu() -> bool:

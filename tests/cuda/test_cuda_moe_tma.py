@@ -111,12 +111,14 @@ def test_tma_gate_up_equals_rows_kernel_bitwise(rng, m, k, experts, top_k):
             assert_close(want, expect)
 
 
+@pytest.mark.parametrize("xpipe", [True, False])
 @pytest.mark.parametrize("m,k", [(512, 2048), (200, 1040), (200, 2032), (512, 1520)])
-def test_tma_gate_up_x_pipelined_equals_rows_kernel_bitwise(rng, monkeypatch, m, k):
-    """NINFER_MOE_TMA_XPIPE (kmoe.TMA_XPIPE; moe.cu MOE_TMA_XPIPE): each consumer warp's next
-    batch of x loads issued before the current batch's mmas. Bitwise the rows kernel for every
-    plan, one or two items at a time, x rows by token and by pair, with groups of > 1 pair."""
-    monkeypatch.setattr(kmoe, "TMA_XPIPE", True)
+def test_tma_gate_up_x_pipelined_equals_rows_kernel_bitwise(rng, monkeypatch, m, k, xpipe):
+    """NINFER_MOE_TMA_XPIPE (kmoe.TMA_XPIPE; moe.cu MOE_TMA_XPIPE; default on) and off: each
+    consumer warp's next batch of x loads issued before the current batch's mmas, or after them.
+    Bitwise the rows kernel for every plan, one or two items at a time, x rows by token and by
+    pair, with groups of > 1 pair."""
+    monkeypatch.setattr(kmoe, "TMA_XPIPE", xpipe)
     experts, top_k = 256, 8
     _, w_d = _tiled_experts(rng, experts, 12, 2 * m, k)
     for n in (2, 5, 8):
