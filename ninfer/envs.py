@@ -209,6 +209,16 @@ def gemv_bf16_x() -> bool:
     return _flag("NINFER_GEMV_BF16_X", True)
 
 
+def moe_bf16_x() -> bool:
+    """NINFER_MOE_BF16_X (default on; "0" turns it off): an MoE layer's input (the router, the
+    shared expert and the routed experts read it) is written as bf16 bits where those readers
+    take them (ops.moe_reads_bf16_x: CUDA, bf16 weights, the bf16-x GEMV): as the dense GEMVs'
+    inputs since NINFER_GEMV_BF16_X, and as the prefill GEMMs and transformers in bf16 round
+    theirs. The bulk-copy expert gate_up then runs one mma per k16 step and, at B > 1, reads
+    half the x bytes. "0" keeps it f32 (split into bf16 hi + lo terms). Read at each call."""
+    return _flag("NINFER_MOE_BF16_X", True)
+
+
 def gemv_pdl() -> bool:
     """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.

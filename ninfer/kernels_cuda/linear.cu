@@ -490,21 +490,21 @@ struct TmaRouteParams {
 };
 static_assert(sizeof(TmaRouteParams) == 144, "TmaRouteParams layout is mirrored in linear.py");
 
-// linear_tma_swiglu_route_kernel<SK, CONS, XS, J> (N <= 8: one column tile): blocks 0..G-1
-// (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1, 0> on q.gemv (the MoE layer's
+// linear_tma_swiglu_route_kernel<SK, CONS, XS, J, IO> (N <= 8: one column tile): blocks 0..G-1
+// (G = gridDim.x - 1) run linear_tma_kernel<1, SK, CONS, XS, 1, IO> on q.gemv (the MoE layer's
 // shared expert gate_up + SwiGLU; each tile computed exactly as that kernel computes it), and
 // the last block runs moe_route_group_kernel<J> on q.logits (the router's output, complete at
 // pdl_wait) with that kernel's warps (max(N, pairs / 32), rows w, w + warps, ...; the rest of
 // the block exits), grouping synchronised by a named barrier; bitwise both kernels' outputs,
 // in one launch. The routing's dependent chain then runs beside the GEMV instead of as a link
 // of its own.
-template <int SK, int CONS, int XS, int J>
+template <int SK, int CONS, int XS, int J, int IO>
 __global__ void __launch_bounds__(32 * (CONS + 1), 1)
     linear_tma_swiglu_route_kernel(const __grid_constant__ TmaRouteParams q) {
 #if BULK_COPY_OK
   const int G = gridDim.x - 1;
   if (blockIdx.x < G) {
-    linear_tma_body<1, SK, CONS, XS, 1, 0>(q.gemv, G);
+    linear_tma_body<1, SK, CONS, XS, 1, IO>(q.gemv, G);
     return;
   }
   pdl_launch_dependents();  // as the GEMV blocks do: the next kernel waits for this grid

@@ -57,8 +57,8 @@ SOURCE = KernelSource("linear.cu", tuple(
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO) if tg > 1 or io]
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
-    + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}>"
-       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16)]))
+    + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}, {io}>"
+       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16) for io in (0, TMA_IO_X_BF16)]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                 ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
 GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
@@ -265,9 +265,12 @@ def tma_swiglu_route_ok(x, gate_up, experts: int, top_k: int) -> bool:
     """Whether `launch_tma_swiglu_route` takes these operands: what `linear_swiglu` runs on
     linear_tma_kernel with the default geometry (bf16 [2I, K] with 16-byte aligned rows, K a
     multiple of 16, sm_90, TMA_SK = 1024 and 16 consumers: the instances), 1..ROUTE_MAX_ROWS rows,
-    E <= ROUTE_MAX_EXPERTS and N * top_k <= ROUTE_MAX_PAIRS."""
+    E <= ROUTE_MAX_EXPERTS and N * top_k <= ROUTE_MAX_PAIRS. A bf16 x (uint16) where
+    `gemv_takes_bf16(gate_up)`, as `linear_swiglu` takes it."""
     n, k = x.shape
     w, kind = C.weight_array(gate_up, "gate_up")
+    if C.is_bf16_bits(x) and not gemv_takes_bf16(gate_up):
+        return False
     return (1 <= n <= ROUTE_MAX_ROWS and w.ndim == 2 and w.shape[1] == k and w.shape[0] % 2 == 0
             and w.shape[0] > 0 and GEMV_TMA and tma_ok(k) and TMA_SK == 1024
             and TMA_CONSUMERS == TMA_ROUTE_CONSUMERS and 1 <= experts <= ROUTE_MAX_EXPERTS
@@ -281,8 +284,10 @@ def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out
     f32 [N, I] = silu(x @ gate^T) * (x @ up^T) (gate_up = [gate; up]) on all blocks but the last,
     which routes logits f32 [N, E] (rows strided) into weights_out f32 [N, top_k] (rows strided)
     and ids_out i32 [N, top_k] (contiguous) and groups them (groups of <= chunk pairs) into the
-    group tables; bitwise linear_swiglu and moe.moe_route(..., workspace=)."""
+    group tables; bitwise linear_swiglu and moe.moe_route(..., workspace=). x f32, or bf16 bits
+    (uint16): then act_out is that of the f32 x holding the same values."""
     n, k = x.shape
+    io = TMA_IO_X_BF16 if C.is_bf16_bits(x) else 0
     w, _ = C.weight_array(gate_up, "gate_up")
     inner = w.shape[0] // 2
     stages, smem = tma_plan(TMA_SK, TMA_CONSUMERS, TMA_RING_KIB)
@@ -294,10 +299,10 @@ def launch_tma_swiglu_route(x, gate_up, act_out, logits, top_k: int, weights_out
                     num_groups=C.ptr(num_groups), logits_rs=C.row_stride(logits, "logits"),
                     w_out_rs=C.row_stride(weights_out, "weights_out"),
                     experts=logits.shape[1], top_k=top_k, chunk=chunk)
-    xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS)
+    xs = tma_x_stages(k, TMA_SK, TMA_CONSUMERS, bf16_x=bool(io))
     j = 8 if logits.shape[1] <= 256 else 16  # moe_route_row<J>: any 32 J >= E, the same bits
     gemv_blocks = max(1, min(-(-inner // 8), current_device().sm_count - 1))
-    _start_tma(f"linear_tma_swiglu_route_kernel<{TMA_SK}, {TMA_CONSUMERS}, {xs}, {j}>",
+    _start_tma(f"linear_tma_swiglu_route_kernel<{TMA_SK}, {TMA_CONSUMERS}, {xs}, {j}, {io}>",
                (gemv_blocks + 1, 1), TMA_CONSUMERS, params, smem, "linear_swiglu_route")
 
 

@@ -57,6 +57,16 @@ __device__ __forceinline__ void mma_step_split8(float (&c)[4], const uint4& w0, 
   mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, lo[2], lo[3]);
 }
 
+// mma_step_split8 for an x of bf16 values: hi[q] = their bits (x[2q] low, x[2q + 1] high), the
+// lo products (all exactly 0: lo = bf16(x - hi) = 0) not issued. Bitwise mma_step_x8 on an f32
+// x holding the same values: a zero product adds +0 to each accumulator, which leaves every
+// value but -0 unchanged.
+__device__ __forceinline__ void mma_step_bf16x8(float (&c)[4], const uint4& w0, const uint4& w1,
+                                                const unsigned (&hi)[4]) {
+  mma_bf16_16816(c, w0.x, w1.x, w0.y, w1.y, hi[0], hi[1]);
+  mma_bf16_16816(c, w0.z, w1.z, w0.w, w1.w, hi[2], hi[3]);
+}
+
 // One 32-k step of lane (g, t): its 8 x values (x[k0 + 8t .. + 7]) split into bf16 hi + lo
 // terms, times the A words w0 (row g) and w1 (row g + 8): words x / y, then z / w, the hi
 // product first (the order every kernel of the tensor-core GEMV contract uses).

@@ -759,13 +759,14 @@ __device__ __forceinline__ uint4 moe_lds16(unsigned a) {
 
 // One work item of a consumer warp: its group's pair slots gp, output rows from m0, expert e and
 // the x row of pair slot g (an empty slot reads slot 0's row: it only feeds mma column g,
-// whose outputs are not stored), at this lane's first k (+ 8 t added by the caller's k).
+// whose outputs are not stored), at this lane's first k (+ 8 t added by the caller's k). XB:
+// x holds bf16 bits (p.x_rs in elements), xp then points at that row's bf16 elements.
 struct MoeTmaItem {
   const float* xp;
   const int* gp;
   int m0, e;
 };
-template <int XR>
+template <int XR, int XB = 0>
 __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int item, int tiles,
                                                    int g) {
   MoeTmaItem it;
@@ -780,7 +781,9 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
   const int pr = it.gp[g];
   const int p0 = __shfl_sync(0xffffffffu, pr, 0);
   const int pa = pr >= 0 ? pr : p0;
-  it.xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs;
+  const i64 row = (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs;
+  it.xp = XB ? reinterpret_cast<const float*>(reinterpret_cast<const bf16raw*>(p.x) + row)
+             : p.x + row;
   return it;
 }
 
@@ -795,17 +798,29 @@ __device__ __forceinline__ MoeTmaItem moe_tma_item(const MoeGemvParams& p, int i
 // before the previous batch's mmas (two batches of x in flight per warp instead of one: at B > 1
 // the consumers' time per item is mostly x loads crossing the L2 behind the weight stream); the
 // same steps, fragments and mma order.
-template <int NI, bool XS = false>
+// XB: x_0 / x_1 point at bf16 bits (moe_tma_item<*, 1>); a unit is one 16-byte load, already
+// the hi words, and the lo products (exactly 0 for an f32 x holding bf16 values) are skipped:
+// bitwise the f32 x of the same values (mma_step_bf16x8).
+template <int NI, bool XS = false, int XB = 0>
 __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int pitch,
                                                 const float* x_0, const float* x_1, int k_begin,
                                                 int k_end, int t, float (&c)[2][4]) {
   constexpr int U = NI == 1 ? MOE_TMA_U : MOE_TMA_U / 2;  // the same loads in flight
   unsigned a[2] = {a_0, a_1};
   const float* xp[2] = {x_0, x_1};
-  // item j's x[k .. k + 7] (zeros from k_end: K % 8 == 0, so a unit is whole or out)
+  // item j's x[k .. k + 7] (zeros from k_end: K % 8 == 0, so a unit is whole or out); XB: the
+  // 8 bf16 values' bits in ya, yb unused
   auto load_x = [&](int j, int k, float4& ya, float4& yb) {
     const bool in = k < k_end;
     const float4 zf = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (XB) {
+      static_assert(!XS, "x in shared memory is f32");
+      const float4* xq =
+          reinterpret_cast<const float4*>(reinterpret_cast<const bf16raw*>(xp[j]) + k);
+      ya = in ? __ldg(xq) : zf;
+      yb = zf;
+      return;
+    }
     const float4* x4 = reinterpret_cast<const float4*>(xp[j] + k);
     ya = in ? (XS ? x4[0] : __ldg(x4)) : zf;
     yb = in ? (XS ? x4[1] : __ldg(x4 + 1)) : zf;
@@ -840,9 +855,15 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
       if (k0 + 32 * i >= k_end) break;
 #pragma unroll
       for (int j = 0; j < NI; ++j) {
-        const float xv[8] = {xa[j][i].x, xa[j][i].y, xa[j][i].z, xa[j][i].w,
-                             xb[j][i].x, xb[j][i].y, xb[j][i].z, xb[j][i].w};
-        mma_step_x8(c[j], w0[j][i], w1[j][i], xv);
+        if constexpr (XB) {
+          const unsigned xh[4] = {__float_as_uint(xa[j][i].x), __float_as_uint(xa[j][i].y),
+                                  __float_as_uint(xa[j][i].z), __float_as_uint(xa[j][i].w)};
+          mma_step_bf16x8(c[j], w0[j][i], w1[j][i], xh);
+        } else {
+          const float xv[8] = {xa[j][i].x, xa[j][i].y, xa[j][i].z, xa[j][i].w,
+                               xb[j][i].x, xb[j][i].y, xb[j][i].z, xb[j][i].w};
+          mma_step_x8(c[j], w0[j][i], w1[j][i], xv);
+        }
       }
     }
 #pragma unroll
@@ -868,8 +889,9 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
 
 // moe_tma_consume with x held split in registers (XR = 1): xh[st] / xl[st] = split x[k_begin
 // + 32 st + 8 t .. + 7] (zeros where that unit is past k_end), steps in ascending order, the
-// items' chains interleaved: per item exactly moe_tma_consume's fragments and mma order.
-template <int NI>
+// items' chains interleaved: per item exactly moe_tma_consume's fragments and mma order. XB: x
+// was bf16 (xh its bits, xl unused): the hi products only, as moe_tma_consume<*, *, 1>.
+template <int NI, int XB = 0>
 __device__ __forceinline__ void moe_tma_consume_xr(
     unsigned a_0, unsigned a_1, int pitch, const unsigned (&xh)[MOE_TMA_XR_STEPS][4],
     const unsigned (&xl)[MOE_TMA_XR_STEPS][4], int k_begin, int k_end, int t, float (&c)[2][4]) {
@@ -894,8 +916,12 @@ __device__ __forceinline__ void moe_tma_consume_xr(
     for (int i = 0; i < U; ++i) {
       if (k_begin + 32 * (s0 + i) >= k_end) break;
 #pragma unroll
-      for (int j = 0; j < NI; ++j)
-        mma_step_split8(c[j], w0[j][i], w1[j][i], xh[s0 + i], xl[s0 + i]);
+      for (int j = 0; j < NI; ++j) {
+        if constexpr (XB)
+          mma_step_bf16x8(c[j], w0[j][i], w1[j][i], xh[s0 + i]);
+        else
+          mma_step_split8(c[j], w0[j][i], w1[j][i], xh[s0 + i], xl[s0 + i]);
+      }
     }
   }
 }
@@ -977,8 +1003,8 @@ __device__ __forceinline__ void moe_tma_produce(const MoeGemvParams& p, const Mo
 }
 
 // The consumer warps of moe_tma_gate_up_kernel (warp = split): every work item of the block,
-// act = silu(gate) * up into p.out (see the kernel).
-template <int XR>
+// act = silu(gate) * up into p.out (see the kernel). XB: p.x holds bf16 bits.
+template <int XR, int XB = 0>
 __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
                                                       const MoeTmaRing& R, int sk, int sw,
                                                       int stages, int pairs, int items,
@@ -999,8 +1025,20 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
   // is that of one item alone. (A ring of one item cannot hold both: the producer would wait
   // for the slot the consumers release only after the second item.)
   const int per = pairs && stages >= 2 * ns ? 2 : 1;
-  unsigned xh[MOE_TMA_XR_STEPS][4], xl[MOE_TMA_XR_STEPS][4];  // XR = 1 only
-  if constexpr (XR) {  // all loads issued before any is split
+  unsigned xh[MOE_TMA_XR_STEPS][4], xl[MOE_TMA_XR_STEPS][4];  // XR = 1 only (xl: not XB)
+  if constexpr (XR && XB) {  // the bf16 bits are the hi words already
+#pragma unroll
+    for (int st = 0; st < MOE_TMA_XR_STEPS; ++st) {
+      const int k = k_begin + 32 * st + 8 * t;
+      const uint4 q = k < k_end ? __ldg(reinterpret_cast<const uint4*>(
+                                      reinterpret_cast<const bf16raw*>(p.x) + k))
+                                : make_uint4(0u, 0u, 0u, 0u);
+      xh[st][0] = q.x;
+      xh[st][1] = q.y;
+      xh[st][2] = q.z;
+      xh[st][3] = q.w;
+    }
+  } else if constexpr (XR) {  // all loads issued before any is split
     float4 xa[MOE_TMA_XR_STEPS], xb[MOE_TMA_XR_STEPS];
 #pragma unroll
     for (int st = 0; st < MOE_TMA_XR_STEPS; ++st) {
@@ -1027,7 +1065,7 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
     float c[2][4];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {  // (the second item's state repeats the first's when alone)
-      it[j] = moe_tma_item<XR>(p, j < n_it ? item + j * G : item, tiles, g);
+      it[j] = moe_tma_item<XR, XB>(p, j < n_it ? item + j * G : item, tiles, g);
       const unsigned qj = q + (unsigned)(j * ns);
       slot[j] = qj % (unsigned)stages;
       c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
@@ -1035,17 +1073,17 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
     }
     if constexpr (XR) {
       if (n_it == 2)
-        moe_tma_consume_xr<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
-                              xh, xl, k_begin, k_end, t, c);
+        moe_tma_consume_xr<2, XB>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
+                                  xh, xl, k_begin, k_end, t, c);
       else
-        moe_tma_consume_xr<1>(a0 + slot[0] * stage_bytes, 0u, pitch, xh, xl, k_begin, k_end, t,
-                              c);
+        moe_tma_consume_xr<1, XB>(a0 + slot[0] * stage_bytes, 0u, pitch, xh, xl, k_begin, k_end,
+                                  t, c);
     } else if (n_it == 2) {
-      moe_tma_consume<2>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes, pitch,
-                         it[0].xp, it[1].xp, k_begin, k_end, t, c);
+      moe_tma_consume<2, false, XB>(a0 + slot[0] * stage_bytes, a0 + slot[1] * stage_bytes,
+                                    pitch, it[0].xp, it[1].xp, k_begin, k_end, t, c);
     } else {
-      moe_tma_consume<1>(a0 + slot[0] * stage_bytes, 0u, pitch, it[0].xp, nullptr, k_begin,
-                         k_end, t, c);
+      moe_tma_consume<1, false, XB>(a0 + slot[0] * stage_bytes, 0u, pitch, it[0].xp, nullptr,
+                                    k_begin, k_end, t, c);
     }
     __syncwarp();
 #pragma unroll
@@ -1071,7 +1109,7 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
 }
 #endif
 
-template <int XR>
+template <int XR, int XB>
 __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const MoeGemvParams p,
                                                                           int sk, int sw,
                                                                           int stages,
@@ -1097,7 +1135,7 @@ __global__ void __launch_bounds__(32 * (8 + 1), 1) moe_tma_gate_up_kernel(const 
     moe_tma_produce(p, ring, sk, ns, stages, items, tiles, lane);
     return;
   }
-  moe_tma_consume_items<XR>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
+  moe_tma_consume_items<XR, XB>(p, ring, sk, sw, stages, pairs, items, tiles, warp, lane);
   timeline_mark(1);  // thread 0: its last item's outputs stored
 #else
   __trap();
@@ -1653,4 +1691,12 @@ __global__ void __launch_bounds__(256) moe_swiglu_kernel(const float* __restrict
     const float g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
     act[i] = from_f32<OT>(silu_f(g) * u);
   }
+}
+
+// out f32 [N, K] (contiguous) = the values of x's bf16 bits (rows x_rs apart): exact. The MoE
+// stages that read an f32 x run on this copy of a bf16 x (moe.py _x_f32). Grid N, 256 threads.
+__global__ void __launch_bounds__(256) moe_x_f32_kernel(const bf16raw* __restrict__ x, i64 x_rs,
+                                                        int k, float* __restrict__ out) {
+  const i64 n = blockIdx.x;
+  for (int j = threadIdx.x; j < k; j += blockDim.x) out[n * k + j] = to_f32(x[n * x_rs + j]);
 }

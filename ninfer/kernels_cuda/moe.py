@@ -190,13 +190,14 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
        "moe_mma_rows_kernel<1>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
-    + ["moe_tma_gate_up_kernel<0>", "moe_tma_gate_up_kernel<1>"]
+    + [f"moe_tma_gate_up_kernel<{xr}, {xb}>" for xr in (0, 1) for xb in (0, 1)]
     + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
-    + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind]))
+    + [f"moe_swiglu_kernel<{k.ctype}>" for k in C.WKind] + ["moe_x_f32_kernel"]))
 # moe_tma_gate_up_kernel<0> with each batch's x loads issued before the previous batch's mmas
 # (moe.cu MOE_TMA_XPIPE; the same bits), used under TMA_XPIPE
-SOURCE_XPIPE = dataclasses.replace(SOURCE, name_expressions=("moe_tma_gate_up_kernel<0>",),
+SOURCE_XPIPE = dataclasses.replace(SOURCE, name_expressions=("moe_tma_gate_up_kernel<0, 0>",
+                                                             "moe_tma_gate_up_kernel<0, 1>"),
                                    options=("-DMOE_TMA_XPIPE=1",))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "ptr"),
                 ("group_pairs", "ptr"), ("num_groups", "ptr"), ("w_es", "i64"), ("w_rs", "i64"),
@@ -290,9 +291,10 @@ def route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, act_
     """`moe_route(logits, top_k, weights_out, ids_out, workspace=workspace)` and
     `linear_swiglu(x, gate_up, act_out)` (gate_up bf16 [2I, K] = [gate; up], act_out f32
     [N, I]): bitwise those two, in one launch where `route_with_swiglu_applies` (the routing
-    runs on an extra block of the SwiGLU GEMV), else the two launches."""
+    runs on an extra block of the SwiGLU GEMV), else the two launches. x f32, or bf16 bits
+    where `linear_swiglu` takes them."""
     n, _ = _check_route(logits, top_k, weights_out, ids_out)
-    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    C.device_array(x, "x", dtype=np.uint16 if C.is_bf16_bits(x) else np.float32, ndim=2)
     C.require(x.shape[0] == n, "x", f"{x.shape[0]} rows, logits have {n}")
     if not route_with_swiglu_applies(logits, top_k, x, gate_up, workspace):
         moe_route(logits, top_k, weights_out, ids_out, workspace=workspace)
@@ -365,6 +367,8 @@ class MoeWorkspace:
     num_groups: object    # i32 [1]
     # u32 [2], zeros: moe_tma_experts_kernel's grid barrier (one u64: arrivals | generation << 32)
     barrier: object = None
+    # f32 [rows, H]: the f32 copy of a bf16 x for the stages that read f32 (_x_f32)
+    x32: object = None
 
     @classmethod
     def allocate(cls, max_rows: int, top_k: int, hidden: int, inter: int):
@@ -373,7 +377,8 @@ class MoeWorkspace:
         return cls(cp.empty((pairs, inter), dtype=np.float32),
                    cp.empty((pairs, hidden), dtype=np.float32),
                    cp.empty(pairs, dtype=np.int32), cp.empty(pairs * GROUP_STRIDE, dtype=np.int32),
-                   cp.empty(1, dtype=np.int32), cp.zeros(2, dtype=np.uint32))
+                   cp.empty(1, dtype=np.int32), cp.zeros(2, dtype=np.uint32),
+                   cp.empty((max_rows, hidden), dtype=np.float32))
 
     def fits(self, pairs: int, hidden: int, inter: int) -> bool:
         return (self.act.shape[0] >= pairs and self.act.shape[1] == inter
@@ -394,10 +399,44 @@ def _expert_weights(gate_up, down, hidden):
     return gu, dn, kind, experts, two_i // 2
 
 
+def _check_x(x) -> None:
+    """x: f32 [N, H] rows strided, or bf16 bits (uint16) with 16-byte aligned rows."""
+    if C.is_bf16_bits(x):
+        C.device_array(x, "x", dtype=np.uint16, ndim=2)
+        C.require(C.aligned(x) and C.row_stride(x, "x") % 8 == 0, "x",
+                  "a bf16 x needs 16-byte aligned rows")
+    else:
+        C.device_array(x, "x", dtype=np.float32, ndim=2)
+
+
+def _x_f32(x, ws: MoeWorkspace | None):
+    """x as f32: x itself, or the values of a bf16 x (exact) in ws.x32 (a new array without a
+    workspace: not capturable) for the stages that read an f32 x."""
+    if not C.is_bf16_bits(x):
+        return x
+    n, hidden = x.shape
+    if ws is not None and ws.x32 is not None and ws.x32.shape[0] >= n \
+            and ws.x32.shape[1] == hidden:
+        out = ws.x32[:n]
+    else:
+        out = C.cupy().empty((n, hidden), dtype=np.float32)
+    if n:
+        launch(get_function(SOURCE, "moe_x_f32_kernel"), (n,), (256,),
+               (x, np.int64(C.row_stride(x, "x")), np.int32(hidden), out), name="moe_x_f32")
+    return out
+
+
+def _tma_takes_x(x, use_mma: bool, tma: "TmaPlan | None") -> bool:
+    """Whether the gate_up stage reads x itself (moe_tma_gate_up_kernel takes a bf16 x), else
+    a bf16 x goes through _x_f32 first."""
+    return not C.is_bf16_bits(x) or (use_mma and tma is not None)
+
+
 def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace | None = None,
                 batch_invariant: bool = False) -> None:
-    """out[n] = sum_k weights[n,k] * down[e] @ (silu(g) * u), [g|u] = gate_up[e] @ x[n]."""
-    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    """out[n] = sum_k weights[n,k] * down[e] @ (silu(g) * u), [g|u] = gate_up[e] @ x[n]. x f32
+    or bf16 bits (uint16): then out is that of the f32 x holding the same values."""
+    _check_x(x)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
     C.contiguous(C.device_array(ids, "ids", dtype=np.int32, ndim=2), "ids")
@@ -410,11 +449,15 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
     if _gemv_path(n, top_k, batch_invariant):
         ws = _workspace(workspace, n, top_k, hidden, inter)
         use_mma, nt = _gemv_plan(x, gu, dn, kind)
+        tma = _tma_plan(use_mma, hidden)
+        if not _tma_takes_x(x, use_mma, tma):
+            x = _x_f32(x, ws)
         _group(ids, nt, ws)
         _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws, None,
-                      _tma_plan(use_mma, hidden))
+                      tma)
     else:
-        _experts_prefill(x, gu, dn, kind, experts, inter, ids, weights, out, None)
+        _experts_prefill(_x_f32(x, workspace), gu, dn, kind, experts, inter, ids, weights, out,
+                         None)
 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
@@ -437,8 +480,12 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
 
     `shared_down` (bf16 [H, Is]; only where `shared_down_folds`): `shared` is then the shared
     expert's activation f32[N, Is] and the shared add uses shared_down @ shared[n], computed in
-    the fused down launch, bitwise `linear(shared, shared_down)` (linear_tma_kernel's sums)."""
-    C.device_array(x, "x", dtype=np.float32, ndim=2)
+    the fused down launch, bitwise `linear(shared, shared_down)` (linear_tma_kernel's sums).
+
+    x: f32 [N, H] rows strided, or bf16 bits (uint16, 16-byte aligned rows): then every output
+    is that of the f32 x holding the same values (the bulk-copy gate_up stage reads the bits;
+    the other paths an f32 copy in the workspace)."""
+    _check_x(x)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
     C.require(logits.shape[:1] == (n,) and logits.shape[1:] == (experts,), "logits",
@@ -459,7 +506,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     if not _gemv_path(n, top_k, batch_invariant):
         if not routed:
             moe_route(logits, top_k, weights_out, ids_out)
-        _experts_prefill(x, gu, dn, kind, experts, inter, ids_out, weights_out, out, gated)
+        _experts_prefill(_x_f32(x, workspace), gu, dn, kind, experts, inter, ids_out,
+                         weights_out, out, gated)
         return
     grouped = routed and workspace is not None  # moe_route left the GROUP_STRIDE tables in ws
     ws = _workspace(workspace, n, top_k, hidden, inter)
@@ -467,6 +515,10 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     tma = _tma_plan(use_mma, hidden)
     fuse = _takes_fused(n, top_k, experts, use_mma, fused)
     folded = (shared_down, shared) if shared_down is not None else None
+    persist = persist_plan(n, top_k, hidden, inter) if fuse and tma is not None else None
+    persist = persist if ws.barrier is not None else None
+    if persist is not None or not _tma_takes_x(x, use_mma, tma):
+        x = _x_f32(x, ws)
     if routed:
         if not grouped or nt != GROUP_STRIDE:
             _group(ids_out, nt, ws)
@@ -476,8 +528,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         return
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
-    persist = persist_plan(n, top_k, hidden, inter) if fuse and tma is not None else None
-    if persist is not None and ws.barrier is not None:  # (shared_down_folds checked the fold)
+    if persist is not None:  # (shared_down_folds checked the fold)
         _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
                          persist, folded)
         return
@@ -862,8 +913,11 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     bits either way). `x_regs`: the consumers hold their x values in registers
     (moe_tma_gate_up_kernel<1>), possible where every pair reads x row 0 (x_by_pair = 0 and
     pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
-    wherever possible when TMA_X_REGS is set (the same bits either way)."""
+    wherever possible when TMA_X_REGS is set (the same bits either way). x f32, or bf16 bits
+    (uint16, rows x_rs elements apart, x_rs % 8 == 0): then out is that of the f32 x holding the
+    same values (moe_tma_gate_up_kernel<*, 1> skips the lo products, all zero)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
+    C.require(not C.is_bf16_bits(x) or x_rs % 8 == 0, "x", "bf16 rows must be 16-byte aligned")
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
     C.require(not x_regs or xr_ok, "x_regs", "needs one x row and a short K range per warp")
     xr = (xr_ok and TMA_X_REGS) if x_regs is None else x_regs
@@ -871,7 +925,7 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
                                            splits=plan.splits, top_k=top_k, up_offset=m,
                                            experts=experts, ws=ws))
     source = SOURCE_XPIPE if TMA_XPIPE and not xr else SOURCE
-    fn = get_function(source, f"moe_tma_gate_up_kernel<{int(xr)}>")
+    fn = get_function(source, f"moe_tma_gate_up_kernel<{int(xr)}, {int(C.is_bf16_bits(x))}>")
     if fn.max_dynamic_shared_size_bytes < plan.smem:
         fn.max_dynamic_shared_size_bytes = plan.smem
     items = pairs * ((m + 7) // 8)

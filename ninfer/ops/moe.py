@@ -30,10 +30,12 @@ def moe_route(logits, top_k: int, weights_out, ids_out, *, workspace=None) -> No
 def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
                 batch_invariant: bool = False) -> None:
     """out[n] = sum_k weights[n, k] * down[e] @ (silu(g) * u), [g | u] = gate_up[e] @ x[n],
-    e = ids[n, k], terms added in ascending expert id. x: f32[N, H]; gate_up: Weight[E, 2Im, H];
-    down: Weight[E, H, Im]; ids: i32[N, K]; weights: f32[N, K]; out: f32[N, H] (overwritten)."""
+    e = ids[n, k], terms added in ascending expert id. x: f32[N, H], or on CUDA bf16 bits
+    (uint16, C-contiguous: the result of the f32 x holding those values); gate_up: Weight[E, 2Im,
+    H]; down: Weight[E, H, Im]; ids: i32[N, K]; weights: f32[N, K]; out: f32[N, H] (overwritten).
+    """
     backend = backend_of(x, gate_up, down, ids, weights, out)
-    _check_experts("moe_experts", x, gate_up, down, ids, weights, out)
+    _check_experts("moe_experts", x, gate_up, down, ids, weights, out, backend)
     check.kernels(backend, "moe").moe_experts(x, gate_up, down, ids, weights, out,
                                               **check.scratch(backend, workspace=workspace,
                                                              batch_invariant=batch_invariant or None))
@@ -45,7 +47,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     """`moe_route(logits, top_k, weights_out, ids_out)`, then `moe_experts(x, gate_up, down,
     ids_out, weights_out, out)`, then (when `shared` is given) `sigmoid_scale_add(out, shared,
     shared_gate)`: bitwise those ops' results, in fewer launches on CUDA. logits: f32[N, E] rows
-    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither).
+    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither). x as
+    `moe_experts` takes it (f32, or bf16 bits on CUDA: `moe_reads_bf16_x`).
 
     `routed=True`: the routing already ran, `moe_route(logits, top_k, weights_out, ids_out,
     workspace=workspace)` with this same workspace (CUDA: its group tables hold the grouping of
@@ -58,7 +61,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     its down launch instead of a `linear` launch of its own."""
     backend = backend_of(x, logits, gate_up, down, weights_out, ids_out, out)
     _check_route("moe_block", logits, top_k, weights_out, ids_out)
-    n, h = _check_experts("moe_block", x, gate_up, down, ids_out, weights_out, out)
+    n, h = _check_experts("moe_block", x, gate_up, down, ids_out, weights_out, out, backend)
     if logits.shape != (n, gate_up.shape[0]):
         raise ValueError(f"moe_block: logits must have shape [{n}, {gate_up.shape[0]}], "
                          f"got {list(logits.shape)}")
@@ -81,6 +84,26 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
         shared_gate=shared_gate, routed=bool(routed), **fold,
         **check.scratch(backend, workspace=workspace, batch_invariant=batch_invariant or None))
+
+
+def moe_reads_bf16_x(rows: int, router_gate, shared_gate_up, experts_gate_up, *,
+                     batch_invariant: bool = False) -> bool:
+    """Whether an MoE layer's input may be bf16 bits (uint16) for `rows` rows: CUDA, bf16
+    weights, NINFER_MOE_BF16_X, and the router (`linear`) and the shared expert's fused gate_up
+    (`linear_swiglu` / `moe_route_with_swiglu`) take a bf16 x. `moe_block` takes it on every
+    path (results of the f32 x holding those values); where it applies the bulk-copy gate_up
+    stage reads the bits themselves, one mma per k16 step instead of the hi + lo pair."""
+    from ninfer import envs
+    from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
+    weights = (router_gate, shared_gate_up, experts_gate_up)
+    if not envs.moe_bf16_x() or any(w.dtype is not DType.BFLOAT16 for w in weights):
+        return False
+    if experts_gate_up.shape[-1] % 16:  # the kernels' 16-byte rows
+        return False
+    if backend_of(*weights) is not Backend.CUDA:
+        return False
+    return (reads_bf16_x(rows, router_gate, batch_invariant=batch_invariant)
+            and swiglu_reads_bf16_x(shared_gate_up))
 
 
 def moe_block_folds_shared_down(x, top_k: int, gate_up, down, shared_down, shared_act, *,
@@ -116,8 +139,11 @@ def moe_route_with_swiglu(logits, top_k: int, weights_out, ids_out, x, gate_up, 
         raise TypeError("moe_route_with_swiglu is a CUDA-only op (the CPU backend runs "
                         "moe_route, then linear + swiglu)")
     _check_route("moe_route_with_swiglu", logits, top_k, weights_out, ids_out)
+    bf16 = getattr(x, "dtype", None) == check.BF16_BITS
     check_swiglu_operands("moe_route_with_swiglu", x, gate_up, act_out, rows=logits.shape[0],
-                          out_name="act_out")
+                          out_name="act_out", bf16=bf16)
+    if bf16 and act_out.dtype == check.BF16_BITS:
+        raise TypeError("moe_route_with_swiglu: act_out is f32 (the folded shared down reads it)")
     check.kernels(backend, "moe").route_with_swiglu(logits, top_k, weights_out, ids_out, x,
                                                     gate_up, act_out, workspace=workspace)
 
@@ -130,8 +156,8 @@ def _check_route(op: str, logits, top_k, weights_out, ids_out) -> None:
     check.array(op, "ids_out", ids_out, check.I32, (n, top_k))
 
 
-def _check_experts(op: str, x, gate_up, down, ids, weights, out) -> tuple[int, int]:
-    n, h = check.array(op, "x", x, check.F32, (None, None))
+def _check_experts(op: str, x, gate_up, down, ids, weights, out, backend) -> tuple[int, int]:
+    n, h = check.f32_or_bf16(op, "x", x, backend, (None, None))
     e, two_im, _ = check.weight(op, "gate_up", gate_up, (None, None, h))
     if two_im % 2:
         raise ValueError(f"{op}: gate_up has an odd number of rows ({two_im})")

@@ -845,6 +845,30 @@ def test_moe_route_with_swiglu_equals_two_ops_bitwise(rng, hidden, inter, expert
             assert_same_bits(a, b, f"{label}: one launch vs two ({what})")
 
 
+@pytest.mark.parametrize("hidden,inter,experts,top_k", [(2048, 512, 256, 8), (1040, 200, 61, 5),
+                                                      (6144, 40, 40, 3)])
+def test_moe_route_with_swiglu_bf16_x_equals_f32_x_of_the_same_values(rng, hidden, inter,
+                                                                       experts, top_k):
+    """x as bf16 bits (an MoE layer's input under NINFER_MOE_BF16_X): the one launch
+    (linear_tma_swiglu_route_kernel<..., IO = bf16 x>) gives the bits of the f32 x holding the
+    same values, and of the two ops on the bf16 x."""
+    for n in (1, 3, 8):
+        x, gate_up, logits = _swiglu_route_operands(rng, n, hidden, inter, experts)
+        bits = f32_to_bf16_bits(host(x))
+        xb = dev(bits)
+        xf = dev(bf16_bits_to_f32(bits).astype(np.float32))
+        what = f"n={n} H={hidden} I={inter} E={experts} K={top_k}"
+        got, names = _swiglu_route_run(logits, top_k, xb, gate_up, fused=True)
+        assert names == ["linear_swiglu_route"], (what, names)
+        want, _ = _swiglu_route_run(logits, top_k, xf, gate_up, fused=True)
+        two, _ = _swiglu_route_run(logits, top_k, xb, gate_up, fused=False)
+        assert np.isfinite(host(got[2])).all(), what
+        labels = ("weights", "ids", "act", "num_groups", "group_expert", "group_pairs")
+        for a, b, c, label in zip(got, want, two, labels, strict=True):
+            assert_same_bits(a, b, f"{label}: bf16 x vs f32 x ({what})")
+            assert_same_bits(a, c, f"{label}: one launch vs two on a bf16 x ({what})")
+
+
 def test_moe_route_with_swiglu_vs_float64(rng):
     """The one-launch outputs against float64 (act at f32 accuracy: x split into bf16 hi + lo)
     and the reference routing (ids exact, weights at f32 accuracy)."""

@@ -238,3 +238,96 @@ def test_moe_block_tma_graph_replay_equals_eager_off(rng, monkeypatch):
                 ctx, "moe_block_tma", step, refill,
                 (w, ids, out, ws.act), (w, ids, ws.act[:n * top_k], out), eager,
                 ("weights", "ids", "act", "out"), f"graph replay (TMA) vs eager (off), n={n}")
+
+
+def _bf16_x(rng, n, k):
+    """(device uint16 [n, K] bf16 bits in rows of a NaN-bit padded buffer (16-byte aligned,
+    stride % 8 == 0), device f32 [n, K] of the same values): fresh values, none zero."""
+    vals = randn(rng, (n, k), 3.0)
+    bits = f32_to_bf16_bits(vals)
+    stride = -(-k // 8) * 8 + 16
+    full = np.full((n, stride), 0x7FC0, dtype=np.uint16)
+    full[:, 8:8 + k] = bits
+    same = bf16_bits_to_f32(bits).astype(np.float32)
+    assert np.all(same != 0.0)
+    return dev(full)[:, 8:8 + k], dev(same)
+
+
+@pytest.mark.parametrize("xpipe", [True, False])
+@pytest.mark.parametrize("m,k", [(512, 2048), (200, 1040), (200, 2032), (512, 1520)])
+def test_tma_gate_up_bf16_x_equals_f32_x_of_the_same_values(rng, monkeypatch, m, k, xpipe):
+    """moe_tma_gate_up_kernel<*, 1> (x as bf16 bits, one mma per k16 step) gives the bits of
+    the f32 x holding the same values (<*, 0>, and the rows kernel), for x in registers or
+    not, every plan, one or two items at a time, x by token and by pair, XPIPE on and off."""
+    monkeypatch.setattr(kmoe, "TMA_XPIPE", xpipe)
+    experts, top_k = 256, 8
+    _, w_d = _tiled_experts(rng, experts, 12, 2 * m, k)
+    plans = _plans(k)
+    for n in (1, 2, 5, 8):
+        by_pair = int(n == 5)
+        ids_h = _routing(rng, n, experts, top_k)
+        ids_h[n - 1] = ids_h[0][::-1]
+        ids = dev(ids_h)
+        xb_d, xf_d = _bf16_x(rng, n * top_k if by_pair else n, k)
+        want = _stage(w_d, xf_d, ids, m, experts, by_pair, None)
+        assert np.isfinite(host(want)).all(), f"n={n}: rows kernel output not finite"
+        xr_ok = kmoe.tma_x_regs_ok(k, plans[0].splits, by_pair, ids_h.size, top_k)
+        for plan in plans:
+            for item_pairs in (False, True):
+                for x_regs in (False, True) if xr_ok else (False,):
+                    got = _stage(w_d, xb_d, ids, m, experts, by_pair, plan, item_pairs, x_regs)
+                    assert_same_bits(got, want, f"m={m} k={k} n={n} {plan} pairs={item_pairs} "
+                                                f"x_regs={x_regs}")
+
+
+@pytest.mark.parametrize("fused", [None, False])
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_moe_block_bf16_x_equals_f32_x_of_the_same_values(rng, n, fused):
+    """moe_block with x as bf16 bits: every output (weights, ids, out) bitwise that of the f32
+    x holding the same values, on the fused decode path (the bulk-copy gate_up reads the bits),
+    the 4-launch path and batch invariant (an f32 copy of x), eagerly."""
+    experts, top_k, hidden, inter = 64, 4, 1024, 256
+    gu = dev(f32_to_bf16_bits(randn(rng, (experts, 2 * inter, hidden), hidden ** -0.5)))
+    dn = dev(f32_to_bf16_bits(randn(rng, (experts, hidden, inter), inter ** -0.5)))
+    logits = dev(randn(rng, (n, experts), 1.0))
+    xb_d, xf_d = _bf16_x(rng, n, hidden)
+    outs = {}
+    for name, x in (("f32", xf_d), ("bf16", xb_d)):
+        for inv in (False, True):
+            ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)
+            w_out, ids_out = poisoned((n, top_k)), cp().full((n, top_k), -7, dtype=np.int32)
+            out = poisoned((n, hidden))
+            kmoe.moe_block(x, logits, top_k, gu, dn, w_out, ids_out, out, workspace=ws,
+                           batch_invariant=inv, fused=fused)
+            outs[name, inv] = (host(w_out), host(ids_out), host(out))
+    for inv in (False, True):
+        for a, b, what in zip(outs["bf16", inv], outs["f32", inv], ("weights", "ids", "out")):
+            assert_same_bits(a, b, f"{what} n={n} fused={fused} batch_invariant={inv}")
+    assert np.isfinite(outs["bf16", False][2]).all()
+
+
+def test_moe_experts_bf16_x_prefill_path_equals_f32_x(rng):
+    """moe_experts on the cuBLAS prefill path (N > the GEMV rows) with a bf16 x: bitwise the f32
+    x holding the same values (the gather reads the f32 copy, rounding nothing)."""
+    experts, top_k, hidden, inter, n = 16, 2, 256, 64, 40
+    gu = dev(f32_to_bf16_bits(randn(rng, (experts, 2 * inter, hidden), hidden ** -0.5)))
+    dn = dev(f32_to_bf16_bits(randn(rng, (experts, hidden, inter), inter ** -0.5)))
+    ids = dev(_routing(rng, n, experts, top_k))
+    weights = dev(randn(rng, (n, top_k), 0.5))
+    xb_d, xf_d = _bf16_x(rng, n, hidden)
+    got, want = poisoned((n, hidden)), poisoned((n, hidden))
+    kmoe.moe_experts(xb_d, gu, dn, ids, weights, got)
+    kmoe.moe_experts(xf_d, gu, dn, ids, weights, want)
+    assert_same_bits(got, want, "prefill path")
+    assert np.isfinite(host(got)).all()
+
+
+def test_moe_block_refuses_a_misaligned_bf16_x(rng):
+    experts, top_k, hidden, inter, n = 8, 2, 64, 32, 2
+    gu = dev(f32_to_bf16_bits(randn(rng, (experts, 2 * inter, hidden), 0.1)))
+    dn = dev(f32_to_bf16_bits(randn(rng, (experts, hidden, inter), 0.1)))
+    x = dev(f32_to_bf16_bits(randn(rng, (n, hidden + 4), 1.0)))[:, 4:]
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        kmoe.moe_block(x, dev(randn(rng, (n, experts), 1.0)), top_k, gu, dn,
+                       poisoned((n, top_k)), cp().zeros((n, top_k), np.int32),
+                       poisoned((n, hidden)))

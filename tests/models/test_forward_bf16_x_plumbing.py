@@ -3,8 +3,9 @@ recording the ops `Qwen35Forward` calls instead of running them: with every bf16
 bf16 x, each linear / linear_swiglu of a dense decode step reads uint16 bits written by the op
 just before it (the norms, the fused GDN decode, the gated paged attention, the fused SwiGLU),
 the attention's output gate stays fused (no sigmoid_mul), and the SwiGLU output and its x live
-in different buffers. Without the flag nothing is uint16. An MoE layer's input stays f32 (the
-router, the experts and the shared expert read it)."""
+in different buffers. Without the flag nothing is uint16. An MoE layer's input is bf16 bits where
+`moe_reads_bf16_x` says its readers (the router, the shared expert, the experts) take them
+(NINFER_MOE_BF16_X), else f32."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,7 +51,8 @@ def _swiglu_reads_bf16(gate_up) -> bool:  # ops.linear.swiglu_reads_bf16_x
     return gate_up.dtype is DType.BFLOAT16
 
 
-def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3):
+def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3,
+                        moe_bf16: bool = False):
     arch = "Qwen3_5MoeForCausalLM" if "num_experts" in preset else "Qwen3_5ForCausalLM"
     cfg = Qwen35Config.from_hf(dict(preset), architecture=arch)
     params = random_parameters(cfg, dtype=DType.BFLOAT16)
@@ -67,6 +69,7 @@ def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3):
                         _reads_bf16 if bf16_x else lambda *a, **k: False)
     monkeypatch.setattr(fwd_mod, "swiglu_reads_bf16_x",
                         _swiglu_reads_bf16 if bf16_x else lambda *a, **k: False)
+    monkeypatch.setattr(fwd_mod, "moe_reads_bf16_x", lambda *a, **k: moe_bf16)
     forward = fwd_mod.Qwen35Forward(cfg, params, ws, kv, states, kernel_ws=kws)
     idx = np.arange(rows, dtype=np.int32)
     ctx = fwd_mod.StepContext(ids=idx, positions=np.zeros((3, rows), np.int32), row_slot=idx,
@@ -128,8 +131,8 @@ def test_without_the_flag_nothing_is_bf16(monkeypatch):
     assert attention and all(c.kwargs["gate"] is not None for c in attention)
 
 
-def test_moe_input_stays_f32(monkeypatch):
-    _, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True)
+def test_moe_input_stays_f32_where_its_readers_need_f32(monkeypatch):
+    _, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=False)
     for c in calls:
         if c.op in ("moe_block", "moe_route_with_swiglu"):
             x = c.args[0] if c.op == "moe_block" else c.args[4]
@@ -151,3 +154,31 @@ def test_recorded_ops_name_real_ops(monkeypatch, preset):
     _, calls = _record_decode_step(monkeypatch, preset, bf16_x=True)
     missing = {c.op for c in calls} - set(real_ops.__all__)
     assert not missing, missing
+
+
+def test_moe_input_is_bf16_where_its_readers_take_it(monkeypatch):
+    """moe_reads_bf16_x: the post-attention add_rms_norm writes the MoE input as bf16 bits in
+    the storage of `normed` (not the shared operand buffer, which the shared expert's act may
+    take), and the router, the shared expert's gate_up and moe_block all read those bits."""
+    cfg, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=True)
+    blocks = [i for i, c in enumerate(calls) if c.op == "moe_block"]
+    assert len(blocks) == cfg.num_hidden_layers
+    for i in blocks:
+        x = calls[i].args[0]
+        assert x.dtype == np.uint16
+        norm = max(j for j in range(i) if calls[j].op == "add_rms_norm")
+        written = _written(calls[norm])
+        assert written.dtype == np.uint16 and np.shares_memory(written, x)
+        readers = [c for c in calls[norm + 1:i] if c.op in ("linear", "linear_swiglu",
+                                                             "moe_route_with_swiglu")]
+        router = readers[0]
+        assert router.op == "linear" and np.shares_memory(router.args[0], x)
+        shared = [c for c in readers if c.op in ("linear_swiglu", "moe_route_with_swiglu")]
+        assert len(shared) == 1
+        sx = shared[0].args[0] if shared[0].op == "linear_swiglu" else shared[0].args[4]
+        assert np.shares_memory(sx, x) and sx.dtype == np.uint16
+        # nothing between the norm and moe_block writes into x's storage
+        for c in calls[norm + 1:i]:
+            for a in (*c.args, *c.kwargs.values()):
+                if c is not router and c is not shared[0] and hasattr(a, "dtype"):
+                    assert not np.shares_memory(a, x), f"{c.op} touches the MoE input"

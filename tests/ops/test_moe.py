@@ -205,3 +205,26 @@ def test_moe_block_shared_down_folds_only_on_cuda(rng):
         moe_block(x, logits, K, gate_up, down, *outs, shared=act,
                   shared_gate=randn(rng, (n, 1)), shared_down=weight(rng, (H + 1, inner),
                                                                      DTYPES[0]))
+
+
+def test_moe_bf16_x_is_cuda_only(rng, monkeypatch):
+    """An MoE input as bf16 bits is a CUDA path: on the CPU `moe_reads_bf16_x` says no (flag on
+    or off, bf16 weights) and moe_block / moe_experts refuse a uint16 x with a TypeError."""
+    from ninfer.core.dtypes import DType
+    from ninfer.ops import moe_reads_bf16_x
+
+    n = 2
+    router = weight(rng, (E + 1, H), DType.BFLOAT16)
+    shared_gu = weight(rng, (2 * IM, H), DType.BFLOAT16)
+    gate_up = weight(rng, (E, 2 * IM, H), DType.BFLOAT16)
+    down = weight(rng, (E, H, IM), DType.BFLOAT16)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("NINFER_MOE_BF16_X", flag)
+        assert not moe_reads_bf16_x(n, router, shared_gu, gate_up)
+    x = np.zeros((n, H), np.uint16)
+    outs = (poisoned((n, K)), poisoned((n, K), np.int32), poisoned((n, H)))
+    with pytest.raises(TypeError, match="CUDA-only"):
+        moe_block(x, randn(rng, (n, E)), K, gate_up, down, *outs)
+    with pytest.raises(TypeError, match="CUDA-only"):
+        moe_experts(x, gate_up, down, np.zeros((n, K), np.int32), np.ones((n, K), np.float32),
+                    outs[2])

@@ -20,6 +20,7 @@ from ninfer import ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
 from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
+from ninfer.ops.moe import moe_reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -211,9 +212,14 @@ class Qwen35Forward:
                               swiglu=swiglu)
 
     def _ffn_normed(self, rows: int, w: DenseMLPParams | MoEParams):
-        """The buffer of the FFN input: f32 for an MoE layer (its input also feeds the router,
-        the experts and the shared expert), else what its gate_up projection reads."""
+        """The buffer of the FFN input: for an MoE layer bf16 bits where the router, the shared
+        expert and the experts all take them (`moe_reads_bf16_x`), else f32; for a dense one
+        what its gate_up projection reads."""
         if isinstance(w, MoEParams):
+            if self.kws.bf16_operands and moe_reads_bf16_x(
+                    rows, w.router_gate, w.shared_gate_up, w.experts_gate_up,
+                    batch_invariant=self.kws.batch_invariant):
+                return self.ws.normed_bf16(rows)
             return self.ws.normed[:rows]
         return self._normed(rows, w.gate_up, swiglu=self._fused_swiglu(w.gate_up))
 

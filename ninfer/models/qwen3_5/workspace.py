@@ -99,6 +99,13 @@ class Workspace:
         """Contiguous [rows, width] buffer of the SwiGLU activation."""
         return self._ffn_act[: rows * width].reshape(rows, width)
 
+    def normed_bf16(self, rows: int):
+        """Contiguous uint16 [rows, H] buffer (bf16 bits) in the storage of `normed` (never live
+        at the same time): an MoE layer's input where its readers take bf16 bits (it must
+        outlive the router and the shared expert, so not `operand_bf16`)."""
+        h = self.normed.shape[1]
+        return self.normed.reshape(-1).view(np.uint16)[: rows * h].reshape(rows, h)
+
     def ffn_act_bf16(self, rows: int, width: int):
         """Contiguous uint16 [rows, width] buffer (bf16 bits) of the SwiGLU activation, in the
         storage of `ffn_act` (never live at the same time): the fused SwiGLU's output when its
