@@ -177,6 +177,9 @@ def test_moe_input_is_bf16_where_its_readers_take_it(monkeypatch):
         assert len(shared) == 1
         sx = shared[0].args[0] if shared[0].op == "linear_swiglu" else shared[0].args[4]
         assert np.shares_memory(sx, x) and sx.dtype == np.uint16
+        # the shared activation stays f32 on either path (moe_route_with_swiglu writes f32)
+        act = shared[0].args[2] if shared[0].op == "linear_swiglu" else shared[0].args[6]
+        assert act.dtype == np.float32
         # nothing between the norm and moe_block writes into x's storage
         for c in calls[norm + 1:i]:
             for a in (*c.args, *c.kwargs.values()):

@@ -333,12 +333,14 @@ class Qwen35Forward:
         else:
             self._moe(w, x, out)
 
-    def _swiglu_mlp(self, gate_up, down, x, out) -> None:
+    def _swiglu_mlp(self, gate_up, down, x, out, *, f32_act: bool = False) -> None:
+        """`f32_act`: the fused SwiGLU's activation stays f32 with a bf16 x (the MoE shared
+        expert: as `moe_route_with_swiglu` writes it, so both paths give the same bits)."""
         n = x.shape[0]
         inner = gate_up.shape[0] // 2
         if self._fused_swiglu(gate_up):
             act = self.ws.ffn_act(n, inner)
-            if x.dtype == np.uint16:  # a bf16 x: the activation too where down reads it
+            if x.dtype == np.uint16 and not f32_act:  # the activation too where down reads it
                 act = self._x_buffer(n, inner, down, act,
                                      bf16_buffer=self.ws.ffn_act_bf16(n, inner))
             ops.linear_swiglu(x, gate_up, act)
@@ -379,7 +381,7 @@ class Qwen35Forward:
         else:
             if routed:  # runs while the shared expert's weights start streaming (PDL)
                 ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
-            self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared)
+            self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared, f32_act=True)
         ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
                       out, shared=shared, shared_gate=logits[:, e:], **fold,
                       batch_invariant=self.kws.batch_invariant, routed=routed,
