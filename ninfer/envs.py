@@ -219,6 +219,15 @@ def moe_bf16_x() -> bool:
     return _flag("NINFER_MOE_BF16_X", True)
 
 
+def moe_bf16_act() -> bool:
+    """NINFER_MOE_BF16_ACT (default on; "0" turns it off): where an MoE layer's input is bf16
+    bits (NINFER_MOE_BF16_X), the experts' activations silu(g) * u are rounded to bf16 too (as
+    the dense decode's fused SwiGLU writes them, as the MoE prefill path and transformers in
+    bf16 keep them): the gate_up stage stores them as bf16 bits and the down stage runs one
+    mma per k16 step on half the bytes. Read at each call."""
+    return _flag("NINFER_MOE_BF16_ACT", True)
+
+
 def gemv_pdl() -> bool:
     """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.

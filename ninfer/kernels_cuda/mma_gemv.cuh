@@ -290,9 +290,25 @@ __device__ __forceinline__ void mma_rows_store_partial(bf16raw* sbuf, int lane, 
 // k >= k_end, elements past k_end read as 0): the same x values, the same hi/lo split and the
 // same mma order as there, with only 4 x values live at a time. PARTIAL = 0: the caller
 // guarantees that k < k_end implies k + 4 <= k_end (whole-unit batches).
-template <int PARTIAL>
-__device__ __forceinline__ void mma_rows_half(const uint4& f, const float* xk, int o, int rem,
+// XT = bf16raw: x holds bf16 bits (8-byte aligned units); the 4 values' bits are the hi words
+// and the lo mma (all products 0) is not issued: bitwise the f32 x of the same values.
+template <int PARTIAL, typename XT>
+__device__ __forceinline__ void mma_rows_half(const uint4& f, const XT* xk, int o, int rem,
                                               float (&c)[4]) {
+  if constexpr (sizeof(XT) == 2) {
+    unsigned hi[2] = {0u, 0u};
+    if (o + 4 <= rem || (!PARTIAL && o < rem)) {
+      const uint2 a = __ldg(reinterpret_cast<const uint2*>(xk));
+      hi[0] = a.x;
+      hi[1] = a.y;
+    } else if (PARTIAL) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if (o + e < rem) hi[e >> 1] |= (unsigned)xk[e] << (16 * (e & 1));
+    }
+    mma_bf16_16816(c, f.x, f.y, f.z, f.w, hi[0], hi[1]);
+    return;
+  }
   float xv[4];
   if (o + 4 <= rem || (!PARTIAL && o < rem)) {
     const float4 a = __ldg(reinterpret_cast<const float4*>(xk));
@@ -314,8 +330,8 @@ __device__ __forceinline__ void mma_rows_half(const uint4& f, const float* xk, i
 // The mmas of one staged batch from the buffer, in mma_gemv_accumulate's order: steps
 // i = 0..3 while k0 + 32 i < k_end (rem = k_end - k0 > 0), each as two halves. ld: see
 // mma_rows_frag; xk: &x[row][k0 + 8t]; o: 8t. PARTIAL: the batch holds a partial unit.
-template <int PARTIAL>
-__device__ __forceinline__ void mma_rows_batch(unsigned ld, const float* xk, int o, int rem,
+template <int PARTIAL, typename XT>
+__device__ __forceinline__ void mma_rows_batch(unsigned ld, const XT* xk, int o, int rem,
                                                float (&c)[4]) {
   mma_rows_half<PARTIAL>(mma_rows_frag<0, 0>(ld), xk, o, rem, c);
   mma_rows_half<PARTIAL>(mma_rows_frag<0, 1>(ld), xk + 4, o + 4, rem, c);

@@ -109,9 +109,25 @@ struct MoeGemvParams {
   int up_offset;  // SWIGLU: row offset of the up half (Im)
   int x_by_pair;  // 1: x row = pair, 0: x row = pair / top_k
   int experts;    // an expert id outside [0, experts) yields NaN outputs
-  int pad;
+  int out_mode;   // gate_up stages' act (moe_store_act): MOE_ACT_F32, _BF16_BITS, _BF16_F32
 };
 static_assert(sizeof(MoeGemvParams) == 112, "MoeGemvParams layout is mirrored in moe.py");
+
+// How a gate_up stage stores act (moe.py ACT_*): the f32 value; its bf16 rounding (nearest
+// even) as bf16 bits (out then points at uint16 rows, out_rs elements apart: the down stages'
+// rows tiles read them, XT = bf16raw); or that rounding's value as an f32 (for the down stages
+// that read f32: bitwise the same down results, the lo terms being 0).
+#define MOE_ACT_F32 0
+#define MOE_ACT_BF16_BITS 1
+#define MOE_ACT_BF16_F32 2
+__device__ __forceinline__ void moe_store_act(const MoeGemvParams& p, i64 pair, int col,
+                                              float v) {
+  const i64 i = pair * p.out_rs + col;
+  if (p.out_mode == MOE_ACT_BF16_BITS)
+    reinterpret_cast<bf16raw*>(p.out)[i] = f32_to_bf16(v);
+  else
+    p.out[i] = p.out_mode == MOE_ACT_BF16_F32 ? to_f32(f32_to_bf16(v)) : v;
+}
 
 template <typename WT, int NT, int R, int ALIGNED, int SWIGLU>
 __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
@@ -156,7 +172,10 @@ __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
     float v = gemv_sum_splits<RR, NT>(red, p.splits, r, n);
     if (SWIGLU) v = silu_f(v) * gemv_sum_splits<RR, NT>(red, p.splits, R + r, n);
     if (bad) v = NINFER_NAN;
-    p.out[(i64)pr * p.out_rs + m0 + r] = v;
+    if (SWIGLU)
+      moe_store_act(p, pr, m0 + r, v);
+    else
+      p.out[(i64)pr * p.out_rs + m0 + r] = v;
   }
 }
 
@@ -173,7 +192,10 @@ __device__ __forceinline__ void moe_mma_store(const MoeGemvParams& p, const MmaP
     if (m0 + r >= p.m || pn < 0) continue;
     float v = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
     if (bad) v = NINFER_NAN;
-    p.out[(i64)pn * p.out_rs + m0 + r] = v;
+    if (SWIGLU)
+      moe_store_act(p, pn, m0 + r, v);
+    else
+      p.out[(i64)pn * p.out_rs + m0 + r] = v;
   }
 }
 
@@ -227,8 +249,9 @@ extern __shared__ uint4 moe_rows_smem[];
 // (the last batch holds a partial unit), else 1; buf / sbuf: the warp buffer (shared-space
 // address, 256-byte aligned / generic pointer). The K loop of linear_mma_rows_kernel for one
 // tile.
+template <typename XT>
 __device__ __forceinline__ void mma_rows_tile(const char* wp, i64 hib, i64 rsb, unsigned valid,
-                                              int span, int full, int ku, const float* xp, int t,
+                                              int span, int full, int ku, const XT* xp, int t,
                                               int lane, unsigned buf, bf16raw* sbuf,
                                               uint4 (&v)[8], float (&c)[4]) {
   const unsigned st = buf + mma_rows_store_offset(lane), ld = buf + mma_rows_frag_offset(lane);
@@ -259,8 +282,9 @@ __device__ __forceinline__ void mma_rows_tile(const char* wp, i64 hib, i64 rsb, 
 // buffer (shared-space address, 256-byte aligned / generic pointer). Returns `bad` (carried
 // through the K loop in bit 31 of the row mask: a register of its own there spilled at 64
 // registers). Shared by the per-stage kernel and the fused decode kernels, so their tiles are
-// bitwise the same.
-template <int SWIGLU>
+// bitwise the same. XB: p.x holds bf16 bits (rows x_rs elements apart; an act the gate_up stage
+// stored as MOE_ACT_BF16_BITS): one mma per k16 step, bitwise the f32 x of the same values.
+template <int SWIGLU, int XB = 0>
 __device__ __forceinline__ bool moe_rows_tile_c(const MoeGemvParams& p, int e, bool bad,
                                                 const int* gp, int m0, int split, int lane,
                                                 unsigned buf_s, char* buf, float (&c)[4]) {
@@ -288,9 +312,13 @@ __device__ __forceinline__ bool moe_rows_tile_c(const MoeGemvParams& p, int e, b
   const int pr = gp[g];
   const int p0 = __shfl_sync(0xffffffffu, pr, 0);
   const int pa = pr >= 0 ? pr : p0;
-  const float* xp = p.x + (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs + k_begin + 8 * t;
-  mma_rows_tile(wp, hib, rsb, valid, span, full, ku, xp, t, lane, buf_s,
-                reinterpret_cast<bf16raw*>(buf), v, c);
+  const i64 xo = (i64)(p.x_by_pair ? pa : pa / p.top_k) * p.x_rs + k_begin + 8 * t;
+  if constexpr (XB)
+    mma_rows_tile(wp, hib, rsb, valid, span, full, ku, reinterpret_cast<const bf16raw*>(p.x) + xo,
+                  t, lane, buf_s, reinterpret_cast<bf16raw*>(buf), v, c);
+  else
+    mma_rows_tile(wp, hib, rsb, valid, span, full, ku, p.x + xo, t, lane, buf_s,
+                  reinterpret_cast<bf16raw*>(buf), v, c);
   return (valid >> 31) != 0u;
 }
 
@@ -315,7 +343,7 @@ __device__ __forceinline__ void moe_rows_smem_check(unsigned base_s, unsigned us
   if (base_s - s0 + used > dyn) __trap();
 }
 
-template <int SWIGLU>
+template <int SWIGLU, int XB>
 __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParams p) {
   pdl_enter();
   const int grp = blockIdx.y;
@@ -328,7 +356,7 @@ __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParam
   unsigned base_s;
   char* const base = moe_rows_base(base_s);
   float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const bool bad = moe_rows_tile_c<SWIGLU>(
+  const bool bad = moe_rows_tile_c<SWIGLU, XB>(
       p, e, e < 0 || e >= p.experts, p.group_pairs + grp * MOE_GROUP, m0, warp, lane,
       base_s + warp * (MMA_ROWS_UNITS * 16), base + warp * (MMA_ROWS_UNITS * 16), c);
   MmaPartials<8>& red = *reinterpret_cast<MmaPartials<8>*>(base + p.splits * (MMA_ROWS_UNITS * 16));
@@ -598,6 +626,7 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
 // - MOE_DOWN_SHARED_EARLY: the shared team computes its tile before pdl_wait. The launcher sets
 //   it only after moe_tma_gate_up_kernel, which waits before it triggers this launch: sd.x,
 //   written before that stage, is complete when this kernel starts.
+template <int XB>
 __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_kernel(
     const MoeGemvParams p, const MoeSharedDown sd, const float* __restrict__ w, i64 w_rs,
     const int* __restrict__ ids, int n_rows, const float* __restrict__ shared, i64 shared_rs,
@@ -670,7 +699,7 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
     for (int grp = slot; grp < groups; grp += slots) {
       const int e = p.group_expert[grp];
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      const bool bad = moe_rows_tile_c<0>(
+      const bool bad = moe_rows_tile_c<0, XB>(
           p, e, e < 0 || e >= p.experts, p.group_pairs + grp * MOE_GROUP, m0, split, lane,
           base_s + warp * (MMA_ROWS_UNITS * 16), base + warp * (MMA_ROWS_UNITS * 16), c);
       mma_store_partials(red, split, lane >> 2, lane & 3, c);
@@ -1102,7 +1131,7 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
       if (ij.m0 + rr >= p.m || pn < 0) continue;
       float v = mma_reduce_partials<1>(red[2 * parity + j], cons, rr, n);
       if (ij.e < 0 || ij.e >= p.experts) v = NINFER_NAN;
-      p.out[(i64)pn * p.out_rs + ij.m0 + rr] = v;
+      moe_store_act(p, pn, ij.m0 + rr, v);
     }
     parity ^= 1;
   }

@@ -187,9 +187,10 @@ SOURCE = KernelSource("moe.cu", tuple(
     + ["moe_group_kernel", "moe_combine_kernel"]
     + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
-    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0>",
-       "moe_mma_rows_kernel<1>"]
-    + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J] + ["moe_fused_down_kernel"]
+    + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0, 0>",
+       "moe_mma_rows_kernel<0, 1>", "moe_mma_rows_kernel<1, 0>"]
+    + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J]
+    + ["moe_fused_down_kernel<0>", "moe_fused_down_kernel<1>"]
     + [f"moe_tma_gate_up_kernel<{xr}, {xb}>" for xr in (0, 1) for xb in (0, 1)]
     + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
@@ -203,26 +204,55 @@ _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("group_expert", "pt
                 ("group_pairs", "ptr"), ("num_groups", "ptr"), ("w_es", "i64"), ("w_rs", "i64"),
                 ("x_rs", "i64"), ("out_rs", "i64"), ("m", "i32"), ("k", "i32"),
                 ("splits", "i32"), ("top_k", "i32"), ("up_offset", "i32"), ("x_by_pair", "i32"),
-                ("experts", "i32"), ("pad", "i32"))
+                ("experts", "i32"), ("out_mode", "i32"))
 _GEMV = C.struct(*_GEMV_FIELDS)
 assert _GEMV.itemsize == 112
+# moe.cu MOE_ACT_*: how a gate_up stage stores act (MoeGemvParams.out_mode): f32; its bf16
+# rounding as bf16 bits (read by the down stages' rows tiles, moe_mma_rows_kernel<0, 1> and
+# moe_fused_down_kernel<1>: one mma per k16 step); that rounding as f32 (the down stages that
+# read f32: the same down results)
+ACT_F32, ACT_BF16_BITS, ACT_BF16_F32 = 0, 1, 2
 
 
 def _stage_fields(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int, k: int,
                   *, splits: int, top_k: int, up_offset: int, experts: int,
-                  ws: "MoeWorkspace") -> dict:
+                  ws: "MoeWorkspace", out_mode: int = ACT_F32) -> dict:
     """The MoeGemvParams fields of one expert stage over the group tables in `ws`: weights w
-    (strides w_es, w_rs), x rows (x_rs apart; by pair or by token), out rows (None: unused)."""
+    (strides w_es, w_rs), x rows (x_rs apart; by pair or by token), out rows (None: unused;
+    uint16 where out_mode is ACT_BF16_BITS)."""
+    C.require(out is None or C.is_bf16_bits(out) == (out_mode == ACT_BF16_BITS), "out",
+              "bf16 bits exactly where out_mode is ACT_BF16_BITS")
     return dict(w=C.ptr(w), x=C.ptr(x), out=0 if out is None else C.ptr(out),
                 group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
                 num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=x_rs,
                 out_rs=0 if out is None else out.shape[1], m=m, k=k, splits=splits,
-                top_k=top_k, up_offset=up_offset, x_by_pair=x_by_pair, experts=experts)
+                top_k=top_k, up_offset=up_offset, x_by_pair=x_by_pair, experts=experts,
+                out_mode=out_mode)
+
+
+def _act_bits(ws: "MoeWorkspace"):
+    """ws.act's storage as uint16 [pairs, Im] (rows Im elements apart): act stored as
+    ACT_BF16_BITS."""
+    return ws.act.reshape(-1).view(np.uint16)[: ws.act.size].reshape(ws.act.shape)
+
+
+def _act_out(ws: "MoeWorkspace", act_mode: int):
+    """Where a gate_up stage with this act_mode writes act (the down stages read it there)."""
+    return _act_bits(ws) if act_mode == ACT_BF16_BITS else ws.act
+
+
+def _act_mode(bf16_act: bool, kind, bits: bool) -> int:
+    """act_mode of a call: f32 unless `bf16_act` with bf16 expert weights, then bf16 bits where
+    the down stage reads them (`bits`), else the rounding stored as f32."""
+    if not bf16_act or kind is not C.WKind.BF16:
+        return ACT_F32
+    return ACT_BF16_BITS if bits else ACT_BF16_F32
 
 
 def _down_fields(dn, hidden: int, inter: int, top_k: int, experts: int,
                  ws: "MoeWorkspace") -> dict:
-    """The fused down stage's fields: down [E, H, Im] times ws.act by pair (its out unused)."""
+    """The fused down stage's fields: down [E, H, Im] times ws.act by pair (its out unused;
+    the same fields whether act holds f32 or bf16 bits: rows Im elements apart)."""
     return _stage_fields(dn, inter, hidden * inter, ws.act, ws.act.shape[1], 1, None, hidden,
                          inter, splits=mma_splits(inter, MMA_SPLITS), top_k=top_k,
                          up_offset=inter, experts=experts, ws=ws)
@@ -433,9 +463,11 @@ def _tma_takes_x(x, use_mma: bool, tma: "TmaPlan | None") -> bool:
 
 
 def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace | None = None,
-                batch_invariant: bool = False) -> None:
+                batch_invariant: bool = False, bf16_act: bool = False) -> None:
     """out[n] = sum_k weights[n,k] * down[e] @ (silu(g) * u), [g|u] = gate_up[e] @ x[n]. x f32
-    or bf16 bits (uint16): then out is that of the f32 x holding the same values."""
+    or bf16 bits (uint16): then out is that of the f32 x holding the same values. `bf16_act`
+    (bf16 weights): silu(g) * u rounded to bf16 before the down stage (as the prefill path
+    stores it), on every path the same values."""
     _check_x(x)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
@@ -454,7 +486,7 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
             x = _x_f32(x, ws)
         _group(ids, nt, ws)
         _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws, None,
-                      tma)
+                      tma, _act_mode(bf16_act, kind, use_mma and GEMV_ROWS))
     else:
         _experts_prefill(_x_f32(x, workspace), gu, dn, kind, experts, inter, ids, weights, out,
                          None)
@@ -463,7 +495,7 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
               shared_gate=None, shared_down=None, workspace: MoeWorkspace | None = None,
               batch_invariant: bool = False, fused: bool | None = None,
-              routed: bool = False) -> None:
+              routed: bool = False, bf16_act: bool = False) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, `moe_experts(x, gate_up, down, ids_out,
     weights_out, out)` and, with `shared` f32[N, H] and `shared_gate` f32[N, 1] (rows strided),
     out += sigmoid(shared_gate) * shared, bitwise equal to those ops (and `sigmoid_scale_add`).
@@ -484,7 +516,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
 
     x: f32 [N, H] rows strided, or bf16 bits (uint16, 16-byte aligned rows): then every output
     is that of the f32 x holding the same values (the bulk-copy gate_up stage reads the bits;
-    the other paths an f32 copy in the workspace)."""
+    the other paths an f32 copy in the workspace). `bf16_act`: as `moe_experts`'s (the default
+    paths store act as bf16 bits, which their down stages read with one mma per k16 step)."""
     _check_x(x)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
@@ -524,23 +557,27 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
             _group(ids_out, nt, ws)
     elif fuse and tma is None:
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
-                     gated, folded)
+                     gated, folded, _act_mode(bf16_act, kind, True))
         return
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
     if persist is not None:  # (shared_down_folds checked the fold)
         _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
-                         persist, folded)
+                         persist, folded, _act_mode(bf16_act, kind, False))
         return
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
-        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma)
+        shared_k = 0 if folded is None else C.weight_array(shared_down, "shared_down")[0].shape[1]
+        down_tma = tma is not None and tma_down_applies(n, top_k, inter, shared_k)
+        act_mode = _act_mode(bf16_act, kind, not down_tma)
+        _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma, act_mode)
         # moe_tma_gate_up_kernel waits before it triggers the down launch: the shared act,
         # written before it, is complete when that launch starts
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
-                    prewait=True, folded=folded, shared_early=tma is not None)
+                    prewait=True, folded=folded, shared_early=tma is not None,
+                    act_mode=act_mode)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
-                  gated, tma)
+                  gated, tma, _act_mode(bf16_act, kind, use_mma and GEMV_ROWS))
 
 
 def _takes_fused(n: int, top_k: int, experts: int, use_mma: bool, fused: bool | None) -> bool:
@@ -615,15 +652,16 @@ def persist_folds(plan: TmaPlan, inter: int, shared_k: int, shared_cons: int) ->
 
 
 def _experts_persist(x, gu, dn, experts, inter, top_k, weights_out, ids_out, out, ws, gated,
-                     plan: TmaPlan, folded=None) -> None:
+                     plan: TmaPlan, folded=None, act_mode: int = ACT_F32) -> None:
     """moe_tma_experts_kernel over the group tables in `ws`: act, then out (the experts' sum
     and the gated shared add), bitwise _gate_up_mma (bulk-copy) + _fused_down (`folded` as
     there, where `persist_folds`)."""
     n, hidden = x.shape
     pairs = n * top_k
+    C.require(act_mode != ACT_BF16_BITS, "act_mode", "moe_tma_experts_kernel reads an f32 act")
     gu_f = _stage_fields(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
                          inter, hidden, splits=plan.splits, top_k=top_k, up_offset=inter,
-                         experts=experts, ws=ws)
+                         experts=experts, ws=ws, out_mode=act_mode)
     dn_f = _down_fields(dn, hidden, inter, top_k, experts, ws)
     sd = None if folded is None else _shared_down_fields(folded, hidden)
     params = C.pack(_EXPERTS, **_prefixed("gu_", gu_f), **_prefixed("dn_", dn_f),
@@ -662,7 +700,7 @@ def fused_down_smem(splits: int, warps: int = FUSED_DOWN_WARPS, shared_k: int = 
 
 
 def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
-                 gated, folded=None) -> None:
+                 gated, folded=None, act_mode: int = ACT_F32) -> None:
     """moe_block's decode path in two launches (moe.cu moe_fused_gate_up_kernel and
     moe_fused_down_kernel): same K splits, tiles and groups as `_experts_gemv` with the
     tensor-core rows kernels, so bitwise its results."""
@@ -671,11 +709,10 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
     x_rs = C.row_stride(x, "x")
     gu_splits = mma_splits(hidden, MMA_SPLITS)
     warps = max(gu_splits, -(-pairs // 32))  # moe_group_block: a thread per pair
-    params = C.pack(_GEMV, w=C.ptr(gu), x=C.ptr(x), out=C.ptr(ws.act),
-                    group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
-                    num_groups=C.ptr(ws.num_groups), w_es=gu.shape[1] * hidden, w_rs=hidden,
-                    x_rs=x_rs, out_rs=ws.act.shape[1], m=inter, k=hidden, splits=gu_splits,
-                    top_k=top_k, up_offset=inter, x_by_pair=0, experts=experts)
+    params = C.pack(_GEMV, **_stage_fields(gu, hidden, gu.shape[1] * hidden, x, x_rs, 0,
+                                           _act_out(ws, act_mode), inter, hidden,
+                                           splits=gu_splits, top_k=top_k, up_offset=inter,
+                                           experts=experts, ws=ws, out_mode=act_mode))
     launch(get_function(SOURCE, f"moe_fused_gate_up_kernel<{_route_j(experts, FUSED_J)}>"),
            ((inter + 7) // 8, pairs), (32 * warps,),
            (params, logits, np.int64(C.row_stride(logits, "logits")), np.int32(n), weights_out,
@@ -684,7 +721,7 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
            # moe.cu: one MmaPartials<8>, then the warps' staging buffers (checked in-kernel)
            shared_mem=mma_rows_smem(warps), name="moe_fused_gate_up", pdl=True)
     _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
-                folded=folded)
+                folded=folded, act_mode=act_mode)
 
 
 def tma_down_smem(inter: int, shared_k: int = 0) -> int:
@@ -738,7 +775,8 @@ def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, w
 
 
 def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
-                gated, prewait: bool = False, folded=None, shared_early: bool = False) -> None:
+                gated, prewait: bool = False, folded=None, shared_early: bool = False,
+                act_mode: int = ACT_F32) -> None:
     """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
     in `ws` (written by moe_fused_gate_up_kernel, or by moe_route_group_kernel and the gate_up
     stage). `prewait`: the group tables were written before the gate_up stage, so the kernel's
@@ -748,9 +786,12 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     shared output; the kernel does not read it there); before its PDL wait where
     `shared_early` (the kernel before this launch waited before letting it start, so act is
     complete). Where `shared_early` and `tma_down_applies`: moe_tma_down_kernel instead (the
-    same bits; everything but act read before its PDL wait)."""
+    same bits; everything but act read before its PDL wait). `act_mode`: how the gate_up stage
+    stored act (ACT_BF16_BITS: moe_fused_down_kernel<1> reads the bits; not with the
+    moe_tma_down_kernel, which reads f32)."""
     sd = None if folded is None else _shared_down_fields(folded, hidden)
     if shared_early and tma_down_applies(n, top_k, inter, 0 if sd is None else sd["k"]):
+        C.require(act_mode != ACT_BF16_BITS, "act_mode", "moe_tma_down_kernel reads an f32 act")
         _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated, sd)
         return
     fields = _down_fields(dn, hidden, inter, top_k, experts, ws)
@@ -763,7 +804,7 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
         smem = fused_down_smem(dn_splits, shared_k=sd["k"], shared_cons=sd["cons"])
     flags = (DOWN_PREFETCH if prewait and DOWN_PREWAIT else 0) | (
         DOWN_SHARED_EARLY if shared_early and folded is not None and SHARED_EARLY else 0)
-    fn = get_function(SOURCE, "moe_fused_down_kernel")
+    fn = get_function(SOURCE, f"moe_fused_down_kernel<{int(act_mode == ACT_BF16_BITS)}>")
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
@@ -835,24 +876,27 @@ def _group(ids, nt: int, ws: MoeWorkspace) -> None:
 
 
 def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws,
-                  gated, tma: TmaPlan | None = None) -> None:
+                  gated, tma: TmaPlan | None = None, act_mode: int = ACT_F32) -> None:
     """The two expert stages and the combine over the groups already in `ws` (`tma`: the
-    gate_up stage runs moe_tma_gate_up_kernel with that plan)."""
+    gate_up stage runs moe_tma_gate_up_kernel with that plan; `act_mode`: how it stores act,
+    ACT_BF16_BITS only where the down stage runs moe_mma_rows_kernel)."""
     hidden = x.shape[1]
     top_k = ids.shape[1]
     pairs = ids.size
     x_rs = C.row_stride(x, "x")
+    act = _act_out(ws, act_mode)
     stages = (  # (weights, x, x_rs, x_by_pair, out, m, k, swiglu)
-        (gu, x, x_rs, 0, ws.act, inter, hidden, 1),
-        (dn, ws.act, inter, 1, ws.y, hidden, inter, 0))
+        (gu, x, x_rs, 0, act, inter, hidden, 1),
+        (dn, act, inter, 1, ws.y, hidden, inter, 0))
     for w, xs, xs_rs, by_pair, dst, m, k, swiglu in stages:
         w_rs, w_es = w.shape[2], w.shape[1] * w.shape[2]
         if use_mma and swiglu:
-            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma)
+            _gate_up_mma(x, gu, experts, inter, top_k, pairs, ws, tma, act_mode)
             continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
-                       top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs)
+                       top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs,
+                       rows=True if act_mode == ACT_BF16_BITS else None)
             continue
         r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
         aligned = int(_gemv_aligned(w, kind, w_rs, w_es, xs, xs_rs, k))
@@ -861,7 +905,8 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
                         group_expert=C.ptr(ws.group_expert), group_pairs=C.ptr(ws.group_pairs),
                         num_groups=C.ptr(ws.num_groups), w_es=w_es, w_rs=w_rs, x_rs=xs_rs,
                         out_rs=dst.shape[1], m=m, k=k, splits=splits, top_k=top_k,
-                        up_offset=inter, x_by_pair=by_pair, experts=experts)
+                        up_offset=inter, x_by_pair=by_pair, experts=experts,
+                        out_mode=act_mode if swiglu else ACT_F32)
         fn = get_function(SOURCE, f"moe_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}, {swiglu}>")
         launch(fn, ((m + r - 1) // r, pairs), (32 * splits,), (params,), name="moe_gemv",
                pdl=True)
@@ -877,33 +922,33 @@ def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
 
 
 def _gate_up_mma(x, gu, experts: int, inter: int, top_k: int, pairs: int, ws: MoeWorkspace,
-                 tma: TmaPlan | None) -> None:
+                 tma: TmaPlan | None, act_mode: int = ACT_F32) -> None:
     """The tensor-core gate_up + SwiGLU stage over the groups in `ws` into ws.act:
     moe_tma_gate_up_kernel with plan `tma`, else launch_mma (moe_mma_rows_kernel<1>; bitwise
     the same)."""
     if tma is not None:
-        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma)
+        _experts_gate_up_tma(x, gu, experts, inter, top_k, pairs, ws, tma, act_mode)
         return
     hidden = x.shape[1]
-    launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act, inter,
-               hidden, swiglu=True, top_k=top_k, up_offset=inter, experts=experts, ws=ws,
-               pairs=pairs)
+    launch_mma(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0,
+               _act_out(ws, act_mode), inter, hidden, swiglu=True, top_k=top_k, up_offset=inter,
+               experts=experts, ws=ws, pairs=pairs, act_mode=act_mode)
 
 
 def _experts_gate_up_tma(x, gu, experts: int, inter: int, top_k: int, pairs: int,
-                         ws: MoeWorkspace, plan: TmaPlan) -> None:
+                         ws: MoeWorkspace, plan: TmaPlan, act_mode: int = ACT_F32) -> None:
     """ws.act[pair, :inter] = silu(gate) * up of every group in `ws` (x rows: the pairs' token
     rows) by moe_tma_gate_up_kernel."""
     hidden = x.shape[1]
-    launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0, ws.act,
-                       inter, hidden, top_k=top_k, experts=experts, ws=ws, pairs=pairs,
-                       plan=plan)
+    launch_tma_gate_up(gu, hidden, gu.shape[1] * hidden, x, C.row_stride(x, "x"), 0,
+                       _act_out(ws, act_mode), inter, hidden, top_k=top_k, experts=experts,
+                       ws=ws, pairs=pairs, plan=plan, act_mode=act_mode)
 
 
 def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int,
                        k: int, *, top_k: int, experts: int, ws: MoeWorkspace, pairs: int,
                        plan: TmaPlan, item_pairs: bool | None = None,
-                       x_regs: bool | None = None) -> None:
+                       x_regs: bool | None = None, act_mode: int = ACT_F32) -> None:
     """The gate_up + SwiGLU stage over the groups in `ws` by moe_tma_gate_up_kernel (sm_90, bf16
     w [E, 2m, K] with strides w_es, w_rs, 16-byte aligned rows, K % 16 == 0; x rows 16-byte
     aligned): out[pair, :m] (row stride out.shape[1]), bitwise moe_mma_rows_kernel<1> (launch_mma
@@ -915,7 +960,8 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     pairs <= top_k) and no warp's K range is longer than TMA_XR_STEPS 32-k steps; None takes it
     wherever possible when TMA_X_REGS is set (the same bits either way). x f32, or bf16 bits
     (uint16, rows x_rs elements apart, x_rs % 8 == 0): then out is that of the f32 x holding the
-    same values (moe_tma_gate_up_kernel<*, 1> skips the lo products, all zero)."""
+    same values (moe_tma_gate_up_kernel<*, 1> skips the lo products, all zero). `act_mode`: how
+    out is stored (ACT_*; out uint16 for ACT_BF16_BITS)."""
     C.require(plan.splits == mma_splits(k, MMA_SPLITS), "plan", f"not a plan for K = {k}")
     C.require(not C.is_bf16_bits(x) or x_rs % 8 == 0, "x", "bf16 rows must be 16-byte aligned")
     xr_ok = tma_x_regs_ok(k, plan.splits, x_by_pair, pairs, top_k)
@@ -923,7 +969,7 @@ def launch_tma_gate_up(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, ou
     xr = (xr_ok and TMA_X_REGS) if x_regs is None else x_regs
     params = C.pack(_GEMV, **_stage_fields(w, w_rs, w_es, x, x_rs, x_by_pair, out, m, k,
                                            splits=plan.splits, top_k=top_k, up_offset=m,
-                                           experts=experts, ws=ws))
+                                           experts=experts, ws=ws, out_mode=act_mode))
     source = SOURCE_XPIPE if TMA_XPIPE and not xr else SOURCE
     fn = get_function(source, f"moe_tma_gate_up_kernel<{int(xr)}, {int(C.is_bf16_bits(x))}>")
     if fn.max_dynamic_shared_size_bytes < plan.smem:
@@ -954,20 +1000,26 @@ assert mma_rows_smem(MMA_SPLITS) <= 48 * 1024  # no dynamic shared memory opt-in
 
 def launch_mma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: int, k: int, *,
                swiglu: bool, top_k: int, up_offset: int, experts: int, ws: MoeWorkspace,
-               pairs: int, rows: bool | None = None) -> None:
+               pairs: int, rows: bool | None = None, act_mode: int = ACT_F32) -> None:
     """One tensor-core expert stage over the groups in `ws` (bf16 w [E, rows, K] with strides
     w_es, w_rs, 16-byte aligned rows; x rows 16-byte aligned): out[pair, :m] (rows of out are
     contiguous, stride out.shape[1]). `rows`: moe_mma_rows_kernel (True) or moe_mma_kernel
-    (False); None: GEMV_ROWS. Both take the same K split (mma_splits(k, 8): K only)."""
+    (False); None: GEMV_ROWS. Both take the same K split (mma_splits(k, 8): K only).
+    `act_mode` (swiglu): how out is stored (ACT_*). A down stage's x may be an act stored as
+    bf16 bits (uint16; moe_mma_rows_kernel<0, 1>: the results of the f32 x of those values)."""
     rows = GEMV_ROWS if rows is None else rows
     splits = mma_splits(k, MMA_SPLITS)
+    xb = C.is_bf16_bits(x)
+    C.require(not xb or (rows and not swiglu), "x", "bf16 bits are read by the down stage's "
+              "moe_mma_rows_kernel only")
+    C.require(swiglu or act_mode == ACT_F32, "act_mode", "a down stage stores f32")
     params = C.pack(_GEMV, **_stage_fields(w, w_rs, w_es, x, x_rs, x_by_pair, out, m, k,
                                            splits=splits, top_k=top_k, up_offset=up_offset,
-                                           experts=experts, ws=ws))
+                                           experts=experts, ws=ws, out_mode=act_mode))
     tile = 8 if swiglu else 16
     grid = ((m + tile - 1) // tile, pairs)
     if rows:
-        launch(get_function(SOURCE, f"moe_mma_rows_kernel<{int(swiglu)}>"), grid,
+        launch(get_function(SOURCE, f"moe_mma_rows_kernel<{int(swiglu)}, {int(xb)}>"), grid,
                (32 * splits,), (params,), shared_mem=mma_rows_smem(splits), name="moe_mma_rows",
                pdl=True)
     else:

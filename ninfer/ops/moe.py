@@ -28,27 +28,30 @@ def moe_route(logits, top_k: int, weights_out, ids_out, *, workspace=None) -> No
 
 
 def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
-                batch_invariant: bool = False) -> None:
+                batch_invariant: bool = False, bf16_act: bool = False) -> None:
     """out[n] = sum_k weights[n, k] * down[e] @ (silu(g) * u), [g | u] = gate_up[e] @ x[n],
     e = ids[n, k], terms added in ascending expert id. x: f32[N, H], or on CUDA bf16 bits
     (uint16, C-contiguous: the result of the f32 x holding those values); gate_up: Weight[E, 2Im,
     H]; down: Weight[E, H, Im]; ids: i32[N, K]; weights: f32[N, K]; out: f32[N, H] (overwritten).
+    `bf16_act` (CUDA, bf16 weights): silu(g) * u rounded to bf16 before the down projection, as
+    the prefill path and transformers in bf16 keep it.
     """
     backend = backend_of(x, gate_up, down, ids, weights, out)
     _check_experts("moe_experts", x, gate_up, down, ids, weights, out, backend)
     check.kernels(backend, "moe").moe_experts(x, gate_up, down, ids, weights, out,
                                               **check.scratch(backend, workspace=workspace,
-                                                             batch_invariant=batch_invariant or None))
+                                                             batch_invariant=batch_invariant or None),
+                                              **_bf16_act("moe_experts", backend, bf16_act))
 
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
               shared_gate=None, shared_down=None, workspace=None, batch_invariant: bool = False,
-              routed: bool = False) -> None:
+              routed: bool = False, bf16_act: bool = False) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, then `moe_experts(x, gate_up, down,
     ids_out, weights_out, out)`, then (when `shared` is given) `sigmoid_scale_add(out, shared,
     shared_gate)`: bitwise those ops' results, in fewer launches on CUDA. logits: f32[N, E] rows
-    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither). x as
-    `moe_experts` takes it (f32, or bf16 bits on CUDA: `moe_reads_bf16_x`).
+    strided; shared: f32[N, H]; shared_gate: f32[N, 1] rows strided (both or neither). x and
+    `bf16_act` as `moe_experts` takes them (x f32, or bf16 bits on CUDA: `moe_reads_bf16_x`).
 
     `routed=True`: the routing already ran, `moe_route(logits, top_k, weights_out, ids_out,
     workspace=workspace)` with this same workspace (CUDA: its group tables hold the grouping of
@@ -83,7 +86,17 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     check.kernels(backend, "moe").moe_block(
         x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
         shared_gate=shared_gate, routed=bool(routed), **fold,
-        **check.scratch(backend, workspace=workspace, batch_invariant=batch_invariant or None))
+        **check.scratch(backend, workspace=workspace, batch_invariant=batch_invariant or None),
+        **_bf16_act("moe_block", backend, bf16_act))
+
+
+def _bf16_act(op: str, backend, bf16_act: bool) -> dict:
+    """The kernels' bf16_act argument (none when off, so the CPU kernels need not take it)."""
+    if not bf16_act:
+        return {}
+    if backend is not Backend.CUDA:
+        raise TypeError(f"{op}: bf16_act is CUDA-only (the CPU backend computes in f32)")
+    return {"bf16_act": True}
 
 
 def moe_reads_bf16_x(rows: int, router_gate, shared_gate_up, experts_gate_up, *,

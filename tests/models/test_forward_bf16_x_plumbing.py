@@ -137,6 +137,7 @@ def test_moe_input_stays_f32_where_its_readers_need_f32(monkeypatch):
         if c.op in ("moe_block", "moe_route_with_swiglu"):
             x = c.args[0] if c.op == "moe_block" else c.args[4]
             assert x.dtype == np.float32, c.op
+            assert not c.kwargs.get("bf16_act"), c.op
     # the mixers' projections still read bf16
     mixers = [c for c in calls if c.op == "linear" and c.args[0].dtype == np.uint16]
     assert mixers
@@ -166,6 +167,7 @@ def test_moe_input_is_bf16_where_its_readers_take_it(monkeypatch):
     for i in blocks:
         x = calls[i].args[0]
         assert x.dtype == np.uint16
+        assert calls[i].kwargs["bf16_act"] is True  # NINFER_MOE_BF16_ACT (default on)
         norm = max(j for j in range(i) if calls[j].op == "add_rms_norm")
         written = _written(calls[norm])
         assert written.dtype == np.uint16 and np.shares_memory(written, x)
@@ -185,3 +187,11 @@ def test_moe_input_is_bf16_where_its_readers_take_it(monkeypatch):
             for a in (*c.args, *c.kwargs.values()):
                 if c is not router and c is not shared[0] and hasattr(a, "dtype"):
                     assert not np.shares_memory(a, x), f"{c.op} touches the MoE input"
+
+
+def test_moe_bf16_act_follows_its_flag(monkeypatch):
+    monkeypatch.setenv("NINFER_MOE_BF16_ACT", "0")
+    _, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=True)
+    blocks = [c for c in calls if c.op == "moe_block"]
+    assert blocks and all(c.args[0].dtype == np.uint16 and c.kwargs["bf16_act"] is False
+                          for c in blocks)

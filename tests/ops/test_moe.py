@@ -207,7 +207,7 @@ def test_moe_block_shared_down_folds_only_on_cuda(rng):
                                                                      DTYPES[0]))
 
 
-def test_moe_bf16_x_is_cuda_only(rng, monkeypatch):
+def test_moe_bf16_x_and_act_are_cuda_only(rng, monkeypatch):
     """An MoE input as bf16 bits is a CUDA path: on the CPU `moe_reads_bf16_x` says no (flag on
     or off, bf16 weights) and moe_block / moe_experts refuse a uint16 x with a TypeError."""
     from ninfer.core.dtypes import DType
@@ -228,3 +228,9 @@ def test_moe_bf16_x_is_cuda_only(rng, monkeypatch):
     with pytest.raises(TypeError, match="CUDA-only"):
         moe_experts(x, gate_up, down, np.zeros((n, K), np.int32), np.ones((n, K), np.float32),
                     outs[2])
+    xf = randn(rng, (n, H))
+    with pytest.raises(TypeError, match="bf16_act is CUDA-only"):
+        moe_block(xf, randn(rng, (n, E)), K, gate_up, down, *outs, bf16_act=True)
+    with pytest.raises(TypeError, match="bf16_act is CUDA-only"):
+        moe_experts(xf, gate_up, down, np.zeros((n, K), np.int32), np.ones((n, K), np.float32),
+                    outs[2], bf16_act=True)

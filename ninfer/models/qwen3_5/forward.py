@@ -16,7 +16,7 @@ import dataclasses
 
 import numpy as np
 
-from ninfer import ops
+from ninfer import envs, ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
 from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
@@ -382,7 +382,9 @@ class Qwen35Forward:
             if routed:  # runs while the shared expert's weights start streaming (PDL)
                 ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
             self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared, f32_act=True)
+        # with a bf16 input the experts' activations are rounded to bf16 too
+        bf16_act = x.dtype == np.uint16 and envs.moe_bf16_act()
         ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
                       out, shared=shared, shared_gate=logits[:, e:], **fold,
-                      batch_invariant=self.kws.batch_invariant, routed=routed,
+                      batch_invariant=self.kws.batch_invariant, routed=routed, bf16_act=bf16_act,
                       **self.kws.kw(self.kws.moe))
