@@ -20,6 +20,9 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gemv_bf16_x, "NINFER_GEMV_BF16_X", True),
     (envs.moe_tma_down, "NINFER_MOE_TMA_DOWN", False),
     (envs.gdn_state_l2_last, "NINFER_GDN_STATE_L2_LAST", True),
+    (envs.moe_tma_xpipe, "NINFER_MOE_TMA_XPIPE", True),
+    (envs.moe_bf16_x, "NINFER_MOE_BF16_X", True),
+    (envs.moe_bf16_act, "NINFER_MOE_BF16_ACT", True),
 ]
 
 
