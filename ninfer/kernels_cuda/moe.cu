@@ -19,7 +19,7 @@
 //     cores (mma_gemv.cuh), groups of up to 8 pairs as the mma's 8 columns. SWIGLU=1: a warp's
 //     16-row A tile is gate rows m0..m0+7 over up rows m0..m0+7, so each lane holds the gate and
 //     the up value of the same (row, pair) after the split sum. Splits of K as in linear.cu.
-//   moe_mma_rows_kernel<SWIGLU> (the default; NINFER_GEMV_ROWS=0 selects moe_mma_kernel):
+//   moe_mma_rows_kernel<SWIGLU, XB> (the default; NINFER_GEMV_ROWS=0 selects moe_mma_kernel):
 //     moe_mma_kernel with the weight tile read row-contiguously and staged through shared
 //     memory (linear.cu linear_mma_rows_kernel); bitwise the same results.
 //   moe_combine_kernel: out[n] = sum over k in ascending expert id of w[n,k] * y[row(n,k)],
@@ -41,6 +41,11 @@
 //   stage, a grid barrier and the fused down stage in one persistent launch (see the kernel).
 //   moe_tma_down_kernel (moe.py TMA_DOWN, NINFER_MOE_TMA_DOWN, opt-in): the fused down stage
 //   after the bulk-copy gate_up with its weights copied and tables read before pdl_wait.
+// bf16 activations (moe.py: a uint16 x, bf16_act): moe_tma_gate_up_kernel<XR, 1> reads x as bf16
+//   bits (other gate_up stages read an exact f32 copy, moe_x_f32_kernel); the gate_up stages
+//   store act as MoeGemvParams.out_mode says (moe_store_act), as bf16 bits for the rows-tile
+//   down stages (moe_mma_rows_kernel<0, 1>, moe_fused_down_kernel<1>). A bf16 operand runs one
+//   mma per k16 step (its lo term is 0): bitwise the f32 operand of the same values.
 // Every kernel of the decode path (route, group, route_group, the expert stages, combine, the
 // fused pair) may be launched with PDL (moe.py: pdl=True): they call pdl_wait before touching memory (pdl_enter).
 // Prefill path (eager, cuBLAS strided-batched GEMMs on padded per-expert row blocks; moe.py):
