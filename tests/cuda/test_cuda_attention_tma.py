@@ -358,3 +358,39 @@ def test_ineligible_pages_fall_back(rng, tma):
     out = kv.run(dev(q_h), row_seq, row_pos, d ** -0.5, kv.workspace(2, heads))
     assert tma and not any("tma" in x for x in tma), tma
     assert_close(out, kv.oracle(q_h, row_seq, row_pos, d ** -0.5), TOL)
+
+
+def test_tma_bf16_qp_vs_float64(rng, monkeypatch, tma):
+    """NINFER_ATTN_TMA_BF16_QP (katt.TMA_BF16_QP): q and p enter the mmas as their bf16
+    roundings. Against the float64 oracle on the bf16-rounded q (p's rounding left), away from
+    the default build's results (the roundings happened), and bitwise batch invariant."""
+    monkeypatch.setattr(katt, "TMA_BF16_QP", True)
+    group, d, hkv = 4, 256, 2
+    heads = group * hkv
+    kv = _Paged(rng, LENGTHS, hkv, d)
+    row_seq = np.arange(len(LENGTHS), dtype=np.int32)
+    row_pos = np.array([n - 1 for n in LENGTHS], np.int32)
+    n = len(row_seq)
+    q_h = randn(rng, (n, heads, d), 2.0)
+    q = dev(q_h)
+    scale = d ** -0.5
+    ws = kv.workspace(n, heads)
+    out = host(kv.run(q, row_seq, row_pos, scale, ws))
+    _assert_tma_ran(tma, d)
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    assert np.isfinite(out).all()
+    q_rounded = bf16_bits_to_f32(f32_to_bf16_bits(q_h))
+    expect = kv.oracle(q_rounded, row_seq, row_pos, scale)
+    errs = [rel_err(out[i], expect[i]) for i in range(n)]
+    print(f"bf16 q / p: max rel err {max(errs):.2e} against the rounded q's oracle")
+    for i in range(n):
+        assert_close(out[i], expect[i], 1e-2, f"row {i} (len {row_pos[i] + 1})")
+    for i in (0, 4, 6):  # a row alone: the bits of its row in the batch
+        one = host(kv.run(q[i:i + 1], row_seq[i:i + 1], row_pos[i:i + 1], scale,
+                          kv.workspace(1, heads)))
+        assert_same_bits(one[0], out[i], f"row {i} alone vs in the batch")
+    monkeypatch.setattr(katt, "TMA_BF16_QP", False)
+    default = host(kv.run(q, row_seq, row_pos, scale, ws))
+    _assert_tma_ran(tma, d)
+    diff = rel_err(out, default)
+    assert 1e-6 < diff < 1e-2, diff
