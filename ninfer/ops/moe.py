@@ -3,10 +3,11 @@ plus the gated shared expert's add), and the CUDA decode path `moe_route_with_sw
 routing beside the shared expert's gate_up in one launch; docs/ops.md)."""
 from __future__ import annotations
 
+from ninfer import envs
 from ninfer.core.dtypes import DType
 from ninfer.ops import _checks as check
 from ninfer.ops._backend import Backend, backend_of
-from ninfer.ops.linear import check_swiglu_operands
+from ninfer.ops.linear import check_swiglu_operands, reads_bf16_x, swiglu_reads_bf16_x
 
 _ROWS = check.Layout.ROWS
 
@@ -106,8 +107,6 @@ def moe_reads_bf16_x(rows: int, router_gate, shared_gate_up, experts_gate_up, *,
     (`linear_swiglu` / `moe_route_with_swiglu`) take a bf16 x. `moe_block` takes it on every
     path (results of the f32 x holding those values); where it applies the bulk-copy gate_up
     stage reads the bits themselves, one mma per k16 step instead of the hi + lo pair."""
-    from ninfer import envs
-    from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
     weights = (router_gate, shared_gate_up, experts_gate_up)
     if not envs.moe_bf16_x() or any(w.dtype is not DType.BFLOAT16 for w in weights):
         return False
