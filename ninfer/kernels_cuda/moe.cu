@@ -43,7 +43,7 @@
 //   after the bulk-copy gate_up with its weights copied and tables read before pdl_wait.
 // bf16 activations (moe.py: a uint16 x, bf16_act): moe_tma_gate_up_kernel<XR, 1> reads x as bf16
 //   bits (other gate_up stages read an exact f32 copy, moe_x_f32_kernel); the gate_up stages
-//   store act as MoeGemvParams.out_mode says (moe_store_act), as bf16 bits for the rows-tile
+//   store act as MoeGemvParams.out_mode says (moe_store_out), as bf16 bits for the rows-tile
 //   down stages (moe_mma_rows_kernel<0, 1>, moe_fused_down_kernel<1>). A bf16 operand runs one
 //   mma per k16 step (its lo term is 0): bitwise the f32 operand of the same values.
 // Every kernel of the decode path (route, group, route_group, the expert stages, combine, the
@@ -114,18 +114,19 @@ struct MoeGemvParams {
   int up_offset;  // SWIGLU: row offset of the up half (Im)
   int x_by_pair;  // 1: x row = pair, 0: x row = pair / top_k
   int experts;    // an expert id outside [0, experts) yields NaN outputs
-  int out_mode;   // gate_up stages' act (moe_store_act): MOE_ACT_F32, _BF16_BITS, _BF16_F32
+  int out_mode;   // how out is stored (moe_store_out): MOE_ACT_F32, _BF16_BITS, _BF16_F32
 };
 static_assert(sizeof(MoeGemvParams) == 112, "MoeGemvParams layout is mirrored in moe.py");
 
-// How a gate_up stage stores act (moe.py ACT_*): the f32 value; its bf16 rounding (nearest
-// even) as bf16 bits (out then points at uint16 rows, out_rs elements apart: the down stages'
-// rows tiles read them, XT = bf16raw); or that rounding's value as an f32 (for the down stages
-// that read f32: bitwise the same down results, the lo terms being 0).
+// How a stage stores out[pair][col] (moe.py ACT_*; a down stage's is always MOE_ACT_F32): the f32
+// value; its bf16 rounding (nearest even) as bf16 bits (out then points at uint16 rows, out_rs
+// elements apart: the down stages' rows tiles read them, XT = bf16raw); or that rounding's value
+// as an f32 (for the down stages that read f32: bitwise the same down results, the lo terms
+// being 0).
 #define MOE_ACT_F32 0
 #define MOE_ACT_BF16_BITS 1
 #define MOE_ACT_BF16_F32 2
-__device__ __forceinline__ void moe_store_act(const MoeGemvParams& p, i64 pair, int col,
+__device__ __forceinline__ void moe_store_out(const MoeGemvParams& p, i64 pair, int col,
                                               float v) {
   const i64 i = pair * p.out_rs + col;
   if (p.out_mode == MOE_ACT_BF16_BITS)
@@ -177,10 +178,7 @@ __global__ void __launch_bounds__(256) moe_gemv_kernel(const MoeGemvParams p) {
     float v = gemv_sum_splits<RR, NT>(red, p.splits, r, n);
     if (SWIGLU) v = silu_f(v) * gemv_sum_splits<RR, NT>(red, p.splits, R + r, n);
     if (bad) v = NINFER_NAN;
-    if (SWIGLU)
-      moe_store_act(p, pr, m0 + r, v);
-    else
-      p.out[(i64)pr * p.out_rs + m0 + r] = v;
+    moe_store_out(p, pr, m0 + r, v);
   }
 }
 
@@ -197,10 +195,7 @@ __device__ __forceinline__ void moe_mma_store(const MoeGemvParams& p, const MmaP
     if (m0 + r >= p.m || pn < 0) continue;
     float v = mma_reduce_partials<SWIGLU>(red, p.splits, r, n);
     if (bad) v = NINFER_NAN;
-    if (SWIGLU)
-      moe_store_act(p, pn, m0 + r, v);
-    else
-      p.out[(i64)pn * p.out_rs + m0 + r] = v;
+    moe_store_out(p, pn, m0 + r, v);
   }
 }
 
@@ -1136,7 +1131,7 @@ __device__ __forceinline__ void moe_tma_consume_items(const MoeGemvParams& p,
       if (ij.m0 + rr >= p.m || pn < 0) continue;
       float v = mma_reduce_partials<1>(red[2 * parity + j], cons, rr, n);
       if (ij.e < 0 || ij.e >= p.experts) v = NINFER_NAN;
-      moe_store_act(p, pn, ij.m0 + rr, v);
+      moe_store_out(p, pn, ij.m0 + rr, v);
     }
     parity ^= 1;
   }

@@ -108,6 +108,33 @@ class _Paged:
         return out
 
 
+class _Launch:
+    """One TMA launch over rows of every length (LENGTHS, plus `extra` (sequence, position) rows):
+    its pages, rows, host / device q, scale, workspace and host output; the launch checked to
+    have run the TMA kernel and left the workspace counters at 0."""
+
+    def __init__(self, rng, tma, group, d, page_size=16, extra=(), hkv=2):
+        self.heads = group * hkv
+        self.kv = _Paged(rng, LENGTHS, hkv, d, page_size)
+        self.row_seq = np.array(list(range(len(LENGTHS))) + [s for s, _ in extra], np.int32)
+        self.row_pos = np.array([n - 1 for n in LENGTHS] + [p for _, p in extra], np.int32)
+        self.n = len(self.row_seq)
+        self.q_h = randn(rng, (self.n, self.heads, d), 2.0)
+        self.q = dev(self.q_h)
+        self.scale = d ** -0.5
+        self.ws = self.kv.workspace(self.n, self.heads)
+        self.out = self.rerun()
+        _assert_tma_ran(tma, d)
+        assert not host(self.ws.counters).any(), "workspace counters must be 0 after a launch"
+
+    def rerun(self):
+        return host(self.kv.run(self.q, self.row_seq, self.row_pos, self.scale, self.ws))
+
+    def oracle(self, q_h=None):
+        return self.kv.oracle(self.q_h if q_h is None else q_h, self.row_seq, self.row_pos,
+                              self.scale)
+
+
 def _assert_tma_ran(launched, d):
     names = {f"paged_attention_tma_kernel<{d}, {b}>" for b in katt.TMA_MINB}
     assert launched and all(x in names for x in launched), launched
@@ -120,29 +147,17 @@ def _assert_tma_ran(launched, d):
 def test_tma_vs_float64(rng, monkeypatch, tma, group, d, page_size):
     """Rows of every length (one chunk, 64-key chunks in one and several merge groups, 128- and
     576-key chunks), plus page / tile / chunk / group boundaries, in one B=12 launch."""
-    hkv = 2
-    heads = group * hkv
-    kv = _Paged(rng, LENGTHS, hkv, d, page_size)
-    seqs = list(range(len(LENGTHS)))
-    row_seq = np.array(seqs + [6, 6, 5, 4, 5], np.int32)
-    row_pos = np.array([n - 1 for n in LENGTHS] + [15, 16, 511, 31, 4095], np.int32)
-    n = len(row_seq)
-    q_h = randn(rng, (n, heads, d), 2.0)
-    q = dev(q_h)
-    scale = d ** -0.5
-    ws = kv.workspace(n, heads)
-    out = host(kv.run(q, row_seq, row_pos, scale, ws))
-    _assert_tma_ran(tma, d)
-    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
-    expect = kv.oracle(q_h, row_seq, row_pos, scale)
+    run = _Launch(rng, tma, group, d, page_size,
+                  extra=((6, 15), (6, 16), (5, 511), (4, 31), (5, 4095)))
+    out, expect = run.out, run.oracle()
     monkeypatch.setattr(katt, "TMA", False)
     monkeypatch.setattr(katt, "MMA", True)
-    mma = host(kv.run(q, row_seq, row_pos, scale, ws))
-    errs = [(rel_err(out[i], expect[i]), rel_err(mma[i], expect[i])) for i in range(n)]
+    mma = run.rerun()
+    errs = [(rel_err(out[i], expect[i]), rel_err(mma[i], expect[i])) for i in range(run.n)]
     print(f"G={group} D={d} page {page_size}: max rel err tma {max(e[0] for e in errs):.2e}, "
           f"mma {max(e[1] for e in errs):.2e}")
-    for i in range(n):
-        assert_close(out[i], expect[i], TOL, f"tma row {i} (len {row_pos[i] + 1})")
+    for i in range(run.n):
+        assert_close(out[i], expect[i], TOL, f"tma row {i} (len {run.row_pos[i] + 1})")
 
 
 def test_tma_batch_invariance(rng, tma):
@@ -365,32 +380,21 @@ def test_tma_bf16_qp_vs_float64(rng, monkeypatch, tma):
     roundings. Against the float64 oracle on the bf16-rounded q (p's rounding left), away from
     the default build's results (the roundings happened), and bitwise batch invariant."""
     monkeypatch.setattr(katt, "TMA_BF16_QP", True)
-    group, d, hkv = 4, 256, 2
-    heads = group * hkv
-    kv = _Paged(rng, LENGTHS, hkv, d)
-    row_seq = np.arange(len(LENGTHS), dtype=np.int32)
-    row_pos = np.array([n - 1 for n in LENGTHS], np.int32)
-    n = len(row_seq)
-    q_h = randn(rng, (n, heads, d), 2.0)
-    q = dev(q_h)
-    scale = d ** -0.5
-    ws = kv.workspace(n, heads)
-    out = host(kv.run(q, row_seq, row_pos, scale, ws))
-    _assert_tma_ran(tma, d)
-    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    d = 256
+    run = _Launch(rng, tma, 4, d)
+    out = run.out
     assert np.isfinite(out).all()
-    q_rounded = bf16_bits_to_f32(f32_to_bf16_bits(q_h))
-    expect = kv.oracle(q_rounded, row_seq, row_pos, scale)
-    errs = [rel_err(out[i], expect[i]) for i in range(n)]
+    expect = run.oracle(bf16_bits_to_f32(f32_to_bf16_bits(run.q_h)))
+    errs = [rel_err(out[i], expect[i]) for i in range(run.n)]
     print(f"bf16 q / p: max rel err {max(errs):.2e} against the rounded q's oracle")
-    for i in range(n):
-        assert_close(out[i], expect[i], 1e-2, f"row {i} (len {row_pos[i] + 1})")
+    for i in range(run.n):
+        assert_close(out[i], expect[i], 1e-2, f"row {i} (len {run.row_pos[i] + 1})")
     for i in (0, 4, 6):  # a row alone: the bits of its row in the batch
-        one = host(kv.run(q[i:i + 1], row_seq[i:i + 1], row_pos[i:i + 1], scale,
-                          kv.workspace(1, heads)))
+        one = host(run.kv.run(run.q[i:i + 1], run.row_seq[i:i + 1], run.row_pos[i:i + 1],
+                              run.scale, run.kv.workspace(1, run.heads)))
         assert_same_bits(one[0], out[i], f"row {i} alone vs in the batch")
     monkeypatch.setattr(katt, "TMA_BF16_QP", False)
-    default = host(kv.run(q, row_seq, row_pos, scale, ws))
+    default = run.rerun()
     _assert_tma_ran(tma, d)
     diff = rel_err(out, default)
     assert 1e-6 < diff < 1e-2, diff
