@@ -909,7 +909,6 @@ __device__ __forceinline__ void moe_tma_consume(unsigned a_0, unsigned a_1, int 
   }
 }
 
-
 // XR = 1 (moe.py: one x row for every pair, x_by_pair = 0, and at most MOE_TMA_XR_STEPS 32-k
 // steps per consumer warp): each consumer lane loads its x values of its K range once, right
 // after pdl_wait, splits them into bf16 hi + lo words in registers and feeds every item from

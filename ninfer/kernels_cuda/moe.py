@@ -548,8 +548,8 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     tma = _tma_plan(use_mma, hidden)
     fuse = _takes_fused(n, top_k, experts, use_mma, fused)
     folded = (shared_down, shared) if shared_down is not None else None
-    persist = persist_plan(n, top_k, hidden, inter) if fuse and tma is not None else None
-    persist = persist if ws.barrier is not None else None
+    persist = (persist_plan(n, top_k, hidden, inter)
+               if fuse and tma is not None and ws.barrier is not None else None)
     if persist is not None or not _tma_takes_x(x, use_mma, tma):
         x = _x_f32(x, ws)
     if routed:
@@ -566,15 +566,16 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
                          persist, folded, _act_mode(bf16_act, kind, False))
         return
     if fuse:  # (route_group ->) TMA or rows gate_up -> moe_fused_down_kernel
-        shared_k = 0 if folded is None else C.weight_array(shared_down, "shared_down")[0].shape[1]
-        down_tma = tma is not None and tma_down_applies(n, top_k, inter, shared_k)
-        act_mode = _act_mode(bf16_act, kind, not down_tma)
+        # after the bulk-copy gate_up, moe_tma_down_kernel where it applies (it reads f32 act)
+        tma_down = tma is not None and tma_down_applies(
+            n, top_k, inter, 0 if folded is None else shared.shape[1])
+        act_mode = _act_mode(bf16_act, kind, not tma_down)
         _gate_up_mma(x, gu, experts, inter, top_k, n * top_k, ws, tma, act_mode)
         # moe_tma_gate_up_kernel waits before it triggers the down launch: the shared act,
         # written before it, is complete when that launch starts
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
                     prewait=True, folded=folded, shared_early=tma is not None,
-                    act_mode=act_mode)
+                    tma_down=tma_down, act_mode=act_mode)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
                   gated, tma, _act_mode(bf16_act, kind, use_mma and GEMV_ROWS))
@@ -776,7 +777,7 @@ def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, w
 
 def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
                 gated, prewait: bool = False, folded=None, shared_early: bool = False,
-                act_mode: int = ACT_F32) -> None:
+                tma_down: bool = False, act_mode: int = ACT_F32) -> None:
     """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
     in `ws` (written by moe_fused_gate_up_kernel, or by moe_route_group_kernel and the gate_up
     stage). `prewait`: the group tables were written before the gate_up stage, so the kernel's
@@ -785,12 +786,12 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     shared team computes linear(act, shared_down) (`gated` then carries the act in place of the
     shared output; the kernel does not read it there); before its PDL wait where
     `shared_early` (the kernel before this launch waited before letting it start, so act is
-    complete). Where `shared_early` and `tma_down_applies`: moe_tma_down_kernel instead (the
-    same bits; everything but act read before its PDL wait). `act_mode`: how the gate_up stage
-    stored act (ACT_BF16_BITS: moe_fused_down_kernel<1> reads the bits; not with the
-    moe_tma_down_kernel, which reads f32)."""
+    complete). `tma_down` (the caller checked `shared_early` and `tma_down_applies`):
+    moe_tma_down_kernel instead (the same bits; everything but act read before its PDL wait).
+    `act_mode`: how the gate_up stage stored act (ACT_BF16_BITS: moe_fused_down_kernel<1> reads
+    the bits; not with the moe_tma_down_kernel, which reads f32)."""
     sd = None if folded is None else _shared_down_fields(folded, hidden)
-    if shared_early and tma_down_applies(n, top_k, inter, 0 if sd is None else sd["k"]):
+    if tma_down:
         C.require(act_mode != ACT_BF16_BITS, "act_mode", "moe_tma_down_kernel reads an f32 act")
         _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated, sd)
         return
@@ -895,8 +896,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
             continue
         if use_mma:
             launch_mma(w, w_rs, w_es, xs, xs_rs, by_pair, dst, m, k, swiglu=bool(swiglu),
-                       top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs,
-                       rows=True if act_mode == ACT_BF16_BITS else None)
+                       top_k=top_k, up_offset=inter, experts=experts, ws=ws, pairs=pairs)
             continue
         r = _swiglu_rows(nt) if swiglu else ROWS_PER_BLOCK[nt]
         aligned = int(_gemv_aligned(w, kind, w_rs, w_es, xs, xs_rs, k))

@@ -100,6 +100,9 @@ class KernelWorkspaces:
     # with moe_route_with_swiglu: the shared expert's down projection runs inside moe_block's
     # down launch where ops.moe_block_folds_shared_down (decode; bitwise the linear launch)
     moe_fold_shared_down: bool = False
+    # where an MoE layer's input is bf16 bits, its experts' activations are rounded to bf16 too
+    # (moe_block bf16_act; NINFER_MOE_BF16_ACT, read when the workspaces are built)
+    moe_bf16_act: bool = dataclasses.field(default_factory=envs.moe_bf16_act)
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -382,8 +385,7 @@ class Qwen35Forward:
             if routed:  # runs while the shared expert's weights start streaming (PDL)
                 ops.moe_route(logits[:, :e], top_k, weights, ids, **self.kws.kw(self.kws.moe))
             self._swiglu_mlp(w.shared_gate_up, w.shared_down, x, shared, f32_act=True)
-        # with a bf16 input the experts' activations are rounded to bf16 too
-        bf16_act = x.dtype == np.uint16 and envs.moe_bf16_act()
+        bf16_act = x.dtype == np.uint16 and self.kws.moe_bf16_act
         ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
                       out, shared=shared, shared_gate=logits[:, e:], **fold,
                       batch_invariant=self.kws.batch_invariant, routed=routed, bf16_act=bf16_act,
