@@ -181,14 +181,19 @@ def moe_route(logits, top_k):
     return w / w.sum(axis=1, keepdims=True), ids
 
 
-def moe_experts(x, gate_up, down, ids, weights):
+def moe_experts(x, gate_up, down, ids, weights, *, act_bf16: bool = False):
+    """`act_bf16`: silu(g) * u rounded to bf16 (nearest even, from its f32 value) before the
+    down projection, as `moe_experts(..., bf16_act=True)` on CUDA."""
     x, gu_w, dn_w, wts = f64(x), f64(gate_up), f64(down), f64(weights)
     inter = gu_w.shape[1] // 2
     out = np.zeros_like(x)
     for t in range(x.shape[0]):
         for k in np.argsort(ids[t], kind="stable"):
             gu = gu_w[ids[t, k]] @ x[t]
-            out[t] += wts[t, k] * (dn_w[ids[t, k]] @ (_silu(gu[:inter]) * gu[inter:]))
+            act = _silu(gu[:inter]) * gu[inter:]
+            if act_bf16:
+                act = f64(bf16_bits_to_f32(f32_to_bf16_bits(act.astype(np.float32))))
+            out[t] += wts[t, k] * (dn_w[ids[t, k]] @ act)
     return out
 
 

@@ -43,21 +43,6 @@ def _block(monkeypatch, flags, kw, x, logits, top_k, gu, dn, shared, bf16_act=Tr
     return host(w), host(ids), host(out)
 
 
-def _oracle(x, gu_h, dn_h, ids, w, sub):
-    """float64 experts with silu(g) * u rounded to bf16 (via its f32 value)."""
-    gu, dn = ref.f64(gu_h), ref.f64(dn_h)
-    inter = dn.shape[2]
-    out = np.zeros((x.shape[0], gu.shape[2]))
-    for t in range(x.shape[0]):
-        for k in np.argsort(ids[t], kind="stable"):
-            e = ids[t, k] % sub
-            g = gu[e] @ x[t].astype(np.float64)
-            act = (g[:inter] / (1.0 + np.exp(-g[:inter]))) * g[inter:]
-            act = bf16_bits_to_f32(f32_to_bf16_bits(act.astype(np.float32))).astype(np.float64)
-            out[t] += w[t, k] * (dn[e] @ act)
-    return out
-
-
 @pytest.mark.parametrize("bf16_x", [False, True])
 @pytest.mark.parametrize("n", [1, 2, 8])
 def test_bf16_act_every_path_same_bits(rng, monkeypatch, n, bf16_x):
@@ -84,7 +69,8 @@ def test_bf16_act_every_path_same_bits(rng, monkeypatch, n, bf16_x):
             assert_same_bits(a, b, f"{label}: {name} vs {first} (n={n}, bf16 x={bf16_x})")
     w, ids, out = want
     gate = host(logits)[:, experts:].astype(np.float64)
-    expect = _oracle(x_h, gu_h, dn_h, ids, w, sub) + host(shared) / (1.0 + np.exp(-gate))
+    expect = ref.moe_experts(x_h, gu_h, dn_h, ids % sub, w, act_bf16=True) + host(shared) / (
+        1.0 + np.exp(-gate))
     assert_close(out, expect, 2e-4)
     # the rounding happened: the f32 act gives other values, about bf16's precision away
     _, _, f32_out = _block(monkeypatch, {}, {}, x, logits, top_k, gu, dn, shared, bf16_act=False)
