@@ -236,6 +236,16 @@ def moe_bf16_act() -> bool:
     return _flag("NINFER_MOE_BF16_ACT", True)
 
 
+def norm_fold() -> bool:
+    """NINFER_NORM_FOLD (default off; "1" turns it on): in decode, a dense layer's RMSNorms ride
+    on the GEMVs around them instead of a norm launch each (ops.linear_residual_norm, RowNorm):
+    the block's output projection adds into the residual stream and writes bf16(r * (1 + w))
+    with its blocks' sums of r^2, and the next block's input projections divide their rows by
+    the rms. Other numerics (x is rounded to bf16 before the division, not after). Read when
+    the CUDA backend builds its decode workspaces."""
+    return _flag("NINFER_NORM_FOLD", False)
+
+
 def gemv_pdl() -> bool:
     """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.

@@ -24,6 +24,11 @@
 // below): the weights streamed by bulk copies into a shared-memory ring; batch invariant, another
 // k pairing than the two above. IO picks the element types of x and out (f32 or bf16 bits).
 //
+// The TMA kernel's norm-fold IO flags (TMA_IO_RESID_NORM, TMA_IO_ROW_NORM; linear.py
+// SOURCE_FOLD, NINFER_NORM_FOLD) carry the Qwen RMSNorm between two GEMVs in their epilogues:
+// the producer adds its result into the residual stream and writes bf16(r * (1 + w)) and its
+// block's sum of r^2; the consumer divides its sums by sqrt(sum / D + eps). No norm launch.
+//
 // linear_tma_swiglu_route_kernel<SK, CONS, XS, J>: linear_tma_kernel<1, ...> on all blocks but
 // the last, which runs the MoE routing (moe_route.cuh) on the router logits meanwhile (moe.py
 // route_with_swiglu; see below).
@@ -243,8 +248,20 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 // mma per k16 step; the same bits as an f32 x holding those values (its lo term is then 0, and
 // adding exact zero products leaves every partial sum as it was). TMA_IO_OUT_BF16: out holds
 // bf16 bits, the f32 result rounded to nearest even (the operand of a bf16-x GEMV after it).
+// TMA_IO_RESID_NORM (with TMA_IO_X_BF16, SWIGLU = 0; the producer of an RMSNorm's input): the
+// result v is not stored; instead r = f.res[n, m] + v is written back to f.res, out (bf16 bits)
+// = bf16(r * f.gain[m]), and f.parts[n, blockIdx.x] = this block's sum of r^2 over its output
+// rows (per thread in tile order, then lanes of equal n by the butterfly over lane bits 3, 4,
+// then the warps in warp order: fixed by M and the grid, not by N).
+// TMA_IO_ROW_NORM (with TMA_IO_X_BF16; CONS >= 8; the consumer: x = bf16(r * gain) from such a
+// producer): row n's sums are divided by sqrt(S / f.dim + f.eps) before the SwiGLU / store, S =
+// f.parts[n, 0 .. f.parts_n) summed lane-strided (lane l: j = l, l + 32, ... in order), then
+// by warp_sum. So y = (W bf16(r * gain)) / rms(r) stands for W bf16(r / rms(r) * gain).
 #define TMA_IO_X_BF16 1
 #define TMA_IO_OUT_BF16 2
+#define TMA_IO_RESID_NORM 4
+#define TMA_IO_ROW_NORM 8
+#define NORM_FOLD_MAX_PARTS 256  // parts_n per row (linear.py NORM_FOLD_MAX_PARTS)
 #define TMA_MAX_STAGES 16
 // dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
 // MmaPartials<CONS>, the ring (linear.py tma_smem mirrors this)
@@ -273,9 +290,27 @@ __device__ __forceinline__ void tma_step(unsigned a, const unsigned (&xf)[XW], f
 // tile's arithmetic (k split, stage order, partial sums) is unchanged, so every TG gives the
 // same bits.
 #if BULK_COPY_OK
+// The norm-fold operands of linear_tma_kernel (TMA_IO_RESID_NORM / TMA_IO_ROW_NORM; unused
+// otherwise).
+struct NormFoldParams {
+  float* res;          // RESID: the residual stream [N, M], rows res_rs apart, updated in place
+  const float* gain;   // RESID: the norm's 1 + w [M] (f32)
+  float* parts;        // RESID: writes [N, blockIdx.x], rows parts_rs apart; ROW: reads it
+  i64 res_rs, parts_rs;
+  int parts_n, dim;    // ROW: columns of parts to sum; the norm's width D
+  float eps;
+  int pad;
+};
+struct TmaParams {
+  GemvParams g;
+  NormFoldParams f;
+};
+static_assert(sizeof(TmaParams) == 120, "TmaParams layout is mirrored in linear.py");
+
 // The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
-__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G) {
+__device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G,
+                                                const NormFoldParams& f) {
   constexpr int TILE = SWIGLU ? 8 : 16;
   constexpr int PITCH = tma_pitch(SK), STAGE = 16 * PITCH;
   constexpr int WK = SK / CONS;  // k per warp per stage
@@ -283,6 +318,10 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   static_assert(TG >= 1 && (XS == 0 || TG == 1), "tile groups read x per stage (XS = 0)");
   constexpr bool XB = (IO & TMA_IO_X_BF16) != 0;
   constexpr int XW = XB ? 2 : 4;  // bf16x2 words of x per k16 step (tma_step)
+  constexpr bool RESID = (IO & TMA_IO_RESID_NORM) != 0, ROWN = (IO & TMA_IO_ROW_NORM) != 0;
+  static_assert(!RESID || (XB && !SWIGLU && !ROWN), "the residual fold: a plain bf16-x GEMV");
+  static_assert(!ROWN || (XB && CONS >= 8), "the row norm: a bf16 x, a warp per row");
+  constexpr int PV = NORM_FOLD_MAX_PARTS / 32;
   const unsigned STAGES = (unsigned)p.splits;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   mbar_t* full = reinterpret_cast<mbar_t*>(tma_smem);
@@ -346,6 +385,17 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   // stream, which may still run under PDL; the producer only reads weights and writes the ring
   pdl_wait();
   timeline_mark(0);
+  // ROWN: warp w < 8 loads row n0 + w's parts now (summed at the first tile's epilogue, off
+  // the path to the first MMA)
+  float pv[ROWN ? PV : 1];
+  __shared__ float fold_sm[ROWN ? 8 : (RESID ? CONS * 8 : 1)];
+  if constexpr (ROWN) {
+    const float* prow = f.parts + (i64)min(n0 + warp, p.n - 1) * f.parts_rs;
+#pragma unroll
+    for (int i = 0; i < PV; ++i)
+      pv[i] = warp < 8 && lane + 32 * i < f.parts_n ? __ldcg(prow + lane + 32 * i) : 0.0f;
+  }
+  float ss = 0.0f;  // RESID: this thread's sum of r^2 (its column n = threadIdx.x & 7)
   const int g = lane >> 2, t = lane & 3;
   // this lane's x elements (f32, or bf16 bits when XB) at k = 2t + warp WK of its row
   const i64 xofs = (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
@@ -444,6 +494,13 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
     for (int i = 0; i < TG; ++i) {
       const int tile = t0 + i * G;
       if (tile >= tiles) break;
+      if (ROWN && t0 == (int)blockIdx.x && i == 0 && warp < 8) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < PV; ++j) sum += pv[j];
+        sum = warp_sum(sum);
+        if (lane == 0) fold_sm[warp] = sqrtf(sum / (float)f.dim + f.eps);
+      }
       mma_store_partials(red[parity], warp, g, t, c[i]);
       asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
       if (t0 == (int)blockIdx.x && i == 0) timeline_mark(1);  // first tile: every warp's MMAs
@@ -453,14 +510,33 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
         const int rr = idx >> 3, n = idx & 7;
         if (m0 + rr < p.m && n0 + n < p.n) {
           const i64 o = (i64)(n0 + n) * p.out_rs + m0 + rr;
-          const float v = mma_reduce_partials<SWIGLU>(red[parity], CONS, rr, n);
-          if constexpr ((IO & TMA_IO_OUT_BF16) != 0)
+          const float v = mma_reduce_partials<SWIGLU, CONS, ROWN>(
+              red[parity], CONS, rr, n, ROWN ? fold_sm[n] : 1.0f);
+          if constexpr (RESID) {
+            float* rp = f.res + (i64)(n0 + n) * f.res_rs + m0 + rr;
+            const float r = *rp + v;
+            *rp = r;
+            reinterpret_cast<bf16raw*>(p.out)[o] = f32_to_bf16(r * f.gain[m0 + rr]);
+            ss = fmaf(r, r, ss);
+          } else if constexpr ((IO & TMA_IO_OUT_BF16) != 0) {
             reinterpret_cast<bf16raw*>(p.out)[o] = f32_to_bf16(v);
-          else
+          } else {
             p.out[o] = v;
+          }
         }
       }
       parity ^= 1;
+    }
+  }
+  if constexpr (RESID) {  // the block's sum of r^2 per row (every thread holds one column n)
+    ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+    if (lane < 8) fold_sm[warp * 8 + lane] = ss;
+    asm volatile("bar.sync 1, %0;" ::"n"(32 * CONS) : "memory");
+    if (threadIdx.x < 8 && n0 + (int)threadIdx.x < p.n) {
+      float total = 0.0f;
+      for (int w = 0; w < CONS; ++w) total += fold_sm[w * 8 + threadIdx.x];
+      f.parts[(i64)(n0 + threadIdx.x) * f.parts_rs + blockIdx.x] = total;
     }
   }
   timeline_mark(3);  // thread 0: its output stores issued
@@ -468,9 +544,9 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
 #endif
 
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
-__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(32 * (CONS + 1), 1) linear_tma_kernel(const TmaParams p) {
 #if BULK_COPY_OK
-  linear_tma_body<SWIGLU, SK, CONS, XS, TG, IO>(p, gridDim.x);
+  linear_tma_body<SWIGLU, SK, CONS, XS, TG, IO>(p.g, gridDim.x, p.f);
 #else
   __trap();
 #endif
@@ -504,7 +580,7 @@ __global__ void __launch_bounds__(32 * (CONS + 1), 1)
 #if BULK_COPY_OK
   const int G = gridDim.x - 1;
   if (blockIdx.x < G) {
-    linear_tma_body<1, SK, CONS, XS, 1, IO>(q.gemv, G);
+    linear_tma_body<1, SK, CONS, XS, 1, IO>(q.gemv, G, NormFoldParams{});
     return;
   }
   pdl_launch_dependents();  // as the GEMV blocks do: the next kernel waits for this grid

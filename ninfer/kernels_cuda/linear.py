@@ -37,8 +37,9 @@ TMA_MAX_X_STAGES = 5  # linear_tma_kernel instances with x in registers: K <= 5 
 TMA_X_STAGES = envs.gemv_tma_x_stages()  # NINFER_GEMV_TMA_X_STAGES: the largest XS used
 TMA_ROUTE_CONSUMERS = 16  # linear_tma_swiglu_route_kernel's instances (the default consumers)
 MAX_SPLITS = 8
-# linear_tma_kernel's IO flags (linear.cu): x as bf16 bits; out as bf16 bits
-TMA_IO_X_BF16, TMA_IO_OUT_BF16 = 1, 2
+# linear_tma_kernel's IO flags (linear.cu): x as bf16 bits; out as bf16 bits; the norm fold's
+# producer (residual add, bf16(r * gain), sums of r^2) and consumer (rows divided by their rms)
+TMA_IO_X_BF16, TMA_IO_OUT_BF16, TMA_IO_RESID_NORM, TMA_IO_ROW_NORM = 1, 2, 4, 8
 # the (SWIGLU, IO) pairs with bf16 operands that have instances (default geometry only): bf16 x
 # into an f32 out, and the fused SwiGLU's bf16 x into a bf16 activation
 TMA_BF16_IO = ((0, TMA_IO_X_BF16), (1, TMA_IO_X_BF16), (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16))
@@ -59,10 +60,27 @@ SOURCE = KernelSource("linear.cu", tuple(
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
     + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}, {io}>"
        for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16) for io in (0, TMA_IO_X_BF16)]))
+# The norm fold (NINFER_NORM_FOLD; linear.cu TMA_IO_RESID_NORM / TMA_IO_ROW_NORM): its own
+# module build, so that its instances compile beside SOURCE's (bench.precompile: a process per
+# KernelSource) instead of after them. (SWIGLU, IO) pairs: the producer (a linear), the consumer
+# linear and the consumer SwiGLU with its bf16 activation.
+TMA_FOLD_IO = ((0, TMA_IO_X_BF16 | TMA_IO_RESID_NORM), (0, TMA_IO_X_BF16 | TMA_IO_ROW_NORM),
+               (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16 | TMA_IO_ROW_NORM))
+NORM_FOLD_MAX_PARTS = 256  # linear.cu: the producer's row blocks, the consumer's parts per row
+SOURCE_FOLD = KernelSource("linear.cu", tuple(
+    [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
+     for sw, io in TMA_FOLD_IO]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
+       for sw, io in TMA_FOLD_IO]))
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                 ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
 GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
 assert GEMV_PARAMS.itemsize == 64
+# linear_tma_kernel's TmaParams: GemvParams, then NormFoldParams
+TMA_PARAMS = C.struct(*_GEMV_FIELDS, ("res", "ptr"), ("gain", "ptr"), ("parts", "ptr"),
+                      ("res_rs", "i64"), ("parts_rs", "i64"), ("parts_n", "i32"),
+                      ("dim", "i32"), ("eps", "f32"), ("pad", "i32"))
+assert TMA_PARAMS.itemsize == 120
 ROUTE_PARAMS = C.struct(*_GEMV_FIELDS, ("logits", "ptr"), ("w_out", "ptr"), ("ids_out", "ptr"),
                         ("group_expert", "ptr"), ("group_pairs", "ptr"), ("num_groups", "ptr"),
                         ("logits_rs", "i64"), ("w_out_rs", "i64"), ("experts", "i32"),
@@ -220,7 +238,7 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
                 x_regs: bool = True, pdl: bool | None = None,
-                tile_group: int | None = None, io: int = 0) -> None:
+                tile_group: int | None = None, io: int = 0, fold: dict | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
@@ -228,7 +246,8 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     same results). `pdl`: launch with programmatic dependent launch (None: GEMV_PDL).
     `tile_group`: row tiles walked in lockstep when x is read per stage (None: TMA_TILE_GROUP;
     bitwise the same results). `io`: linear_tma_kernel's IO flags (TMA_IO_X_BF16: x holds bf16
-    bits; TMA_IO_OUT_BF16: out does); nonzero needs the default geometry."""
+    bits; TMA_IO_OUT_BF16: out does); nonzero needs the default geometry. `fold`: the
+    NormFoldParams fields (TMA_PARAMS) of a norm-fold `io` (TMA_FOLD_IO; SOURCE_FOLD)."""
     tile = 8 if swiglu else 16
     tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
     if row_blocks is None:
@@ -237,24 +256,27 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     sk = TMA_SK if sk is None else sk
     consumers = TMA_CONSUMERS if consumers is None else consumers
     stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
-    params = C.pack(GEMV_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
-                    out_rs=out_rs, m=m, k=k, n=n, splits=stages)
+    params = C.pack(TMA_PARAMS, w=C.ptr(w), x=C.ptr(x), out=C.ptr(out), w_rs=w_rs, x_rs=x_rs,
+                    out_rs=out_rs, m=m, k=k, n=n, splits=stages, **(fold or {}))
     xs = tma_x_stages(k, sk, consumers, bf16_x=bool(io & TMA_IO_X_BF16)) if x_regs else 0
     tg = TMA_TILE_GROUP if tile_group is None else tile_group
     if xs or sk != 1024 or consumers != 16:
         tg = 1
+    source = SOURCE_FOLD if (int(swiglu), io) in TMA_FOLD_IO else SOURCE
     if io:
-        assert sk == 1024 and consumers == 16 and (int(swiglu), io) in TMA_BF16_IO, (sk, io)
+        assert sk == 1024 and consumers == 16, (sk, consumers, io)
+        assert (int(swiglu), io) in TMA_BF16_IO + TMA_FOLD_IO, (swiglu, io)
+        assert (fold is not None) == (source is SOURCE_FOLD), io
     _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, {io}>",
                (row_blocks, col_tiles), consumers, params, smem,
-               "linear_swiglu_tma" if swiglu else "linear_tma", pdl)
+               "linear_swiglu_tma" if swiglu else "linear_tma", pdl, source=source)
 
 
 def _start_tma(instance: str, grid, consumers: int, params, smem: int, name: str,
-               pdl: bool | None = None) -> None:
-    """Launch a bulk-copy GEMV instance of SOURCE (consumers + 1 warps per block, `smem` bytes
+               pdl: bool | None = None, source: KernelSource = SOURCE) -> None:
+    """Launch a bulk-copy GEMV instance of `source` (consumers + 1 warps per block, `smem` bytes
     of dynamic shared memory, opted into once) with PDL where `pdl` (None: GEMV_PDL)."""
-    fn = get_function(SOURCE, instance)
+    fn = get_function(source, instance)
     if fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     start = launch_dependent if (GEMV_PDL if pdl is None else pdl) else launch
@@ -341,14 +363,15 @@ def _launch_mma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
            name=name + "_rows")
 
 
-def linear_swiglu(x, gate_up, out) -> None:
+def linear_swiglu(x, gate_up, out, row_norm=None) -> None:
     """out f32[N, I] = silu(x @ gate^T) * (x @ up^T), gate_up bf16 [2I, K] = [gate; up].
 
     One tensor-core launch, bitwise equal to `linear` into [N, 2I] then `swiglu` (any N; batch
     invariant). Needs bf16 weights and 16-byte aligned rows of gate_up and x. Where
     `gemv_takes_bf16(gate_up)`: x may be bf16 bits (uint16, the same alignment; the result of
     the f32 x holding those values) and so may `out` (uint16: the f32 result rounded to nearest
-    even).
+    even). `row_norm` (`linear` has it): gate and up rows divided by their row's rms before the
+    silu; needs a bf16 x and a bf16 out.
     """
     bf16_x, bf16_out = C.is_bf16_bits(x), C.is_bf16_bits(out)
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
@@ -366,7 +389,15 @@ def linear_swiglu(x, gate_up, out) -> None:
         C.require(gemv_takes_bf16(gate_up), "x" if bf16_x else "out",
                   "bf16 operands need the bf16-x GEMV (NINFER_GEMV_BF16_X=1, sm_90, K % 16 == 0)")
         C.require(bf16_x, "out", "a bf16 SwiGLU output needs a bf16 x")
+    if row_norm is not None:
+        C.require(bf16_x and bf16_out, "row_norm", "the fused SwiGLU's row norm needs a bf16 x "
+                  "and a bf16 out")
+        fold = _row_norm_fold(row_norm, n)
     if n == 0 or inner == 0:
+        return
+    if row_norm is not None:
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, inner, k, n, swiglu=True,
+                    io=TMA_IO_X_BF16 | TMA_IO_OUT_BF16 | TMA_IO_ROW_NORM, fold=fold)
         return
     if bf16_x:
         io = TMA_IO_X_BF16 | (TMA_IO_OUT_BF16 if bf16_out else 0)
@@ -415,7 +446,8 @@ def tma_geometry(x, weight, *, batch_invariant: bool = False) -> tuple[int, int]
     return TMA_SK, TMA_CONSUMERS
 
 
-def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> None:
+def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
+           row_norm=None) -> None:
     """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
 
     x: f32 (rows strided), or bf16 bits (uint16) where `takes_bf16_x`: C-contiguous on the
@@ -425,6 +457,9 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
     `workspace`: uint16 CuPy array with >= N*K elements for the bf16 copy of an f32 x on the
     cuBLAS path (allocated from CuPy's pool when None). `batch_invariant=True` forces the GEMV
     kernel for any N.
+    `row_norm` (the norm fold's consumer; `norm_fold_ok`): an object with `parts` (f32 [N, P],
+    rows strided, P <= NORM_FOLD_MAX_PARTS: `linear_residual_norm`'s), `dim` and `eps`; x is
+    bf16(r * gain) and row n of out is divided by sqrt(sum(parts[n]) / dim + eps).
     """
     bf16_x = C.is_bf16_bits(x)
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
@@ -447,10 +482,18 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
             C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x",
                       "a bf16 x on the GEMV needs a 16-byte aligned base and rows a multiple "
                       "of 4 elements apart")
+    if row_norm is not None:
+        C.require(bf16_x and not cublas and n <= GEMV_MAX_ROWS, "row_norm",
+                  "the row norm runs on the bf16-x GEMV (bf16 x, <= 8 rows)")
+        fold = _row_norm_fold(row_norm, n)
     if n == 0 or m == 0:
         return
     if k == 0:
         out.fill(0)
+        return
+    if row_norm is not None:
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False,
+                    io=TMA_IO_X_BF16 | TMA_IO_ROW_NORM, fold=fold)
         return
     if not cublas and bf16_x:
         _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, io=TMA_IO_X_BF16)
@@ -459,6 +502,65 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False) -> 
         launch_gemv(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n)
         return
     _cublas_gemm(x, x_rs, w, kind, w_rs, out, out_rs, m, k, n, workspace)
+
+
+def norm_fold_ok(n: int, weight) -> bool:
+    """Whether the norm fold takes a GEMV of n rows with this weight, as the producer
+    (`linear_residual_norm`) or a consumer (`linear` / `linear_swiglu` with `row_norm`): the
+    bf16-x GEMV (`gemv_takes_bf16`) with 1..GEMV_MAX_ROWS rows (one column tile), and at most
+    NORM_FOLD_MAX_PARTS row blocks."""
+    return (1 <= n <= GEMV_MAX_ROWS and gemv_takes_bf16(weight)
+            and current_device().sm_count <= NORM_FOLD_MAX_PARTS)
+
+
+def residual_norm_parts(weight) -> int:
+    """The columns of `parts` that `linear_residual_norm` writes for this weight: its row
+    blocks (one per SM, at most one per 16-row tile; `_launch_tma` with one column tile)."""
+    w, _ = C.weight_array(weight, "weight")
+    return max(1, min(-(-w.shape[0] // 16), current_device().sm_count))
+
+
+def linear_residual_norm(x, weight, residual, gain, out, parts) -> None:
+    """The norm fold's producer: residual f32 [N, M] (rows strided) += x @ weight^T in place;
+    out bf16 bits [N, M] (rows 16-byte aligned) = bf16(residual * gain), gain f32 [M] (a
+    Qwen norm's 1 + w); parts f32 [N, >= P] (rows strided, P = `residual_norm_parts(weight)`):
+    columns 0..P-1 = each row block's sum of residual^2 (fixed order: batch invariant). x: bf16
+    bits [N, K] where `norm_fold_ok(N, weight)`."""
+    C.device_array(x, "x", dtype=np.uint16, ndim=2)
+    n, k = x.shape
+    w, kind = C.weight_array(weight, "weight")
+    C.require(w.ndim == 2 and w.shape[1] == k, "weight", f"shape {w.shape}, expected [M, {k}]")
+    m = w.shape[0]
+    C.require(norm_fold_ok(n, weight), "weight", "the norm fold runs on the bf16-x GEMV "
+              f"(NINFER_GEMV_BF16_X=1, bf16 weights, K % 16 == 0, sm_90) with 1..{GEMV_MAX_ROWS} "
+              f"rows; got N = {n}")
+    C.device_array(residual, "residual", dtype=np.float32, ndim=2, shape=(n, m))
+    C.device_array(gain, "gain", dtype=np.float32, ndim=1, shape=(m,))
+    C.contiguous(gain, "gain")
+    C.device_array(out, "out", dtype=np.uint16, ndim=2, shape=(n, m))
+    C.device_array(parts, "parts", dtype=np.float32, ndim=2)
+    blocks = residual_norm_parts(weight)
+    C.require(parts.shape[0] == n and parts.shape[1] >= blocks, "parts",
+              f"shape {parts.shape}, expected [{n}, >= {blocks}]")
+    x_rs, w_rs = C.row_stride(x, "x"), C.row_stride(w, "weight")
+    C.require(_mma_ok(w, kind, w_rs, x, x_rs) and C.aligned(out)
+              and C.row_stride(out, "out") % 8 == 0, "x",
+              "needs 16-byte aligned rows of weight, x and out")
+    fold = dict(res=C.ptr(residual), res_rs=C.row_stride(residual, "residual"), gain=C.ptr(gain),
+                parts=C.ptr(parts), parts_rs=C.row_stride(parts, "parts"))
+    _launch_tma(x, x_rs, w, w_rs, out, C.row_stride(out, "out"), m, k, n, swiglu=False,
+                io=TMA_IO_X_BF16 | TMA_IO_RESID_NORM, fold=fold)
+
+
+def _row_norm_fold(row_norm, n: int) -> dict:
+    """The NormFoldParams fields of a consumer's `row_norm` (checked)."""
+    parts = row_norm.parts
+    C.device_array(parts, "row_norm.parts", dtype=np.float32, ndim=2)
+    C.require(parts.shape[0] == n and 1 <= parts.shape[1] <= NORM_FOLD_MAX_PARTS,
+              "row_norm.parts", f"shape {parts.shape}, expected [{n}, 1..{NORM_FOLD_MAX_PARTS}]")
+    C.require(int(row_norm.dim) > 0, "row_norm.dim", f"must be positive, got {row_norm.dim}")
+    return dict(parts=C.ptr(parts), parts_rs=C.row_stride(parts, "row_norm.parts"),
+                parts_n=parts.shape[1], dim=int(row_norm.dim), eps=float(row_norm.eps))
 
 
 def to_bf16(x, x_rs: int, n: int, k: int, out) -> None:

@@ -137,15 +137,18 @@ __device__ __forceinline__ void mma_store_partials(MmaPartials<S>& red, int warp
 }
 
 // Output (tile row r, column n): the partials summed over the splits in split order; SWIGLU=1:
-// silu(gate: A row r) * (up: A row r + 8).
-template <int SWIGLU, int S>
+// silu(gate: A row r) * (up: A row r + 8). DIV (linear_tma_kernel's TMA_IO_ROW_NORM): the sums
+// divided by `denom` first (for SWIGLU both, before the silu).
+template <int SWIGLU, int S, bool DIV = false>
 __device__ __forceinline__ float mma_reduce_partials(const MmaPartials<S>& red, int splits,
-                                                     int r, int n) {
+                                                     int r, int n, float denom = 1.0f) {
   float s = 0.0f;
   for (int w = 0; w < splits; ++w) s += red[w][r][n];
+  if (DIV) s = s / denom;
   if (SWIGLU) {
     float u = 0.0f;
     for (int w = 0; w < splits; ++w) u += red[w][r + 8][n];
+    if (DIV) u = u / denom;
     s = silu_f(s) * u;
   }
   return s;

@@ -16,7 +16,10 @@ SOURCE = (Path(klinear.__file__).parent / "linear.cu").read_text()
 
 def test_io_flags_mirror_linear_cu():
     for name, value in (("TMA_IO_X_BF16", klinear.TMA_IO_X_BF16),
-                        ("TMA_IO_OUT_BF16", klinear.TMA_IO_OUT_BF16)):
+                        ("TMA_IO_OUT_BF16", klinear.TMA_IO_OUT_BF16),
+                        ("TMA_IO_RESID_NORM", klinear.TMA_IO_RESID_NORM),
+                        ("TMA_IO_ROW_NORM", klinear.TMA_IO_ROW_NORM),
+                        ("NORM_FOLD_MAX_PARTS", klinear.NORM_FOLD_MAX_PARTS)):
         assert int(re.search(rf"#define {name} (\d+)", SOURCE).group(1)) == value
 
 
@@ -35,11 +38,14 @@ def test_x_stages_for_a_bf16_x(monkeypatch, x_stages):
 
 
 @pytest.mark.parametrize("tile_group", envs.TMA_TILE_GROUPS)
-def test_every_bf16_instance_is_declared(monkeypatch, tile_group):
-    """What `_launch_tma(..., io=)` names for any K, with x in registers or not, is in SOURCE."""
+@pytest.mark.parametrize("source, ios", [("SOURCE", "TMA_BF16_IO"),
+                                         ("SOURCE_FOLD", "TMA_FOLD_IO")])
+def test_every_bf16_instance_is_declared(monkeypatch, tile_group, source, ios):
+    """What `_launch_tma(..., io=)` names for any K, with x in registers or not, is in SOURCE
+    (the norm fold's IO flags: in SOURCE_FOLD, their own build)."""
     monkeypatch.setattr(klinear, "TMA_X_STAGES", klinear.TMA_MAX_X_STAGES)
-    declared = set(klinear.SOURCE.name_expressions)
-    for swiglu, io in klinear.TMA_BF16_IO:
+    declared = set(getattr(klinear, source).name_expressions)
+    for swiglu, io in getattr(klinear, ios):
         for k in (16, 1024, 3072, 5120, 6144, 12288):
             for x_regs in (True, False):
                 xs = klinear.tma_x_stages(k, 1024, 16, bf16_x=True) if x_regs else 0

@@ -51,19 +51,27 @@ def _swiglu_reads_bf16(gate_up) -> bool:  # ops.linear.swiglu_reads_bf16_x
     return gate_up.dtype is DType.BFLOAT16
 
 
+FOLD_PARTS = 5  # the recorded residual_norm_parts
+
+
 def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3,
-                        moe_bf16: bool = False):
+                        moe_bf16: bool = False, norm_fold: bool = False):
     arch = "Qwen3_5MoeForCausalLM" if "num_experts" in preset else "Qwen3_5ForCausalLM"
     cfg = Qwen35Config.from_hf(dict(preset), architecture=arch)
     params = random_parameters(cfg, dtype=DType.BFLOAT16)
     kv = PagedKVPool(len(cfg.full_attention_layers), 8, cfg.num_key_value_heads, 16,
                      cfg.head_dim, DType.FLOAT32)
     states = StateImageStorage(state_image_layout(cfg), rows + 1)
-    ws = Workspace(cfg, rows, rows, bf16_operands=True)
+    ws = Workspace(cfg, rows, rows, bf16_operands=True, norm_parts=8 if norm_fold else 0)
     kws = fwd_mod.KernelWorkspaces(fused_gdn_decode=True, fused_attention_prep=True,
-                                   fused_swiglu=True, bf16_operands=True)
+                                   fused_swiglu=True, bf16_operands=True, norm_fold=norm_fold)
     recorder = OpRecorder()
     monkeypatch.setattr(fwd_mod, "ops", recorder)
+    # the norm fold's CUDA answers (bf16 weights on the bf16-x GEMV), its producer recorded
+    monkeypatch.setattr(fwd_mod, "norm_fold_applies", lambda rows, w: _reads_bf16(rows, w))
+    monkeypatch.setattr(fwd_mod, "residual_norm_parts", lambda w: FOLD_PARTS)
+    monkeypatch.setattr(fwd_mod, "linear_residual_norm",
+                        getattr(recorder, "linear_residual_norm"))
     # the CUDA answers under NINFER_GEMV_BF16_X (with it off: only cuBLAS rows, none here)
     monkeypatch.setattr(fwd_mod, "reads_bf16_x",
                         _reads_bf16 if bf16_x else lambda *a, **k: False)
@@ -195,3 +203,42 @@ def test_moe_bf16_act_follows_its_flag(monkeypatch):
     blocks = [c for c in calls if c.op == "moe_block"]
     assert blocks and all(c.args[0].dtype == np.uint16 and c.kwargs["bf16_act"] is False
                           for c in blocks)
+
+
+def test_norm_fold_carries_every_dense_norm_but_the_first_and_last(monkeypatch):
+    """NormFold (NINFER_NORM_FOLD): a dense decode step has one rms_norm (layer 0's input) and
+    one add_rms_norm (the final norm); every mixer / FFN output projection but the last FFN's
+    is a linear_residual_norm into the residual stream (`hidden`), writing bf16 bits in
+    `normed`'s storage with (1 + w) of the norm it carries and the parts columns in use; each
+    of the next block's projections reads those bits with the RowNorm of the same parts; layer
+    0's input projection and the lm_head take none."""
+    cfg, calls = _record_decode_step(monkeypatch, TINY_DENSE, bf16_x=True, norm_fold=True)
+    names = [c.op for c in calls]
+    layers = cfg.num_hidden_layers
+    assert names.count("rms_norm") == 1 and names.count("add_rms_norm") == 1
+    folds = [i for i, c in enumerate(calls) if c.op == "linear_residual_norm"]
+    assert len(folds) == 2 * layers - 1
+    for i in folds:
+        y, weight, hidden, gain, x, parts = calls[i].args
+        assert hidden.dtype == np.float32 and hidden.shape == (3, cfg.hidden_size)
+        assert x.dtype == np.uint16 and x.shape == (3, cfg.hidden_size)
+        assert gain.dtype == np.float32 and gain.shape == (cfg.hidden_size,)
+        assert parts.shape == (3, FOLD_PARTS) and parts.dtype == np.float32
+        nxt = next(j for j in range(i + 1, len(calls)) if calls[j].op == "linear_residual_norm"
+                   ) if i != folds[-1] else len(calls)
+        readers = [c for c in calls[i + 1:nxt] if c.op in ("linear", "linear_swiglu")
+                   and np.shares_memory(c.args[0], x)]
+        assert readers and all(c.kwargs["row_norm"].parts is parts for c in readers)
+        assert all(c.kwargs["row_norm"].dim == cfg.hidden_size for c in readers)
+    # the gains are the norms' 1 + w, one per carried norm, all distinct arrays
+    assert len({id(calls[i].args[3]) for i in folds}) == 2 * layers - 1
+    first = next(c for c in calls if c.op == "linear")
+    assert "row_norm" not in first.kwargs
+    assert "row_norm" not in calls[-1].kwargs and calls[-1].op == "linear"  # lm_head
+
+
+def test_norm_fold_leaves_moe_layers_alone(monkeypatch):
+    _, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=True,
+                                   norm_fold=True)
+    assert not any(c.op == "linear_residual_norm" for c in calls)
+    assert not any("row_norm" in c.kwargs for c in calls)

@@ -136,28 +136,70 @@ def test_moe_bf16_activations_stay_near_the_f32_moe(tmp_path, monkeypatch):
     """NINFER_MOE_BF16_X / NINFER_MOE_BF16_ACT (the MoE input and the experts' activations
     rounded to bf16 in decode, default on) against the same model with the f32 MoE path
     (NINFER_MOE_BF16_X=0; read as the backend captures its graphs). Only the MoE layers'
-    activations differ (the dense decode GEMVs read bf16 in both), so: the first step's logits
-    within 2e-2, the same greedy tokens for 8 steps or until a near-tie, and a median per-step
-    deviation within 2e-2 up to there (the median: a rounding may flip a near-tied routing
-    choice of this tiny random MoE, moving the steps after it more). The runs must differ (the
-    switch took effect)."""
+    activations differ (the dense decode GEMVs read bf16 in both). Four prompts, 24 steps: each
+    row's tokens agree until a near-tie of the f32 run, and over the steps up to there the
+    median logits deviation is within 1e-2 and three quarters are within 2e-2. Per step is too
+    strict: a rounding flips a near-tied routing choice of this tiny random MoE (8 experts, top
+    2) often (a CPU float64 simulation of the two roundings, same prompts: median 4.3e-3, one
+    row's first token differs, and single steps of other prompts move by 7-41%). The runs must
+    differ (the switch took effect)."""
     case = build_case(tmp_path, "tiny-moe", dtype="bfloat16")
-    (prompt,) = prompts(case.vocab_size, [13], seed=4)
+    plist = prompts(case.vocab_size, [5, 7, 13, 21], seed=4)
     monkeypatch.delenv("NINFER_MOE_BF16_X", raising=False)
-    (bf16,) = generate(gpu_program(case), [prompt], 48, keep_logits=True)
+    bf16 = generate(gpu_program(case), plist, 24, keep_logits=True)
     monkeypatch.setenv("NINFER_MOE_BF16_X", "0")
-    (f32,) = generate(gpu_program(case), [prompt], 48, keep_logits=True)
-    ours, ref = np.stack(bf16.logits), np.stack(f32.logits)
-    assert not np.array_equal(ours, ref), "NINFER_MOE_BF16_X=0 changed nothing"
-    assert rel_err(ours[0], ref[0]) < 2e-2
-    same = next((i for i, (a, b) in enumerate(zip(bf16.tokens, f32.tokens)) if a != b), 48)
-    steps = [rel_err(ours[i], ref[i]) for i in range(max(same, 1))]
-    print(f"moe bf16: tokens agree for {same} of 48 steps; per-step logits rel err median "
-          f"{np.median(steps):.3e}, max {max(steps):.3e}")
-    assert np.median(steps) < 2e-2
-    if same < 8:  # an early difference must be a near-tie of the f32 run
-        margin = abs(ref[same][f32.tokens[same]] - ref[same][bf16.tokens[same]])
-        assert margin < 2 * np.abs(ours[same] - ref[same]).max(), f"step {same}: not a near-tie"
+    f32 = generate(gpu_program(case), plist, 24, keep_logits=True)
+    errs, differs = [], False
+    for row, (a, b) in enumerate(zip(bf16, f32)):
+        ours, ref = np.stack(a.logits), np.stack(b.logits)
+        differs |= not np.array_equal(ours, ref)
+        same = next((i for i, (p, q) in enumerate(zip(a.tokens, b.tokens)) if p != q), 24)
+        errs += [rel_err(ours[i], ref[i]) for i in range(same)]
+        print(f"moe bf16 row {row}: tokens agree for {same} of 24 steps")
+        if same < 24:  # a difference must be a near-tie of the f32 run
+            margin = abs(ref[same][b.tokens[same]] - ref[same][a.tokens[same]])
+            assert margin < 2 * np.abs(ours[same] - ref[same]).max(), (row, same, "not a tie")
+    assert differs, "NINFER_MOE_BF16_X=0 changed nothing"
+    errs = np.array(errs)
+    print(f"moe bf16: {errs.size} steps, logits rel err median {np.median(errs):.3e}, "
+          f"max {errs.max():.3e}")
+    assert errs.size >= 24 and np.all(np.isfinite(errs))
+    assert np.median(errs) < 1e-2 and np.mean(errs < 2e-2) >= 0.75
+
+
+def test_norm_fold_stays_near_the_norm_launches(tmp_path, monkeypatch):
+    """NINFER_NORM_FOLD=1 (the dense layers' norms carried by the GEMVs around them: x rounded
+    to bf16 before the division by the rms, not after) against the norm launches: each decode
+    graph has 2 L - 1 launches less (every norm but the first and the final one); the same
+    greedy tokens until a near-tie, logits within 2e-2 up to there; with the fold, a row alone
+    equals it in a batch and graph replay equals eager launches (bitwise)."""
+    case = build_case(tmp_path, "tiny-dense", dtype="bfloat16")
+    plist = prompts(case.vocab_size, [3, 17, 30, 9], seed=4)
+    monkeypatch.delenv("NINFER_NORM_FOLD", raising=False)
+    plain = gpu_program(case)
+    base = generate(plain, plist, 32, keep_logits=True)
+    monkeypatch.setenv("NINFER_NORM_FOLD", "1")
+    program = gpu_program(case)
+    assert program.backend.decode_kws.norm_fold
+    folded = generate(program, plist, 32, keep_logits=True)
+    layers = len(program.backend.decode_forward.params.layers)
+    for b in (1, 4):
+        dropped = plain.backend.graphs[b].num_nodes() - program.backend.graphs[b].num_nodes()
+        assert dropped == 2 * layers - 1, (b, dropped)
+    assert any(not np.array_equal(np.stack(f.logits), np.stack(g.logits))
+               for f, g in zip(folded, base))
+    for f, g in zip(folded, base):
+        _assert_same_until_near_tie(f, g.tokens, np.stack(g.logits), "norm fold", min_same=8,
+                                    tol=2e-2)
+    for p, f in zip(plist, folded):
+        (alone,) = generate(program, [p], 32, keep_logits=True)
+        assert alone.tokens == f.tokens
+        np.testing.assert_array_equal(np.stack(alone.logits), np.stack(f.logits))
+    program.backend.use_graphs = False
+    eager = generate(program, plist, 32, keep_logits=True)
+    for e, f in zip(eager, folded):
+        assert e.tokens == f.tokens
+        np.testing.assert_array_equal(np.stack(e.logits), np.stack(f.logits))
 
 
 def test_batched_equals_single_and_graph_equals_eager(bf16_any_case, gemv_bf16_x):

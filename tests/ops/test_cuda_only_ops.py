@@ -47,3 +47,21 @@ def test_bf16_activations_are_cuda_only():
     with pytest.raises(TypeError, match=match):
         ops.linear(bits, w2, np.zeros((9, 4), np.float32))
     assert not reads_bf16_x(100, w2)
+
+
+def test_norm_fold_is_cuda_only():
+    """linear_residual_norm and a linear's row_norm (the norm fold) refuse host operands; the
+    fold never applies on the CPU."""
+    from ninfer.core.dtypes import DType
+    from ninfer.core.tensor import Weight
+    from ninfer.ops.linear import RowNorm, linear_residual_norm, norm_fold_applies
+
+    w = Weight(np.zeros((4, 16), np.uint16), DType.BFLOAT16)
+    x = np.ones((2, 16), np.float32)
+    parts = np.ones((2, 3), np.float32)
+    with pytest.raises(TypeError, match="linear_residual_norm is a CUDA-only op"):
+        linear_residual_norm(np.zeros((2, 16), np.uint16), w, np.zeros((2, 4), np.float32),
+                             np.ones(4, np.float32), np.zeros((2, 4), np.uint16), parts)
+    with pytest.raises(TypeError, match="row_norm is CUDA-only"):
+        ops.linear(x, w, np.zeros((2, 4), np.float32), row_norm=RowNorm(parts, 16, 1e-6))
+    assert not norm_fold_applies(2, w)

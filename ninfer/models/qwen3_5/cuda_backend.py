@@ -143,7 +143,8 @@ class CudaBackend(BackendStores):
                                                cfg.num_experts_per_tok, cfg.hidden_size,
                                                cfg.moe_intermediate_size)
             route_first = envs.moe_route_first()
-            from ninfer.kernels_cuda.linear import GEMV_BF16_X  # decode GEMVs read bf16 x
+            # decode GEMVs read bf16 x
+            from ninfer.kernels_cuda.linear import GEMV_BF16_X, NORM_FOLD_MAX_PARTS
             self.decode_kws = KernelWorkspaces(
                 attention=AttentionWorkspace.allocate(max_batch, cfg.num_attention_heads,
                                                       cfg.head_dim, max_context_len),
@@ -153,7 +154,8 @@ class CudaBackend(BackendStores):
                 fused_gdn_decode=True, fused_attention_prep=True, fused_swiglu=True,
                 fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first,
                 moe_route_with_swiglu=envs.moe_route_swiglu(),
-                moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X)
+                moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X,
+                norm_fold=GEMV_BF16_X and envs.norm_fold())
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),
@@ -164,7 +166,9 @@ class CudaBackend(BackendStores):
                 moe_route_first=route_first)
             self.prefill_ws = Workspace(cfg, prefill_chunk, 1, xp=cp, bf16_operands=True)
             self.decode_ws = Workspace(cfg, max_batch, max_batch, xp=cp,
-                                       bf16_operands=GEMV_BF16_X)
+                                       bf16_operands=GEMV_BF16_X,
+                                       norm_parts=NORM_FOLD_MAX_PARTS
+                                       if self.decode_kws.norm_fold else 0)
             self.prefill_forward = Qwen35Forward(cfg, params, self.prefill_ws, self.kv,
                                                  self.states, xp=cp, kernel_ws=self.prefill_kws)
             self.decode_forward = Qwen35Forward(cfg, params, self.decode_ws, self.kv,

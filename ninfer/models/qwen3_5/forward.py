@@ -19,7 +19,8 @@ import numpy as np
 from ninfer import envs, ops
 from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
-from ninfer.ops.linear import reads_bf16_x, swiglu_reads_bf16_x
+from ninfer.ops.linear import (RowNorm, linear_residual_norm, norm_fold_applies, reads_bf16_x,
+                               residual_norm_parts, swiglu_reads_bf16_x)
 from ninfer.ops.moe import moe_reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
@@ -59,6 +60,25 @@ def _mixer_input(layer: LayerParams):
     if layer.kind is LayerType.LINEAR_ATTENTION:
         return layer.mixer.in_proj
     return layer.mixer.qkv_proj
+
+
+def _mixer_output(layer: LayerParams):
+    """The weight of a layer's mixer output projection (the linear its output comes from)."""
+    if layer.kind is LayerType.LINEAR_ATTENTION:
+        return layer.mixer.out_proj
+    return layer.mixer.o_proj
+
+
+def _ffn_output(ffn: DenseMLPParams | MoEParams):
+    """The weight of the one linear a dense FFN's output comes from; None for an MoE block."""
+    return ffn.down if isinstance(ffn, DenseMLPParams) else None
+
+
+def _f32(weight, xp):
+    """A norm weight's values as f32 (bf16 bits widened exactly)."""
+    if weight.dtype is DType.BFLOAT16:
+        return (weight.data.astype(xp.uint32) << 16).view(xp.float32)
+    return weight.data.astype(xp.float32)
 
 
 @dataclasses.dataclass
@@ -103,12 +123,28 @@ class KernelWorkspaces:
     # where an MoE layer's input is bf16 bits, its experts' activations are rounded to bf16 too
     # (moe_block bf16_act; NINFER_MOE_BF16_ACT, read when the workspaces are built)
     moe_bf16_act: bool = dataclasses.field(default_factory=envs.moe_bf16_act)
+    # a dense layer's norms ride on the GEMVs around them where ops.linear.norm_fold_applies
+    # (NormFold; NINFER_NORM_FOLD, read when the CUDA backend builds its decode workspaces);
+    # needs a Workspace with norm_parts
+    norm_fold: bool = False
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
 
     def kw(self, value) -> dict:
         return {} if value is None else {"workspace": value}
+
+
+@dataclasses.dataclass(frozen=True)
+class NormFold:
+    """An RMSNorm carried by the GEMVs around it (ops.linear_residual_norm, RowNorm): the block
+    before it ends with `linear_residual_norm(y, w_out, hidden, gain, x, row_norm.parts)`
+    instead of a linear and `add_rms_norm`; the block after it reads `x` (bf16 bits [N, H],
+    r * gain) and passes `row_norm` to its input projections."""
+
+    gain: object  # f32 [H]: the norm's 1 + w
+    x: object
+    row_norm: RowNorm
 
 
 class StepContext:
@@ -161,6 +197,12 @@ class Qwen35Forward:
                                   prefill_attention_supported(kv_pool.k[0].dtype, cfg.head_dim,
                                                               kv_pool.page_size))
         self._gdn_index = {layer: i for i, layer in enumerate(cfg.linear_attention_layers)}
+        if self.kws.norm_fold and ws.norm_parts is None:
+            raise ValueError("norm_fold needs a Workspace built with norm_parts")
+        # the norms' 1 + w as f32, as the norm kernels compute it (for folded norms)
+        self._gains = {} if not self.kws.norm_fold else {
+            id(w): xp.float32(1.0) + _f32(w, xp) for layer in params.layers
+            for w in (layer.input_norm, layer.post_norm)}
 
     # -- whole model ---------------------------------------------------------------------------
     def __call__(self, ctx: StepContext):
@@ -170,14 +212,24 @@ class Qwen35Forward:
         ops.embedding(ctx.ids, p.embed, h)
         x = self._normed(n, _mixer_input(p.layers[0]))
         ops.rms_norm(h, p.layers[0].input_norm, cfg.rms_norm_eps, x, zero_centered=True)
+        row_norm = None  # x's deferred norm where the norm before the block was folded
         for i, layer in enumerate(p.layers):
-            self._mixer(i, layer, x, out, ctx)
-            x = self._ffn_normed(n, layer.ffn)
-            ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
-            self._ffn(layer.ffn, x, out)
-            if i + 1 < len(p.layers):
-                x = self._normed(n, _mixer_input(p.layers[i + 1]))
-                ops.add_rms_norm(h, out, p.layers[i + 1].input_norm, cfg.rms_norm_eps, x)
+            fold = self._norm_fold(n, layer.post_norm, _mixer_output(layer), layer.ffn)
+            self._mixer(i, layer, x, out, ctx, row_norm, fold)
+            if fold is None:
+                x, row_norm = self._ffn_normed(n, layer.ffn), None
+                ops.add_rms_norm(h, out, layer.post_norm, cfg.rms_norm_eps, x)
+            else:
+                x, row_norm = fold.x, fold.row_norm
+            nxt = p.layers[i + 1] if i + 1 < len(p.layers) else None
+            fold = None if nxt is None else self._norm_fold(
+                n, nxt.input_norm, _ffn_output(layer.ffn), nxt)
+            self._ffn(layer.ffn, x, out, row_norm, fold)
+            if fold is not None:
+                x, row_norm = fold.x, fold.row_norm
+            elif nxt is not None:
+                x, row_norm = self._normed(n, _mixer_input(nxt)), None
+                ops.add_rms_norm(h, out, nxt.input_norm, cfg.rms_norm_eps, x)
         rows = ctx.logit_rows
         b = rows.stop - rows.start
         if b == 0:
@@ -189,9 +241,41 @@ class Qwen35Forward:
         self._linear(normed, p.lm_head, logits)
         return logits
 
-    def _linear(self, x, weight, out) -> None:
+    def _linear(self, x, weight, out, row_norm: RowNorm | None = None) -> None:
         ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant,
-                   **self.kws.kw(self.kws.linear_bf16))
+                   **self.kws.kw(self.kws.linear_bf16),
+                   **({} if row_norm is None else {"row_norm": row_norm}))
+
+    def _block_out(self, y, weight, out, fold: NormFold | None) -> None:
+        """A block's output projection: into `out` (the caller adds it to the residual stream
+        in the next norm's launch), or with the next norm folded in (`fold`)."""
+        if fold is None:
+            self._linear(y, weight, out)
+            return
+        n = y.shape[0]
+        linear_residual_norm(y, weight, self.ws.hidden[:n], fold.gain, fold.x, fold.row_norm.parts)
+
+    # -- folded norms ----------------------------------------------------------------------------
+    def _norm_fold(self, rows: int, norm, producer, consumer) -> NormFold | None:
+        """The NormFold of `norm` between the block ending in the linear `producer` (None: not a
+        single linear, e.g. an MoE block) and `consumer` (the next LayerParams, whose mixer's
+        input projection reads the norm, or DenseMLPParams, whose fused gate_up reads it), or
+        None where it does not apply (kws.norm_fold, bf16-x GEMVs of decode rows)."""
+        if not self.kws.norm_fold or producer is None:
+            return None
+        if isinstance(consumer, DenseMLPParams):
+            readers = (consumer.gate_up, consumer.down)  # the fused SwiGLU writes a bf16 act
+            if not self._fused_swiglu(consumer.gate_up):
+                return None
+        elif isinstance(consumer, LayerParams):
+            readers = (_mixer_input(consumer),)
+        else:
+            return None
+        if not all(norm_fold_applies(rows, w) for w in (producer, *readers)):
+            return None
+        parts = self.ws.norm_parts[:rows, :residual_norm_parts(producer)]
+        return NormFold(self._gains[id(norm)], self.ws.normed_bf16(rows),
+                        RowNorm(parts, self.cfg.hidden_size, self.cfg.rms_norm_eps))
 
     # -- where linear inputs are written -------------------------------------------------------
     def _x_buffer(self, rows: int, width: int, weight, f32_buffer, *, swiglu: bool = False,
@@ -229,21 +313,25 @@ class Qwen35Forward:
     def _fused_swiglu(self, gate_up) -> bool:
         return self.kws.fused_swiglu and gate_up.dtype is DType.BFLOAT16
 
-    def _mixer(self, i: int, layer: LayerParams, x, out, ctx: StepContext) -> None:
+    def _mixer(self, i: int, layer: LayerParams, x, out, ctx: StepContext,
+               row_norm: RowNorm | None = None, fold: NormFold | None = None) -> None:
+        """`row_norm`: x's deferred norm (its input projection divides by it); `fold`: the norm
+        after the mixer, folded into its output projection (else the output goes to `out`)."""
         if layer.kind is LayerType.LINEAR_ATTENTION:
-            self._gated_deltanet(self._gdn_index[i], layer.mixer, x, out, ctx)
+            self._gated_deltanet(self._gdn_index[i], layer.mixer, x, out, ctx, row_norm, fold)
         else:
-            self._gated_attention(self._attn_index[i], layer.mixer, x, out, ctx)
+            self._gated_attention(self._attn_index[i], layer.mixer, x, out, ctx, row_norm, fold)
 
     # -- Gated DeltaNet ----------------------------------------------------------------------
-    def _gated_deltanet(self, g_idx: int, w: GDNParams, x, out, ctx: StepContext) -> None:
+    def _gated_deltanet(self, g_idx: int, w: GDNParams, x, out, ctx: StepContext,
+                        row_norm: RowNorm | None = None, fold: NormFold | None = None) -> None:
         cfg, ws, n = self.cfg, self.ws, ctx.n
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         kd, vd, c = cfg.linear_key_dim, cfg.linear_value_dim, cfg.conv_channels
 
         proj = ws.proj(n, c + vd + 2 * hv)
-        self._linear(x, w.in_proj, proj)  # [qkv | z | b | a]
+        self._linear(x, w.in_proj, proj, row_norm)  # [qkv | z | b | a]
         qkv, z = proj[:, :c], proj[:, c: c + vd]
         b, a = proj[:, c + vd: c + vd + hv], proj[:, c + vd + hv:]
 
@@ -253,7 +341,7 @@ class Qwen35Forward:
                                  w.dt_bias, self.states.rec_view(g_idx), ctx.seg_slots,
                                  z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps,
                                  y.reshape(n, hv, dv), counters=self.kws.gdn_decode_counters)
-            self._linear(y, w.out_proj, out)
+            self._block_out(y, w.out_proj, out, fold)
             return
         u = ws.conv_out[:n]
         ops.gdn_conv(qkv, w.conv, self.states.conv_view(g_idx), ctx.seg_starts, ctx.seg_slots, u)
@@ -278,15 +366,16 @@ class Qwen35Forward:
         y = self._x_buffer(n, vd, w.out_proj, ws.gdn_normed[:n].reshape(n, vd))
         ops.gated_rms_norm(core, z.reshape(n, hv, dv), w.norm, cfg.rms_norm_eps,
                            y.reshape(n, hv, dv))
-        self._linear(y, w.out_proj, out)
+        self._block_out(y, w.out_proj, out, fold)
 
     # -- gated full attention ----------------------------------------------------------------
-    def _gated_attention(self, a_idx: int, w: AttentionParams, x, out, ctx: StepContext) -> None:
+    def _gated_attention(self, a_idx: int, w: AttentionParams, x, out, ctx: StepContext,
+                         row_norm: RowNorm | None = None, fold: NormFold | None = None) -> None:
         cfg, ws, n = self.cfg, self.ws, ctx.n
         a, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
 
         proj = ws.proj(n, 2 * a * d + 2 * hkv * d)
-        self._linear(x, w.qkv_proj, proj)
+        self._linear(x, w.qkv_proj, proj, row_norm)
         q_and_gate = proj[:, : 2 * a * d].reshape(n, a, 2 * d)  # per head [q_h | gate_h]
         k = proj[:, 2 * a * d: 2 * a * d + hkv * d].reshape(n, hkv, d)
         v = proj[:, 2 * a * d + hkv * d:].reshape(n, hkv, d)
@@ -327,18 +416,24 @@ class Qwen35Forward:
                                 **self.kws.kw(self.kws.attention))
         if not fuse_gate:
             ops.sigmoid_mul(flat, gate.reshape(n, a * d), gated)
-        self._linear(gated, w.o_proj, out)
+        self._block_out(gated, w.o_proj, out, fold)
 
     # -- FFN -----------------------------------------------------------------------------------
-    def _ffn(self, w: DenseMLPParams | MoEParams, x, out) -> None:
+    def _ffn(self, w: DenseMLPParams | MoEParams, x, out, row_norm: RowNorm | None = None,
+             fold: NormFold | None = None) -> None:
+        """`row_norm` / `fold` as `_mixer` takes them (dense FFNs only: the MoE block neither
+        reads a deferred norm nor ends in one linear)."""
         if isinstance(w, DenseMLPParams):
-            self._swiglu_mlp(w.gate_up, w.down, x, out)
+            self._swiglu_mlp(w.gate_up, w.down, x, out, row_norm=row_norm, fold=fold)
         else:
+            assert row_norm is None and fold is None, "no norm folds around an MoE block"
             self._moe(w, x, out)
 
-    def _swiglu_mlp(self, gate_up, down, x, out, *, f32_act: bool = False) -> None:
+    def _swiglu_mlp(self, gate_up, down, x, out, *, f32_act: bool = False,
+                    row_norm: RowNorm | None = None, fold: NormFold | None = None) -> None:
         """`f32_act`: the fused SwiGLU's activation stays f32 with a bf16 x (the MoE shared
-        expert: as `moe_route_with_swiglu` writes it, so both paths give the same bits)."""
+        expert: as `moe_route_with_swiglu` writes it, so both paths give the same bits).
+        `row_norm` / `fold`: as `_ffn` takes them (the fused SwiGLU with a bf16 act)."""
         n = x.shape[0]
         inner = gate_up.shape[0] // 2
         if self._fused_swiglu(gate_up):
@@ -346,9 +441,11 @@ class Qwen35Forward:
             if x.dtype == np.uint16 and not f32_act:  # the activation too where down reads it
                 act = self._x_buffer(n, inner, down, act,
                                      bf16_buffer=self.ws.ffn_act_bf16(n, inner))
-            ops.linear_swiglu(x, gate_up, act)
-            self._linear(act, down, out)
+            ops.linear_swiglu(x, gate_up, act,
+                              **({} if row_norm is None else {"row_norm": row_norm}))
+            self._block_out(act, down, out, fold)
             return
+        assert row_norm is None and fold is None, "norm folds need the fused SwiGLU"
         gu = self.ws.proj(n, 2 * inner)
         self._linear(x, gate_up, gu)
         act = self._x_buffer(n, inner, down, self.ws.ffn_act(n, inner))

@@ -43,11 +43,12 @@ class Workspace:
     `xp` is numpy (CPU backend) or cupy (CUDA backend). All float buffers are float32.
     `bf16_operands`: also allocate `operand_bf16`, where the producer of a linear's x writes it
     as bf16 bits when the linear takes x so (CUDA: the prefill GEMMs, and the decode GEMVs
-    under NINFER_GEMV_BF16_X).
+    under NINFER_GEMV_BF16_X). `norm_parts`: also allocate `norm_parts` f32 [max_rows,
+    norm_parts], the row-block sums of r^2 of a folded norm (ops.linear_residual_norm).
     """
 
     def __init__(self, cfg: Qwen35Config, max_rows: int, max_logit_rows: int, xp=np,
-                 bf16_operands: bool = False):
+                 bf16_operands: bool = False, norm_parts: int = 0):
         f32 = np.float32
         sizes = ProjectionSizes.of(cfg)
         n, h = max_rows, cfg.hidden_size
@@ -85,6 +86,9 @@ class Workspace:
         # final norm + lm_head for the sampled rows
         self.final_normed = xp.empty((max_logit_rows, h), f32)
         self.logits = xp.empty((max_logit_rows, cfg.vocab_size), f32)
+        # a folded norm's sums of r^2: written by a block's output projection, read by the next
+        # block's input projections (one norm live at a time)
+        self.norm_parts = xp.empty((n, norm_parts), f32) if norm_parts else None
         # one operand is live at a time: each is read by the linear right after its producer
         self._operand_bf16 = None
         if bf16_operands:
