@@ -237,13 +237,13 @@ def moe_bf16_act() -> bool:
 
 
 def norm_fold() -> bool:
-    """NINFER_NORM_FOLD (default off; "1" turns it on): in decode, a dense layer's RMSNorms ride
+    """NINFER_NORM_FOLD (default on; "0" turns it off): in decode, a dense layer's RMSNorms ride
     on the GEMVs around them instead of a norm launch each (ops.linear_residual_norm, RowNorm):
     the block's output projection adds into the residual stream and writes bf16(r * (1 + w))
     with its blocks' sums of r^2, and the next block's input projections divide their rows by
     the rms. Other numerics (x is rounded to bf16 before the division, not after). Read when
     the CUDA backend builds its decode workspaces."""
-    return _flag("NINFER_NORM_FOLD", False)
+    return _flag("NINFER_NORM_FOLD", True)
 
 
 def gemv_pdl() -> bool:

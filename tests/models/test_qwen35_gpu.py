@@ -167,39 +167,53 @@ def test_moe_bf16_activations_stay_near_the_f32_moe(tmp_path, monkeypatch):
     assert np.median(errs) < 1e-2 and np.mean(errs < 2e-2) >= 0.75
 
 
-def test_norm_fold_stays_near_the_norm_launches(tmp_path, monkeypatch):
-    """NINFER_NORM_FOLD=1 (the dense layers' norms carried by the GEMVs around them: x rounded
-    to bf16 before the division by the rms, not after) against the norm launches: each decode
-    graph has 2 L - 1 launches less (every norm but the first and the final one); the same
-    greedy tokens until a near-tie, logits within 2e-2 up to there; with the fold, a row alone
-    equals it in a batch and graph replay equals eager launches (bitwise)."""
-    case = build_case(tmp_path, "tiny-dense", dtype="bfloat16")
-    plist = prompts(case.vocab_size, [3, 17, 30, 9], seed=4)
-    monkeypatch.delenv("NINFER_NORM_FOLD", raising=False)
-    plain = gpu_program(case)
-    base = generate(plain, plist, 32, keep_logits=True)
+def test_norm_fold_matches_the_exact_reference_as_the_norm_launches_do(bf16_case, monkeypatch):
+    """NINFER_NORM_FOLD (the dense layers' norms carried by the GEMVs around them: x rounded to
+    bf16 before the division by the rms instead of after) against the exact reference (HF in
+    fp32 on the same bf16 weights), as test_bf16_greedy_64_matches_exact_reference checks the
+    norm launches: the same greedy tokens until a near-tie, logits within 4e-2 up to there, and
+    not much further from it than the norm launches (the other rounding point, not an error).
+    Each decode graph has 2 L - 1 nodes less (every norm but the first and the final one). With
+    the fold, a row alone equals it in a batch and graph replay equals eager launches."""
+    (prompt,) = prompts(bf16_case.vocab_size, [13], seed=3)
+    monkeypatch.setenv("NINFER_NORM_FOLD", "0")
+    plain = gpu_program(bf16_case)
+    assert not plain.backend.decode_kws.norm_fold
+    (base,) = generate(plain, [prompt], 64, keep_logits=True)
     monkeypatch.setenv("NINFER_NORM_FOLD", "1")
-    program = gpu_program(case)
+    program = gpu_program(bf16_case)
     assert program.backend.decode_kws.norm_fold
-    folded = generate(program, plist, 32, keep_logits=True)
+    (gen,) = generate(program, [prompt], 64, keep_logits=True)
     layers = len(program.backend.decode_forward.params.layers)
     for b in (1, 4):
         dropped = plain.backend.graphs[b].num_nodes() - program.backend.graphs[b].num_nodes()
         assert dropped == 2 * layers - 1, (b, dropped)
-    assert any(not np.array_equal(np.stack(f.logits), np.stack(g.logits))
-               for f, g in zip(folded, base))
-    for f, g in zip(folded, base):
-        _assert_same_until_near_tie(f, g.tokens, np.stack(g.logits), "norm fold", min_same=8,
-                                    tol=2e-2)
-    for p, f in zip(plist, folded):
-        (alone,) = generate(program, [p], 32, keep_logits=True)
-        assert alone.tokens == f.tokens
-        np.testing.assert_array_equal(np.stack(alone.logits), np.stack(f.logits))
+    with torch.no_grad():
+        out = hf_on_gpu(bf16_case, "float32").generate(
+            torch.tensor([prompt], device="cuda"), max_new_tokens=64, do_sample=False,
+            eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    ref_tokens = out.sequences[0, len(prompt):].tolist()
+    ref = torch.stack([s[0] for s in out.logits]).float().cpu().numpy()
+    _assert_same_until_near_tie(gen, ref_tokens, ref, "norm fold", min_same=8, tol=4e-2)
+    common = next((i for i, (a, b, c) in enumerate(zip(gen.tokens, base.tokens, ref_tokens))
+                   if not a == b == c), 64)
+    fold_err = rel_err(np.stack(gen.logits[:common]), ref[:common])
+    base_err = rel_err(np.stack(base.logits[:common]), ref[:common])
+    print(f"norm fold: {common} steps where all three agree; rel err to the exact reference "
+          f"{fold_err:.3e} folded, {base_err:.3e} with the norm launches")
+    assert not np.array_equal(np.stack(gen.logits), np.stack(base.logits))
+    assert common >= 8 and fold_err < 2 * base_err + 5e-3
+    plist = prompts(bf16_case.vocab_size, [3, 17, 30, 9], seed=4)
+    batched = generate(program, plist, 16, keep_logits=True)
+    for p, b in zip(plist, batched):
+        (alone,) = generate(program, [p], 16, keep_logits=True)
+        assert alone.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(alone.logits), np.stack(b.logits))
     program.backend.use_graphs = False
-    eager = generate(program, plist, 32, keep_logits=True)
-    for e, f in zip(eager, folded):
-        assert e.tokens == f.tokens
-        np.testing.assert_array_equal(np.stack(e.logits), np.stack(f.logits))
+    eager = generate(program, plist, 16, keep_logits=True)
+    for e, b in zip(eager, batched):
+        assert e.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(e.logits), np.stack(b.logits))
 
 
 def test_batched_equals_single_and_graph_equals_eager(bf16_any_case, gemv_bf16_x):
