@@ -209,14 +209,6 @@ def gemv_bf16_x() -> bool:
     return _flag("NINFER_GEMV_BF16_X", True)
 
 
-def attention_tma_bf16_qp() -> bool:
-    """NINFER_ATTN_TMA_BF16_QP (default off; "1" turns it on): the bulk-copy decode attention
-    kernel (NINFER_ATTN_TMA) multiplies q and the softmax weights p as their bf16 roundings, as
-    flash attention in bf16 does: half its mmas, other numerics than the default (q and p as
-    bf16 hi + lo terms). Not yet measured on a GPU. Read once, at import of the launcher."""
-    return _flag("NINFER_ATTN_TMA_BF16_QP", False)
-
-
 def moe_bf16_x() -> bool:
     """NINFER_MOE_BF16_X (default on; "0" turns it off): an MoE layer's input (the router, the
     shared expert and the routed experts read it) is written as bf16 bits where those readers

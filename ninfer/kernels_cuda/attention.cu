@@ -1179,13 +1179,6 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
 // Phase marks (timeline build, bench/attn_timeline.py): 1 the q fragments staged, 2 the chunk's
 // first tile landed, 7 the tiles computed (a level-2 merge's attn_merge overwrites it), 3..6
 // and 0 attn_split_finish's.
-// ATTN_TMA_BF16_QP (attention.py SOURCE_TMA_BF16_QP, NINFER_ATTN_TMA_BF16_QP, opt-in): q and p
-// enter the mmas as their bf16 roundings (the hi terms) only, as flash attention in bf16 and
-// transformers compute them: half the mmas of the hi + lo form (l, m and O stay f32). Other
-// numerics than the default (q and p at ~2^-17): the FMA and MMA paths' bits no longer match.
-#ifndef ATTN_TMA_BF16_QP
-#define ATTN_TMA_BF16_QP 0
-#endif
 #define ATTN_TMA_CONS 4         // consumer warps (+ 1 producer warp)
 #define ATTN_TMA_TILE 16        // keys per ring stage
 #define ATTN_TMA_BAR_BYTES 256  // full[stages], empty[stages]
@@ -1357,8 +1350,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
         ldsm_x4(st + ka + CHUNK_B * (ks >> 2) + (((2 * (ks & 3)) ^ kx) << 4), a);
         const uint4 b = qf[ks * 32 + lane];
         mma_bf16_16816((ks & 1) ? sh1 : sh0, a[0], a[1], a[2], a[3], b.x, b.y);
-        if constexpr (!ATTN_TMA_BF16_QP)
-          mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
+        mma_bf16_16816((ks & 1) ? sl1 : sl0, a[0], a[1], a[2], a[3], b.z, b.w);
       }
       float s[4];
 #pragma unroll
@@ -1384,7 +1376,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
         a[2] &= vm_hi;
         a[3] &= vm_hi;
         mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], ph0, ph1);
-        if constexpr (!ATTN_TMA_BF16_QP) mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
+        mma_bf16_16816(o[mt], a[0], a[1], a[2], a[3], pl0, pl1);
       }
       __syncwarp();  // every lane has read the stage
       if (lane == 0) mbar_arrive(empty + cslot);

@@ -33,7 +33,6 @@ loop-mode call (N > SPLIT_MAX_ROWS).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -95,24 +94,6 @@ SOURCE = KernelSource("attention.cu", tuple(
 # attn_count_last; a second build of the module; the same bits)
 ACQ_REL = envs.attention_acq_rel()
 SOURCE_ACQ_REL = dataclasses.replace(SOURCE, options=SOURCE.options + ("-DATTN_ACQ_REL=1",))
-# NINFER_ATTN_TMA_BF16_QP (read once at import; default off, not yet measured): the TMA kernel
-# multiplies q and p as their bf16 roundings (attention.cu ATTN_TMA_BF16_QP; other numerics, half
-# the mmas): a build of the TMA instances only, with the module's other options
-TMA_BF16_QP = envs.attention_tma_bf16_qp()
-
-
-@functools.lru_cache(maxsize=2)
-def tma_bf16_qp_source(acq_rel: bool) -> KernelSource:
-    """The ATTN_TMA_BF16_QP build of the TMA instances (with ATTN_ACQ_REL where `acq_rel`)."""
-    base = SOURCE_ACQ_REL if acq_rel else SOURCE
-    return dataclasses.replace(
-        base, name_expressions=tuple(n for n in SOURCE.name_expressions
-                                     if n.startswith("paged_attention_tma_kernel<")),
-        options=base.options + ("-DATTN_TMA_BF16_QP=1",))
-
-
-# (a module variable, so that bench.precompile builds it under the flag)
-SOURCE_TMA_BF16_QP = tma_bf16_qp_source(ACQ_REL) if TMA_BF16_QP else None
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -403,10 +384,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
                     prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
-    if tma and TMA_BF16_QP:
-        fn = get_function(tma_bf16_qp_source(ACQ_REL), name)
-    else:
-        fn = get_function(SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
+    fn = get_function(SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
         # ~70 KiB per 4-warp block: prefer the largest

@@ -23,7 +23,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.moe_tma_xpipe, "NINFER_MOE_TMA_XPIPE", True),
     (envs.moe_bf16_x, "NINFER_MOE_BF16_X", True),
     (envs.moe_bf16_act, "NINFER_MOE_BF16_ACT", True),
-    (envs.attention_tma_bf16_qp, "NINFER_ATTN_TMA_BF16_QP", False),
     (envs.norm_fold, "NINFER_NORM_FOLD", True),
 ]
 

@@ -109,7 +109,10 @@ def test_bf16_greedy_64_matches_exact_reference(bf16_case, gemv_bf16_x):
     # test_qwen35_cpu_bf16.py): the same tokens until a near-tie of the exact reference, logits
     # within 4e-2 up to there.
     # H200, 2026-11-30: 32 steps agree, rel err 2.19e-2, then a margin of 2.8e-2 logit stds.
-    _assert_same_until_near_tie(gen, ref_tokens, ref, "bf16-x", min_same=16, tol=4e-2)
+    # 2026-12-01 with the norm fold (NINFER_NORM_FOLD, default on: the norms' x rounded before
+    # the division by the rms): 11 steps agree, rel err 1.48e-2, then a near-tie (checked below;
+    # test_norm_fold_matches_the_exact_reference_as_the_norm_launches_do passed on it).
+    _assert_same_until_near_tie(gen, ref_tokens, ref, "bf16-x", min_same=8, tol=4e-2)
 
 
 def _assert_same_until_near_tie(gen, ref_tokens, ref_logits, what: str, *, min_same: int,
