@@ -23,6 +23,12 @@ cd "$(dirname "$0")/.."
 FINAL=${OUT:-/tmp/session_out}; L=$(mktemp -d /tmp/session_logs.XXXX); mkdir -p "$FINAL"
 save_kcache() {
   [ "${SAVE_KCACHE:-0}" = 1 ] && [ -d /tmp/nk ] || return 0
+  # carried entries no process read in this call (stale builds) are dropped, where reads update
+  # access times (the carried files' atimes were set to 2000 at unpacking, before the marker)
+  if [ -f /tmp/nk.marker ] && find /tmp/nk -type f ! -newer /tmp/nk.marker \
+      -anewer /tmp/nk.marker | grep -q .; then
+    find /tmp/nk -type f ! -newer /tmp/nk.marker ! -anewer /tmp/nk.marker -delete
+  fi
   tar czf /tmp/nk.tgz -C /tmp/nk . 2>/dev/null || return 0
   if [ "$(stat -c %s /tmp/nk.tgz)" -le $((60 * 1024 * 1024)) ]; then
     split -b 15m -d /tmp/nk.tgz "$FINAL/nk.tgz."
@@ -39,6 +45,7 @@ note() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$L/summary.txt"; }
 if ls .kcache/nk.tgz.* >/dev/null 2>&1; then  # carried from an earlier call (SAVE_KCACHE=1)
   mkdir -p /tmp/nk && cat .kcache/nk.tgz.* | tar xzf - -C /tmp/nk \
     && note "kernel cache carried: $(du -sh /tmp/nk | cut -f1)"
+  find /tmp/nk -type f -exec touch -a -d 2000-01-01 {} + && touch /tmp/nk.marker
 fi
 python3 -m bench.precompile > "$L/precompile.log" 2>&1 &
 i=0
