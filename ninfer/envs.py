@@ -238,6 +238,14 @@ def norm_fold() -> bool:
     return _flag("NINFER_NORM_FOLD", True)
 
 
+def moe_norm_fold() -> bool:
+    """NINFER_MOE_NORM_FOLD (default off; "1" turns it on): with NINFER_NORM_FOLD, an MoE
+    block's last launch (the fused down kernel or the combine) carries the next layer's input
+    norm as the dense layers' output projections do (ops.moe_block norm_fold): one norm launch
+    less per MoE layer in decode. Read when the CUDA backend builds its decode workspaces."""
+    return _flag("NINFER_MOE_NORM_FOLD", False)
+
+
 def gemv_pdl() -> bool:
     """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.

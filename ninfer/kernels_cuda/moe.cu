@@ -365,14 +365,49 @@ __global__ void __launch_bounds__(256, 4) moe_mma_rows_kernel(const MoeGemvParam
   moe_mma_store<SWIGLU>(p, red, p.group_pairs + grp * MOE_GROUP, m0, bad);
 }
 
+// The norm fold's producer for an MoE block (NINFER_NORM_FOLD; linear.cu TMA_IO_RESID_NORM's
+// contract): NF = 1 instances of moe_combine_kernel and moe_fused_down_kernel do not store out;
+// each output element's acc goes into the residual stream instead, r = f.res[n, j] + acc (stored
+// back), f.xg[n, j] = bf16(r * f.gain[j]), and f.parts[n, g] = the sum of r^2 over the 16 columns
+// [16 g, 16 g + 16) of H (those < H, in column order): both kernels partition and sum alike, so
+// every path gives the same bits (batch invariance). The next layer's input projections divide
+// by sqrt(sum(parts[n]) / H + eps) (linear.cu TMA_IO_ROW_NORM).
+struct MoeNormFold {
+  float* res;         // the residual stream [N, H], rows res_rs apart, updated in place
+  const float* gain;  // the next norm's 1 + w [H] (f32)
+  bf16raw* xg;        // the next layer's x [N, H] as bf16 bits, rows xg_rs apart
+  float* parts;       // [N, ceil(H / 16)], rows parts_rs apart
+  i64 res_rs, xg_rs, parts_rs;
+};
+static_assert(sizeof(MoeNormFold) == 56, "mirrored in moe.py");
+
+// One output element's fold (MoeNormFold); returns r^2 for its column group's sum.
+__device__ __forceinline__ float moe_fold_store(const MoeNormFold& f, i64 n, int j, float acc) {
+  float* rp = f.res + n * f.res_rs + j;
+  const float r = *rp + acc;
+  *rp = r;
+  f.xg[n * f.xg_rs + j] = f32_to_bf16(r * f.gain[j]);
+  return r * r;
+}
+
+// parts[n, g] of MoeNormFold: the sum in column order of sq[0 .. 15] (columns 16 g + r < m).
+__device__ __forceinline__ void moe_fold_part(const MoeNormFold& f, i64 n, int g, int m,
+                                              const float* sq) {
+  float t = 0.0f;
+  for (int r = 0; r < 16 && 16 * g + r < m; ++r) t += sq[r];
+  f.parts[n * f.parts_rs + g] = t;
+}
+
 // out[n, :] = sum_k (ascending expert id) w[n, k] * y[row(n, k), :]; row = pair_row[n*K+k] or
 // the pair itself when pair_row is null; then, when `shared` is not null, out[n, :] +=
 // sigmoid(gate[n]) * shared[n, :] with elementwise.cu SigmoidScaleAdd's expression, so the result
 // is bitwise that of moe_combine then sigmoid_scale_add. Grid (N, ceil(H / 256)), 256 threads,
-// one column each.
+// one column each. NF = 1: the norm fold (MoeNormFold) instead of out; block (n, y) writes the
+// parts of its 16 column groups.
 // The top_k ids of a row are distinct: pair k goes to position rank(k) = #{k' : id[k'] < id[k]},
 // computed by top_k threads in parallel (a serial sort on one thread waited on ~30 dependent
 // global loads, 23 us per launch at the 35B-A3B shape).
+template <int NF>
 __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restrict__ y, i64 y_rs,
                                                           const int* __restrict__ pair_row,
                                                           const int* __restrict__ ids,
@@ -382,10 +417,11 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
                                                           i64 shared_rs,
                                                           const float* __restrict__ gate,
                                                           i64 gate_rs, float* __restrict__ out,
-                                                          i64 out_rs) {
+                                                          i64 out_rs, const MoeNormFold nf) {
   __shared__ int s_id[64];
   __shared__ i64 s_row[64];  // y row offset (elements) of the pair at each rank
   __shared__ float s_w[64];  // its weight
+  __shared__ float s_sq[NF ? 256 : 1];  // NF: r^2 by column of the block
   pdl_enter();
   const i64 n = blockIdx.x;
   const int k = threadIdx.x;
@@ -401,11 +437,22 @@ __global__ void __launch_bounds__(256) moe_combine_kernel(const float* __restric
   }
   __syncthreads();
   const int j = blockIdx.y * blockDim.x + threadIdx.x;
-  if (j >= hidden) return;
-  float acc = 0.0f;
-  for (int i = 0; i < top_k; ++i) acc += s_w[i] * y[s_row[i] + j];
-  if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
-  out[n * out_rs + j] = acc;
+  if (!NF && j >= hidden) return;
+  if (j < hidden) {
+    float acc = 0.0f;
+    for (int i = 0; i < top_k; ++i) acc += s_w[i] * y[s_row[i] + j];
+    if (shared) acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
+    if constexpr (NF)
+      s_sq[threadIdx.x] = moe_fold_store(nf, n, j, acc);
+    else
+      out[n * out_rs + j] = acc;
+  }
+  if constexpr (NF) {
+    __syncthreads();
+    const int g = blockIdx.y * (blockDim.x / 16) + threadIdx.x;  // a 16-column group
+    if ((int)threadIdx.x < (int)blockDim.x / 16 && 16 * g < hidden)
+      moe_fold_part(nf, n, g, hidden, s_sq + 16 * threadIdx.x);
+  }
 }
 
 // ---- Fused decode path (moe.py FUSED): routing + grouping + gate_up, then down + combine ----
@@ -626,13 +673,15 @@ __global__ void __launch_bounds__(256, 4) moe_fused_gate_up_kernel(
 // - MOE_DOWN_SHARED_EARLY: the shared team computes its tile before pdl_wait. The launcher sets
 //   it only after moe_tma_gate_up_kernel, which waits before it triggers this launch: sd.x,
 //   written before that stage, is complete when this kernel starts.
-template <int XB>
+// NF = 1: the norm fold (MoeNormFold) in place of out; the block writes parts[n, blockIdx.x].
+template <int XB, int NF>
 __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_kernel(
     const MoeGemvParams p, const MoeSharedDown sd, const float* __restrict__ w, i64 w_rs,
     const int* __restrict__ ids, int n_rows, const float* __restrict__ shared, i64 shared_rs,
     const float* __restrict__ gate, i64 gate_rs, float* __restrict__ out, i64 out_rs,
-    int prewait) {
+    int prewait, const MoeNormFold nf) {
   __shared__ float s_y[MOE_FUSED_PAIRS * 16];
+  __shared__ float s_sq[NF ? MOE_FUSED_ROWS * 16 : 1];  // NF: r^2 by [n][r]
   __shared__ float s_ys[MOE_FUSED_ROWS * 16];  // the folded shared down: [n][r]
   __shared__ int s_pair[MOE_FUSED_PAIRS];  // [n][rank]: the pair of row n's rank-th expert
   __shared__ float s_cw[MOE_FUSED_PAIRS];  // its weight
@@ -726,7 +775,15 @@ __global__ void __launch_bounds__(32 * MOE_DOWN_MAX_WARPS, 1) moe_fused_down_ker
       acc = acc + sigmoid_f(gate[n * gate_rs]) * s_ys[n * 16 + r];
     else if (shared)
       acc = acc + sigmoid_f(gate[n * gate_rs]) * shared[n * shared_rs + j];
-    out[n * out_rs + j] = acc;
+    if constexpr (NF)
+      s_sq[idx] = moe_fold_store(nf, n, j, acc);
+    else
+      out[n * out_rs + j] = acc;
+  }
+  if constexpr (NF) {
+    __syncthreads();
+    if ((int)threadIdx.x < n_rows && m0 < p.m)
+      moe_fold_part(nf, threadIdx.x, blockIdx.x, p.m, s_sq + 16 * threadIdx.x);
   }
 }
 

@@ -184,13 +184,13 @@ def _swiglu_rows(nt: int) -> int:
 SOURCE = KernelSource("moe.cu", tuple(
     [f"moe_route_kernel<{j}>" for j in ROUTE_J]
     + [f"moe_route_group_kernel<{j}>" for j in ROUTE_GROUP_J]
-    + ["moe_group_kernel", "moe_combine_kernel"]
+    + ["moe_group_kernel", "moe_combine_kernel<0>", "moe_combine_kernel<1>"]
     + [f"moe_gemv_kernel<{k.ctype}, {nt}, {_swiglu_rows(nt) if sw else r}, {al}, {sw}>"
        for k in C.WKind for nt, r in ROWS_PER_BLOCK.items() for al in (0, 1) for sw in (0, 1)]
     + ["moe_mma_kernel<0>", "moe_mma_kernel<1>", "moe_mma_rows_kernel<0, 0>",
        "moe_mma_rows_kernel<0, 1>", "moe_mma_rows_kernel<1, 0>"]
     + [f"moe_fused_gate_up_kernel<{j}>" for j in FUSED_J]
-    + ["moe_fused_down_kernel<0>", "moe_fused_down_kernel<1>"]
+    + [f"moe_fused_down_kernel<{xb}, {nf}>" for xb in (0, 1) for nf in (0, 1)]
     + [f"moe_tma_gate_up_kernel<{xr}, {xb}>" for xr in (0, 1) for xb in (0, 1)]
     + ["moe_tma_experts_kernel<0>", "moe_tma_experts_kernel<1>", "moe_tma_down_kernel"]
     + [f"moe_gather_kernel<{k.ctype}>" for k in C.WKind]
@@ -283,6 +283,46 @@ _TMA_DOWN = C.struct(*_nested("dn_", _GEMV_FIELDS), *_nested("sd_", _SHARED_DOWN
                      *_nested("c_", _COMBINE_FIELDS), ("n_rows", "i32"), ("pad", "i32"))
 assert _TMA_DOWN.itemsize == 240
 _NO_FOLD = C.pack(_SHARED_DOWN)  # moe_fused_down_kernel's sd when nothing folds (w null)
+# moe.cu MoeNormFold: the norm fold's producer (moe_block `norm_fold`); zeros where none
+_NORM_FOLD = C.struct(("res", "ptr"), ("gain", "ptr"), ("xg", "ptr"), ("parts", "ptr"),
+                      ("res_rs", "i64"), ("xg_rs", "i64"), ("parts_rs", "i64"))
+assert _NORM_FOLD.itemsize == 56
+_NO_NORM_FOLD = C.pack(_NORM_FOLD)
+NORM_FOLD_MAX_PARTS = 256  # linear.cu: the parts a consumer's row norm sums
+
+
+def norm_fold_parts(hidden: int) -> int:
+    """The columns of `parts` an MoE block's norm fold writes: one per 16 output columns."""
+    return -(-hidden // 16)
+
+
+def norm_folds(n: int, top_k: int, hidden: int, *, batch_invariant: bool = False) -> bool:
+    """Whether `moe_block(..., norm_fold=...)` takes n rows: the grouped-GEMV decode path whose
+    last launch is moe_fused_down_kernel or moe_combine_kernel (not the opt-in persistent or
+    bulk-copy down kernels: PERSIST / TMA_DOWN, checked as flags so that every row count
+    decides alike), and at most NORM_FOLD_MAX_PARTS column groups."""
+    if PERSIST or TMA_DOWN or norm_fold_parts(hidden) > NORM_FOLD_MAX_PARTS:
+        return False
+    return (n <= GEMV_MAX_ROWS or batch_invariant) and n * top_k <= MAX_PAIRS
+
+
+def _norm_fold_params(norm_fold, n: int, hidden: int):
+    """MoeNormFold packed from `norm_fold` = (residual f32 [N, H], gain f32 [H], xg bf16 bits
+    [N, H], parts f32 [N, >= ceil(H / 16)]), checked; the zero record for None."""
+    if norm_fold is None:
+        return _NO_NORM_FOLD
+    residual, gain, xg, parts = norm_fold
+    C.device_array(residual, "residual", dtype=np.float32, ndim=2, shape=(n, hidden))
+    C.device_array(gain, "gain", dtype=np.float32, ndim=1, shape=(hidden,))
+    C.contiguous(gain, "gain")
+    C.device_array(xg, "xg", dtype=np.uint16, ndim=2, shape=(n, hidden))
+    C.device_array(parts, "parts", dtype=np.float32, ndim=2)
+    groups = norm_fold_parts(hidden)
+    C.require(parts.shape[0] == n and parts.shape[1] >= groups, "parts",
+              f"shape {parts.shape}, expected [{n}, >= {groups}]")
+    return C.pack(_NORM_FOLD, res=C.ptr(residual), gain=C.ptr(gain), xg=C.ptr(xg),
+                  parts=C.ptr(parts), res_rs=C.row_stride(residual, "residual"),
+                  xg_rs=C.row_stride(xg, "xg"), parts_rs=C.row_stride(parts, "parts"))
 
 
 def moe_route(logits, top_k: int, weights_out, ids_out, *,
@@ -495,7 +535,7 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace: MoeWorkspace 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
               shared_gate=None, shared_down=None, workspace: MoeWorkspace | None = None,
               batch_invariant: bool = False, fused: bool | None = None,
-              routed: bool = False, bf16_act: bool = False) -> None:
+              routed: bool = False, bf16_act: bool = False, norm_fold=None) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, `moe_experts(x, gate_up, down, ids_out,
     weights_out, out)` and, with `shared` f32[N, H] and `shared_gate` f32[N, 1] (rows strided),
     out += sigmoid(shared_gate) * shared, bitwise equal to those ops (and `sigmoid_scale_add`).
@@ -517,7 +557,12 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     x: f32 [N, H] rows strided, or bf16 bits (uint16, 16-byte aligned rows): then every output
     is that of the f32 x holding the same values (the bulk-copy gate_up stage reads the bits;
     the other paths an f32 copy in the workspace). `bf16_act`: as `moe_experts`'s (the default
-    paths store act as bf16 bits, which their down stages read with one mma per k16 step)."""
+    paths store act as bf16 bits, which their down stages read with one mma per k16 step).
+
+    `norm_fold` (where `norm_folds`): (residual f32 [N, H], gain f32 [H], xg bf16 bits [N, H],
+    parts f32 [N, >= ceil(H / 16)]): the block's output is not stored in `out` but added into
+    the residual stream, r = residual + out; xg = bf16(r * gain) and parts[n, g] = the sum of
+    r^2 over columns [16 g, 16 g + 16) (moe.cu MoeNormFold: the same bits on every path)."""
     _check_x(x)
     n, hidden = x.shape
     gu, dn, kind, experts, inter = _expert_weights(gate_up, down, hidden)
@@ -534,6 +579,10 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         gated = _gated_shared(shared, shared_gate, n, shared.shape[1])
     else:
         gated = _gated_shared(shared, shared_gate, n, hidden)
+    if norm_fold is not None:
+        C.require(norm_folds(n, top_k, hidden, batch_invariant=batch_invariant), "norm_fold",
+                  "the norm fold runs on the grouped-GEMV decode path (check norm_folds first)")
+    nf = _norm_fold_params(norm_fold, n, hidden)
     if n == 0:
         return
     if not _gemv_path(n, top_k, batch_invariant):
@@ -557,7 +606,7 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
             _group(ids_out, nt, ws)
     elif fuse and tma is None:
         _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
-                     gated, folded, _act_mode(bf16_act, kind, True))
+                     gated, folded, _act_mode(bf16_act, kind, True), nf=nf)
         return
     else:
         _route_group(logits, top_k, weights_out, ids_out, nt, ws)
@@ -575,10 +624,10 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
         # written before it, is complete when that launch starts
         _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
                     prewait=True, folded=folded, shared_early=tma is not None,
-                    tma_down=tma_down, act_mode=act_mode)
+                    tma_down=tma_down, act_mode=act_mode, nf=nf)
         return
     _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids_out, weights_out, out, ws,
-                  gated, tma, _act_mode(bf16_act, kind, use_mma and GEMV_ROWS))
+                  gated, tma, _act_mode(bf16_act, kind, use_mma and GEMV_ROWS), nf=nf)
 
 
 def _takes_fused(n: int, top_k: int, experts: int, use_mma: bool, fused: bool | None) -> bool:
@@ -701,7 +750,7 @@ def fused_down_smem(splits: int, warps: int = FUSED_DOWN_WARPS, shared_k: int = 
 
 
 def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out, out, ws,
-                 gated, folded=None, act_mode: int = ACT_F32) -> None:
+                 gated, folded=None, act_mode: int = ACT_F32, nf=_NO_NORM_FOLD) -> None:
     """moe_block's decode path in two launches (moe.cu moe_fused_gate_up_kernel and
     moe_fused_down_kernel): same K splits, tiles and groups as `_experts_gemv` with the
     tensor-core rows kernels, so bitwise its results."""
@@ -722,7 +771,7 @@ def _block_fused(x, logits, top_k, gu, dn, experts, inter, weights_out, ids_out,
            # moe.cu: one MmaPartials<8>, then the warps' staging buffers (checked in-kernel)
            shared_mem=mma_rows_smem(warps), name="moe_fused_gate_up", pdl=True)
     _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated,
-                folded=folded, act_mode=act_mode)
+                folded=folded, act_mode=act_mode, nf=nf)
 
 
 def tma_down_smem(inter: int, shared_k: int = 0) -> int:
@@ -777,7 +826,7 @@ def _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, w
 
 def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws,
                 gated, prewait: bool = False, folded=None, shared_early: bool = False,
-                tma_down: bool = False, act_mode: int = ACT_F32) -> None:
+                tma_down: bool = False, act_mode: int = ACT_F32, nf=_NO_NORM_FOLD) -> None:
     """moe_fused_down_kernel over the routing (weights_out, ids_out), the group tables and act
     in `ws` (written by moe_fused_gate_up_kernel, or by moe_route_group_kernel and the gate_up
     stage). `prewait`: the group tables were written before the gate_up stage, so the kernel's
@@ -789,9 +838,11 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
     complete). `tma_down` (the caller checked `shared_early` and `tma_down_applies`):
     moe_tma_down_kernel instead (the same bits; everything but act read before its PDL wait).
     `act_mode`: how the gate_up stage stored act (ACT_BF16_BITS: moe_fused_down_kernel<1> reads
-    the bits; not with the moe_tma_down_kernel, which reads f32)."""
+    the bits; not with the moe_tma_down_kernel, which reads f32). `nf`: the packed MoeNormFold
+    (`_norm_fold_params`; the zero record: none)."""
     sd = None if folded is None else _shared_down_fields(folded, hidden)
     if tma_down:
+        C.require(nf is _NO_NORM_FOLD, "norm_fold", "moe_tma_down_kernel has no norm fold")
         C.require(act_mode != ACT_BF16_BITS, "act_mode", "moe_tma_down_kernel reads an f32 act")
         _tma_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out, ws, gated, sd)
         return
@@ -805,14 +856,15 @@ def _fused_down(n, top_k, hidden, inter, dn, experts, weights_out, ids_out, out,
         smem = fused_down_smem(dn_splits, shared_k=sd["k"], shared_cons=sd["cons"])
     flags = (DOWN_PREFETCH if prewait and DOWN_PREWAIT else 0) | (
         DOWN_SHARED_EARLY if shared_early and folded is not None and SHARED_EARLY else 0)
-    fn = get_function(SOURCE, f"moe_fused_down_kernel<{int(act_mode == ACT_BF16_BITS)}>")
+    fn = get_function(SOURCE, f"moe_fused_down_kernel<{int(act_mode == ACT_BF16_BITS)}, "
+                              f"{int(nf is not _NO_NORM_FOLD)}>")
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
     shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
     launch(fn, ((hidden + 15) // 16,), (32 * (FUSED_DOWN_WARPS + team),),
            (params, sd_params, weights_out, np.int64(C.row_stride(weights_out, "weights_out")),
             ids_out, np.int32(n)) + shared_args
-           + (out, np.int64(C.row_stride(out, "out")), np.int32(flags)),
+           + (out, np.int64(C.row_stride(out, "out")), np.int32(flags), nf),
            shared_mem=smem, name="moe_fused_down", pdl=True)
 
 
@@ -877,7 +929,8 @@ def _group(ids, nt: int, ws: MoeWorkspace) -> None:
 
 
 def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, out, ws,
-                  gated, tma: TmaPlan | None = None, act_mode: int = ACT_F32) -> None:
+                  gated, tma: TmaPlan | None = None, act_mode: int = ACT_F32,
+                  nf=_NO_NORM_FOLD) -> None:
     """The two expert stages and the combine over the groups already in `ws` (`tma`: the
     gate_up stage runs moe_tma_gate_up_kernel with that plan; `act_mode`: how it stores act,
     ACT_BF16_BITS only where the down stage runs moe_mma_rows_kernel)."""
@@ -910,7 +963,7 @@ def _experts_gemv(x, gu, dn, kind, experts, inter, use_mma, nt, ids, weights, ou
         fn = get_function(SOURCE, f"moe_gemv_kernel<{kind.ctype}, {nt}, {r}, {aligned}, {swiglu}>")
         launch(fn, ((m + r - 1) // r, pairs), (32 * splits,), (params,), name="moe_gemv",
                pdl=True)
-    _combine(ws.y, hidden, None, ids, weights, out, gated)
+    _combine(ws.y, hidden, None, ids, weights, out, gated, nf)
 
 
 def _tma_plan(use_mma: bool, hidden: int) -> TmaPlan | None:
@@ -1027,13 +1080,14 @@ def launch_mma(w, w_rs: int, w_es: int, x, x_rs: int, x_by_pair: int, out, m: in
                (params,), name="moe_mma", pdl=True)
 
 
-def _combine(y, y_rs, pair_row, ids, weights, out, gated) -> None:
+def _combine(y, y_rs, pair_row, ids, weights, out, gated, nf=_NO_NORM_FOLD) -> None:
     n, hidden = out.shape
     shared_args = gated if gated is not None else (None, np.int64(0), None, np.int64(0))
-    launch(get_function(SOURCE, "moe_combine_kernel"), (n, (hidden + 255) // 256), (256,),
+    launch(get_function(SOURCE, f"moe_combine_kernel<{int(nf is not _NO_NORM_FOLD)}>"),
+           (n, (hidden + 255) // 256), (256,),
            (y, np.int64(y_rs), pair_row, ids, weights,
             np.int64(C.row_stride(weights, "weights")), np.int32(ids.shape[1]),
-            np.int32(hidden)) + shared_args + (out, np.int64(C.row_stride(out, "out"))),
+            np.int32(hidden)) + shared_args + (out, np.int64(C.row_stride(out, "out")), nf),
            name="moe_combine", pdl=True)
 
 

@@ -16,8 +16,8 @@ from ninfer.ops.embedding import embedding
 from ninfer.ops.gdn import gdn_conv, gdn_gates, gdn_recurrence
 from ninfer.ops.gdn_fused import gdn_chunk_prefill, gdn_decode_fused
 from ninfer.ops.linear import linear, linear_swiglu
-from ninfer.ops.moe import (moe_block, moe_block_folds_shared_down, moe_experts,
-                             moe_reads_bf16_x, moe_route, moe_route_with_swiglu,
+from ninfer.ops.moe import (moe_block, moe_block_folds_norm, moe_block_folds_shared_down,
+                             moe_experts, moe_reads_bf16_x, moe_route, moe_route_with_swiglu,
                              moe_route_with_swiglu_applies)
 from ninfer.ops.norm import add_rms_norm, gated_rms_norm, l2norm_heads, rms_norm
 from ninfer.ops.rope import rope
@@ -29,5 +29,5 @@ __all__ = [
     "paged_prefill_attention", "l2norm_heads", "linear", "linear_swiglu", "moe_block",
     "moe_experts", "moe_route", "paged_attention", "rms_norm", "rope", "sample", "sigmoid_mul",
     "sigmoid_scale_add", "swiglu", "moe_route_with_swiglu", "moe_route_with_swiglu_applies",
-    "moe_block_folds_shared_down", "moe_reads_bf16_x",
+    "moe_block_folds_shared_down", "moe_reads_bf16_x", "moe_block_folds_norm",
 ]

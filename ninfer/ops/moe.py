@@ -47,7 +47,7 @@ def moe_experts(x, gate_up, down, ids, weights, out, *, workspace=None,
 
 def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *, shared=None,
               shared_gate=None, shared_down=None, workspace=None, batch_invariant: bool = False,
-              routed: bool = False, bf16_act: bool = False) -> None:
+              routed: bool = False, bf16_act: bool = False, norm_fold=None) -> None:
     """`moe_route(logits, top_k, weights_out, ids_out)`, then `moe_experts(x, gate_up, down,
     ids_out, weights_out, out)`, then (when `shared` is given) `sigmoid_scale_add(out, shared,
     shared_gate)`: bitwise those ops' results, in fewer launches on CUDA. logits: f32[N, E] rows
@@ -62,7 +62,14 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
     `shared_down` (CUDA decode, only where `moe_block_folds_shared_down` says so): Weight[H, Is];
     `shared` is then the shared expert's activation f32[N, Is] and the block adds
     sigmoid(shared_gate) * linear(shared, shared_down)[n] itself, bitwise that op's result, in
-    its down launch instead of a `linear` launch of its own."""
+    its down launch instead of a `linear` launch of its own.
+
+    `norm_fold` (CUDA decode, where `moe_block_folds_norm`; the norm fold's producer, as
+    `ops.linear.linear_residual_norm` for a linear): (residual f32 [N, H], gain f32 [H], xg
+    bf16 bits [N, H], parts f32 [N, >= moe_norm_fold_parts(H)]): `out` is not written; the
+    block's output is added into the residual stream instead, xg = bf16(residual * gain), and
+    parts[n, g] = the sum of residual^2 over columns [16 g, 16 g + 16) (the same bits for every
+    row count). The next linears read xg with `RowNorm(parts[:, :P], H, eps)`."""
     backend = backend_of(x, logits, gate_up, down, weights_out, ids_out, out)
     _check_route("moe_block", logits, top_k, weights_out, ids_out)
     n, h = _check_experts("moe_block", x, gate_up, down, ids_out, weights_out, out, backend)
@@ -84,6 +91,10 @@ def moe_block(x, logits, top_k: int, gate_up, down, weights_out, ids_out, out, *
                     (n, h if shared_down is None else inner))
         check.array("moe_block", "shared_gate", shared_gate, check.F32, (n, 1), _ROWS)
     fold = {} if shared_down is None else {"shared_down": shared_down}
+    if norm_fold is not None:
+        if backend is not Backend.CUDA:
+            raise TypeError("moe_block: norm_fold is CUDA-only (the norm fold's producer)")
+        fold["norm_fold"] = norm_fold
     check.kernels(backend, "moe").moe_block(
         x, logits, top_k, gate_up, down, weights_out, ids_out, out, shared=shared,
         shared_gate=shared_gate, routed=bool(routed), **fold,
@@ -116,6 +127,21 @@ def moe_reads_bf16_x(rows: int, router_gate, shared_gate_up, experts_gate_up, *,
         return False
     return (reads_bf16_x(rows, router_gate, batch_invariant=batch_invariant)
             and swiglu_reads_bf16_x(shared_gate_up))
+
+
+def moe_block_folds_norm(rows: int, top_k: int, hidden: int, gate_up, *,
+                         batch_invariant: bool = False) -> bool:
+    """Whether `moe_block` with `rows` rows takes `norm_fold` (CUDA; the grouped-GEMV decode
+    path; False on the CPU)."""
+    if backend_of(gate_up) is not Backend.CUDA:
+        return False
+    return check.kernels(Backend.CUDA, "moe").norm_folds(rows, top_k, hidden,
+                                                         batch_invariant=batch_invariant)
+
+
+def moe_norm_fold_parts(hidden: int) -> int:
+    """The columns of `parts` that `moe_block`'s norm fold writes (one per 16 of H)."""
+    return -(-hidden // 16)
 
 
 def moe_block_folds_shared_down(x, top_k: int, gate_up, down, shared_down, shared_act, *,

@@ -24,6 +24,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.moe_bf16_x, "NINFER_MOE_BF16_X", True),
     (envs.moe_bf16_act, "NINFER_MOE_BF16_ACT", True),
     (envs.norm_fold, "NINFER_NORM_FOLD", True),
+    (envs.moe_norm_fold, "NINFER_MOE_NORM_FOLD", False),
 ]
 
 

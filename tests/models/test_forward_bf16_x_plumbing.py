@@ -34,10 +34,14 @@ class Call:
 class OpRecorder:
     """Stands in for `ninfer.ops` inside forward.py: every op call is recorded, none runs."""
 
-    def __init__(self):
+    def __init__(self, answers: dict | None = None):
         self.calls: list[Call] = []
+        self.answers = answers or {}  # what the predicates (not recorded) return
 
     def __getattr__(self, name):
+        if name in self.answers:
+            return lambda *args, **kwargs: self.answers[name]
+
         def record(*args, **kwargs):
             self.calls.append(Call(name, args, kwargs))
         return record
@@ -55,7 +59,8 @@ FOLD_PARTS = 5  # the recorded residual_norm_parts
 
 
 def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3,
-                        moe_bf16: bool = False, norm_fold: bool = False):
+                        moe_bf16: bool = False, norm_fold: bool = False,
+                        moe_norm_fold: bool = False):
     arch = "Qwen3_5MoeForCausalLM" if "num_experts" in preset else "Qwen3_5ForCausalLM"
     cfg = Qwen35Config.from_hf(dict(preset), architecture=arch)
     params = random_parameters(cfg, dtype=DType.BFLOAT16)
@@ -64,8 +69,9 @@ def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3,
     states = StateImageStorage(state_image_layout(cfg), rows + 1)
     ws = Workspace(cfg, rows, rows, bf16_operands=True, norm_parts=8 if norm_fold else 0)
     kws = fwd_mod.KernelWorkspaces(fused_gdn_decode=True, fused_attention_prep=True,
-                                   fused_swiglu=True, bf16_operands=True, norm_fold=norm_fold)
-    recorder = OpRecorder()
+                                   fused_swiglu=True, bf16_operands=True, norm_fold=norm_fold,
+                                   moe_norm_fold=moe_norm_fold)
+    recorder = OpRecorder({"moe_block_folds_norm": True})
     monkeypatch.setattr(fwd_mod, "ops", recorder)
     # the norm fold's CUDA answers (bf16 weights on the bf16-x GEMV), its producer recorded
     monkeypatch.setattr(fwd_mod, "norm_fold_applies", lambda rows, w: _reads_bf16(rows, w))
@@ -238,7 +244,34 @@ def test_norm_fold_carries_every_dense_norm_but_the_first_and_last(monkeypatch):
 
 
 def test_norm_fold_leaves_moe_layers_alone(monkeypatch):
+    """Without NINFER_MOE_NORM_FOLD an MoE model has no folded norm (its post-attention norm
+    is read by the router, the shared expert and the experts, which take a normalised x)."""
     _, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=True,
                                    norm_fold=True)
     assert not any(c.op == "linear_residual_norm" for c in calls)
-    assert not any("row_norm" in c.kwargs for c in calls)
+    assert not any("row_norm" in c.kwargs or "norm_fold" in c.kwargs for c in calls)
+
+
+def test_moe_norm_fold_carries_the_next_input_norm(monkeypatch):
+    """NINFER_MOE_NORM_FOLD: every MoE block but the last gets `norm_fold` = (hidden, the next
+    input norm's 1 + w, x in `normed`'s storage, parts [rows, ceil(H / 16)]); the next layer's
+    input projection reads that x with the RowNorm of those parts; the post-attention norms
+    (read by the MoE block) and the final norm stay launches."""
+    cfg, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=True,
+                                     norm_fold=True, moe_norm_fold=True)
+    names = [c.op for c in calls]
+    layers = cfg.num_hidden_layers
+    blocks = [i for i, c in enumerate(calls) if c.op == "moe_block"]
+    assert len(blocks) == layers
+    assert names.count("add_rms_norm") == layers + 1  # post-attention norms + the final one
+    assert names.count("rms_norm") == 1 and "linear_residual_norm" not in names
+    for i in blocks[:-1]:
+        hidden, gain, x, parts = calls[i].kwargs["norm_fold"]
+        assert hidden.shape == (3, cfg.hidden_size) and hidden.dtype == np.float32
+        assert gain.shape == (cfg.hidden_size,) and gain.dtype == np.float32
+        assert x.dtype == np.uint16 and x.shape == (3, cfg.hidden_size)
+        assert parts.shape == (3, -(-cfg.hidden_size // 16))
+        reader = next(c for c in calls[i + 1:] if c.op == "linear")
+        assert np.shares_memory(reader.args[0], x)
+        assert reader.kwargs["row_norm"].parts is parts
+    assert "norm_fold" not in calls[blocks[-1]].kwargs

@@ -21,7 +21,7 @@ from ninfer.core.dtypes import DType
 from ninfer.ops.attn_fused import prefill_attention_supported
 from ninfer.ops.linear import (RowNorm, linear_residual_norm, norm_fold_applies, reads_bf16_x,
                                residual_norm_parts, swiglu_reads_bf16_x)
-from ninfer.ops.moe import moe_reads_bf16_x
+from ninfer.ops.moe import moe_norm_fold_parts, moe_reads_bf16_x
 from ninfer.models.qwen3_5.config import LayerType, Qwen35Config
 from ninfer.models.qwen3_5.parameters import (
     AttentionParams, DenseMLPParams, GDNParams, LayerParams, MoEParams, Parameters,
@@ -70,8 +70,9 @@ def _mixer_output(layer: LayerParams):
 
 
 def _ffn_output(ffn: DenseMLPParams | MoEParams):
-    """The weight of the one linear a dense FFN's output comes from; None for an MoE block."""
-    return ffn.down if isinstance(ffn, DenseMLPParams) else None
+    """What an FFN's output comes from, as `Qwen35Forward._norm_fold` takes it: a dense FFN's
+    down projection (a Weight), or the MoE block (its MoEParams)."""
+    return ffn.down if isinstance(ffn, DenseMLPParams) else ffn
 
 
 def _f32(weight, xp):
@@ -127,6 +128,9 @@ class KernelWorkspaces:
     # (NormFold; NINFER_NORM_FOLD, read when the CUDA backend builds its decode workspaces);
     # needs a Workspace with norm_parts
     norm_fold: bool = False
+    # with norm_fold: an MoE block's output carries the next layer's input norm too
+    # (ops.moe_block norm_fold; NINFER_MOE_NORM_FOLD)
+    moe_norm_fold: bool = False
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -257,12 +261,22 @@ class Qwen35Forward:
 
     # -- folded norms ----------------------------------------------------------------------------
     def _norm_fold(self, rows: int, norm, producer, consumer) -> NormFold | None:
-        """The NormFold of `norm` between the block ending in the linear `producer` (None: not a
-        single linear, e.g. an MoE block) and `consumer` (the next LayerParams, whose mixer's
-        input projection reads the norm, or DenseMLPParams, whose fused gate_up reads it), or
-        None where it does not apply (kws.norm_fold, bf16-x GEMVs of decode rows)."""
-        if not self.kws.norm_fold or producer is None:
+        """The NormFold of `norm` between the block ending in `producer` (the Weight of its
+        output projection, or an MoE block's MoEParams) and `consumer` (the next LayerParams,
+        whose mixer's input projection reads the norm, or DenseMLPParams, whose fused gate_up
+        reads it), or None where it does not apply (kws.norm_fold, bf16-x GEMVs of decode rows;
+        an MoE producer: kws.moe_norm_fold and ops.moe_block_folds_norm)."""
+        if not self.kws.norm_fold:
             return None
+        hidden = self.cfg.hidden_size
+        if isinstance(producer, MoEParams):
+            if not (self.kws.moe_norm_fold and ops.moe_block_folds_norm(
+                    rows, self.cfg.num_experts_per_tok, hidden, producer.experts_gate_up,
+                    batch_invariant=self.kws.batch_invariant)):
+                return None
+            width, linears = moe_norm_fold_parts(hidden), ()
+        else:
+            width, linears = None, (producer,)
         if isinstance(consumer, DenseMLPParams):
             readers = (consumer.gate_up, consumer.down)  # the fused SwiGLU writes a bf16 act
             if not self._fused_swiglu(consumer.gate_up):
@@ -271,11 +285,12 @@ class Qwen35Forward:
             readers = (_mixer_input(consumer),)
         else:
             return None
-        if not all(norm_fold_applies(rows, w) for w in (producer, *readers)):
+        if not all(norm_fold_applies(rows, w) for w in (*linears, *readers)):
             return None
-        parts = self.ws.norm_parts[:rows, :residual_norm_parts(producer)]
+        width = residual_norm_parts(producer) if width is None else width
+        parts = self.ws.norm_parts[:rows, :width]
         return NormFold(self._gains[id(norm)], self.ws.normed_bf16(rows),
-                        RowNorm(parts, self.cfg.hidden_size, self.cfg.rms_norm_eps))
+                        RowNorm(parts, hidden, self.cfg.rms_norm_eps))
 
     # -- where linear inputs are written -------------------------------------------------------
     def _x_buffer(self, rows: int, width: int, weight, f32_buffer, *, swiglu: bool = False,
@@ -421,13 +436,13 @@ class Qwen35Forward:
     # -- FFN -----------------------------------------------------------------------------------
     def _ffn(self, w: DenseMLPParams | MoEParams, x, out, row_norm: RowNorm | None = None,
              fold: NormFold | None = None) -> None:
-        """`row_norm` / `fold` as `_mixer` takes them (dense FFNs only: the MoE block neither
-        reads a deferred norm nor ends in one linear)."""
+        """`row_norm` / `fold` as `_mixer` takes them (an MoE block takes a `fold`, not a
+        `row_norm`: its router, shared expert and experts read a normalised x)."""
         if isinstance(w, DenseMLPParams):
             self._swiglu_mlp(w.gate_up, w.down, x, out, row_norm=row_norm, fold=fold)
         else:
-            assert row_norm is None and fold is None, "no norm folds around an MoE block"
-            self._moe(w, x, out)
+            assert row_norm is None, "an MoE block reads a normalised x"
+            self._moe(w, x, out, fold)
 
     def _swiglu_mlp(self, gate_up, down, x, out, *, f32_act: bool = False,
                     row_norm: RowNorm | None = None, fold: NormFold | None = None) -> None:
@@ -459,7 +474,8 @@ class Qwen35Forward:
                 and ops.moe_route_with_swiglu_applies(logits, self.cfg.num_experts_per_tok, x,
                                                       w.shared_gate_up, workspace=self.kws.moe))
 
-    def _moe(self, w: MoEParams, x, out) -> None:
+    def _moe(self, w: MoEParams, x, out, norm: NormFold | None = None) -> None:
+        """`norm`: the next layer's input norm, folded into the block's last launch."""
         ws, n, e, top_k = self.ws, x.shape[0], self.cfg.num_experts, self.cfg.num_experts_per_tok
         logits = ws.router_logits[:n]  # [router logits | shared-expert gate logit]
         weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
@@ -486,4 +502,6 @@ class Qwen35Forward:
         ops.moe_block(x, logits[:, :e], top_k, w.experts_gate_up, w.experts_down, weights, ids,
                       out, shared=shared, shared_gate=logits[:, e:], **fold,
                       batch_invariant=self.kws.batch_invariant, routed=routed, bf16_act=bf16_act,
-                      **self.kws.kw(self.kws.moe))
+                      **self.kws.kw(self.kws.moe),
+                      **({} if norm is None else {"norm_fold": (
+                          self.ws.hidden[:n], norm.gain, norm.x, norm.row_norm.parts)}))
