@@ -226,3 +226,16 @@ def row_targets(block_tables, row_seq, row_pos, n: int) -> int:
     contiguous(device_array(row_pos, "row_pos", dtype=np.int32, shape=(n,)), "row_pos")
     device_array(block_tables, "block_tables", dtype=np.int32, ndim=2)
     return row_stride(block_tables, "block_tables")
+
+
+def norm_fold_operands(residual, gain, out, parts, n: int, m: int, columns: int,
+                       out_name: str = "out") -> None:
+    """The norm fold producer's operands (linear.linear_residual_norm, moe.moe_block's
+    norm_fold): residual f32 [n, m] rows strided, gain f32 [m] contiguous, out bf16 bits [n, m]
+    rows strided, parts f32 [n, >= columns] rows strided."""
+    device_array(residual, "residual", dtype=np.float32, ndim=2, shape=(n, m))
+    contiguous(device_array(gain, "gain", dtype=np.float32, ndim=1, shape=(m,)), "gain")
+    device_array(out, out_name, dtype=np.uint16, ndim=2, shape=(n, m))
+    device_array(parts, "parts", dtype=np.float32, ndim=2)
+    require(parts.shape[0] == n and parts.shape[1] >= columns, "parts",
+            f"shape {parts.shape}, expected [{n}, >= {columns}]")

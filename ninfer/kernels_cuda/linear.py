@@ -534,14 +534,7 @@ def linear_residual_norm(x, weight, residual, gain, out, parts) -> None:
     C.require(norm_fold_ok(n, weight), "weight", "the norm fold runs on the bf16-x GEMV "
               f"(NINFER_GEMV_BF16_X=1, bf16 weights, K % 16 == 0, sm_90) with 1..{GEMV_MAX_ROWS} "
               f"rows; got N = {n}")
-    C.device_array(residual, "residual", dtype=np.float32, ndim=2, shape=(n, m))
-    C.device_array(gain, "gain", dtype=np.float32, ndim=1, shape=(m,))
-    C.contiguous(gain, "gain")
-    C.device_array(out, "out", dtype=np.uint16, ndim=2, shape=(n, m))
-    C.device_array(parts, "parts", dtype=np.float32, ndim=2)
-    blocks = residual_norm_parts(weight)
-    C.require(parts.shape[0] == n and parts.shape[1] >= blocks, "parts",
-              f"shape {parts.shape}, expected [{n}, >= {blocks}]")
+    C.norm_fold_operands(residual, gain, out, parts, n, m, residual_norm_parts(weight))
     x_rs, w_rs = C.row_stride(x, "x"), C.row_stride(w, "weight")
     C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x", "needs 16-byte aligned rows of weight and x")
     fold = dict(res=C.ptr(residual), res_rs=C.row_stride(residual, "residual"), gain=C.ptr(gain),

@@ -312,14 +312,8 @@ def _norm_fold_params(norm_fold, n: int, hidden: int):
     if norm_fold is None:
         return _NO_NORM_FOLD
     residual, gain, xg, parts = norm_fold
-    C.device_array(residual, "residual", dtype=np.float32, ndim=2, shape=(n, hidden))
-    C.device_array(gain, "gain", dtype=np.float32, ndim=1, shape=(hidden,))
-    C.contiguous(gain, "gain")
-    C.device_array(xg, "xg", dtype=np.uint16, ndim=2, shape=(n, hidden))
-    C.device_array(parts, "parts", dtype=np.float32, ndim=2)
-    groups = norm_fold_parts(hidden)
-    C.require(parts.shape[0] == n and parts.shape[1] >= groups, "parts",
-              f"shape {parts.shape}, expected [{n}, >= {groups}]")
+    C.norm_fold_operands(residual, gain, xg, parts, n, hidden, norm_fold_parts(hidden),
+                         out_name="xg")
     return C.pack(_NORM_FOLD, res=C.ptr(residual), gain=C.ptr(gain), xg=C.ptr(xg),
                   parts=C.ptr(parts), res_rs=C.row_stride(residual, "residual"),
                   xg_rs=C.row_stride(xg, "xg"), parts_rs=C.row_stride(parts, "parts"))

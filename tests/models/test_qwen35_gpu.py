@@ -198,15 +198,22 @@ def test_moe_norm_fold_stays_near_the_norm_launches(tmp_path, monkeypatch):
         dropped = plain.backend.graphs[b].num_nodes() - program.backend.graphs[b].num_nodes()
         assert dropped == layers - 1, (b, dropped)
     _assert_moe_runs_near(folded, base, "moe norm fold")
-    for p, f in zip(plist, folded):
-        (alone,) = generate(program, [p], 24, keep_logits=True)
-        assert alone.tokens == f.tokens
-        np.testing.assert_array_equal(np.stack(alone.logits), np.stack(f.logits))
+    _assert_alone_and_eager_same(program, plist, folded)
+
+
+def _assert_alone_and_eager_same(program, plist, batched) -> None:
+    """Each prompt alone gives its tokens and logits in `batched` (greedy, keep_logits), and so
+    do eager launches instead of the graphs (bitwise). Leaves the program eager."""
+    steps = len(batched[0].tokens)
+    for p, b in zip(plist, batched):
+        (alone,) = generate(program, [p], steps, keep_logits=True)
+        assert alone.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(alone.logits), np.stack(b.logits))
     program.backend.use_graphs = False
-    eager = generate(program, plist, 24, keep_logits=True)
-    for e, f in zip(eager, folded):
-        assert e.tokens == f.tokens
-        np.testing.assert_array_equal(np.stack(e.logits), np.stack(f.logits))
+    eager = generate(program, plist, steps, keep_logits=True)
+    for e, b in zip(eager, batched):
+        assert e.tokens == b.tokens
+        np.testing.assert_array_equal(np.stack(e.logits), np.stack(b.logits))
 
 
 def test_norm_fold_matches_the_exact_reference_as_the_norm_launches_do(bf16_case, monkeypatch):
@@ -246,16 +253,7 @@ def test_norm_fold_matches_the_exact_reference_as_the_norm_launches_do(bf16_case
     assert not np.array_equal(np.stack(gen.logits), np.stack(base.logits))
     assert common >= 8 and fold_err < 2 * base_err + 5e-3
     plist = prompts(bf16_case.vocab_size, [3, 17, 30, 9], seed=4)
-    batched = generate(program, plist, 16, keep_logits=True)
-    for p, b in zip(plist, batched):
-        (alone,) = generate(program, [p], 16, keep_logits=True)
-        assert alone.tokens == b.tokens
-        np.testing.assert_array_equal(np.stack(alone.logits), np.stack(b.logits))
-    program.backend.use_graphs = False
-    eager = generate(program, plist, 16, keep_logits=True)
-    for e, b in zip(eager, batched):
-        assert e.tokens == b.tokens
-        np.testing.assert_array_equal(np.stack(e.logits), np.stack(b.logits))
+    _assert_alone_and_eager_same(program, plist, generate(program, plist, 16, keep_logits=True))
 
 
 def test_batched_equals_single_and_graph_equals_eager(bf16_any_case, gemv_bf16_x):
