@@ -251,6 +251,16 @@ def moe_norm_fold() -> bool:
     return _flag("NINFER_MOE_NORM_FOLD", False)
 
 
+def moe_router_norm() -> bool:
+    """NINFER_MOE_ROUTER_NORM (default off; "1" turns it on): with NINFER_NORM_FOLD, an MoE
+    layer's post-attention norm rides on the mixer's output projection (ops.linear_residual_norm)
+    and the router GEMV (`linear(..., row_norm=, normed_out=)`: its logits divided by the rms,
+    and x / rms written for the shared expert and the experts): one norm launch less per MoE
+    layer in decode; x is rounded twice (r * (1 + w), then x / rms). Read when the CUDA backend
+    builds its decode workspaces."""
+    return _flag("NINFER_MOE_ROUTER_NORM", False)
+
+
 def gemv_pdl() -> bool:
     """NINFER_GEMV_PDL (default on; "0" turns it off): linear_tma_kernel is launched with
     programmatic dependent launch, so its weight stream starts while the previous kernel finishes.

@@ -257,10 +257,15 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 // producer): row n's sums are divided by sqrt(S / f.dim + f.eps) before the SwiGLU / store, S =
 // f.parts[n, 0 .. f.parts_n) summed lane-strided (lane l: j = l, l + 32, ... in order), then
 // by warp_sum. So y = (W bf16(r * gain)) / rms(r) stands for W bf16(r / rms(r) * gain).
+// TMA_IO_NORM_X (with TMA_IO_ROW_NORM; an MoE layer's router, NINFER_MOE_ROUTER_NORM): the
+// block also finishes the norm for the MoE block's other readers: xn[n, k] = bf16(x[n, k] /
+// the row's rms) for k in its chunk [b C, b C + C) of K, C = ceil(K / G) (elementwise: any
+// grid gives the same bits); xn is passed in NormFoldParams.res / res_rs.
 #define TMA_IO_X_BF16 1
 #define TMA_IO_OUT_BF16 2
 #define TMA_IO_RESID_NORM 4
 #define TMA_IO_ROW_NORM 8
+#define TMA_IO_NORM_X 16
 #define NORM_FOLD_MAX_PARTS 256  // parts_n per row (linear.py NORM_FOLD_MAX_PARTS)
 #define TMA_MAX_STAGES 16
 // dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
@@ -306,6 +311,7 @@ struct TmaParams {
   NormFoldParams f;
 };
 static_assert(sizeof(TmaParams) == 120, "TmaParams layout is mirrored in linear.py");
+// NORM_X (a ROW mode, never with RESID): res / res_rs hold x / rms's output, bf16 bits [N, K]
 
 // The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
@@ -319,6 +325,8 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   constexpr bool XB = (IO & TMA_IO_X_BF16) != 0;
   constexpr int XW = XB ? 2 : 4;  // bf16x2 words of x per k16 step (tma_step)
   constexpr bool RESID = (IO & TMA_IO_RESID_NORM) != 0, ROWN = (IO & TMA_IO_ROW_NORM) != 0;
+  constexpr bool NORMX = (IO & TMA_IO_NORM_X) != 0;
+  static_assert(!NORMX || (ROWN && !SWIGLU), "x / rms: a row-norm linear");
   static_assert(!RESID || (XB && !SWIGLU && !ROWN), "the residual fold: a plain bf16-x GEMV");
   static_assert(!ROWN || (XB && CONS >= 8), "the row norm: a bf16 x, a warp per row");
   constexpr int PV = NORM_FOLD_MAX_PARTS / 32;
@@ -526,6 +534,17 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
         }
       }
       parity ^= 1;
+    }
+  }
+  if constexpr (NORMX) {  // the block's chunk of x / rms (the denominators: first epilogue)
+    const int chunk = (p.k + G - 1) / G, k0 = blockIdx.x * chunk;
+    const int width = max(0, min(p.k, k0 + chunk) - k0), rows = min(8, p.n - n0);
+    const bf16raw* xb = reinterpret_cast<const bf16raw*>(p.x);
+    bf16raw* xn = reinterpret_cast<bf16raw*>(f.res);  // (NORM_X: the x / rms output)
+    for (int idx = threadIdx.x; idx < rows * width; idx += 32 * CONS) {
+      const int n = idx / width, k = k0 + idx - n * width;
+      xn[(i64)(n0 + n) * f.res_rs + k] =
+          f32_to_bf16(to_f32(xb[(i64)(n0 + n) * p.x_rs + k]) / fold_sm[n]);
     }
   }
   if constexpr (RESID) {  // the block's sum of r^2 per row (every thread holds one column n)

@@ -40,6 +40,7 @@ MAX_SPLITS = 8
 # linear_tma_kernel's IO flags (linear.cu): x as bf16 bits; out as bf16 bits; the norm fold's
 # producer (residual add, bf16(r * gain), sums of r^2) and consumer (rows divided by their rms)
 TMA_IO_X_BF16, TMA_IO_OUT_BF16, TMA_IO_RESID_NORM, TMA_IO_ROW_NORM = 1, 2, 4, 8
+TMA_IO_NORM_X = 16  # with TMA_IO_ROW_NORM: also x / rms as bf16 bits (an MoE layer's router)
 # the (SWIGLU, IO) pairs with bf16 operands that have instances (default geometry only): bf16 x
 # into an f32 out, and the fused SwiGLU's bf16 x into a bf16 activation
 TMA_BF16_IO = ((0, TMA_IO_X_BF16), (1, TMA_IO_X_BF16), (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16))
@@ -65,7 +66,8 @@ SOURCE = KernelSource("linear.cu", tuple(
 # KernelSource) instead of after them. (SWIGLU, IO) pairs: the producer (a linear), the consumer
 # linear and the consumer SwiGLU with its bf16 activation.
 TMA_FOLD_IO = ((0, TMA_IO_X_BF16 | TMA_IO_RESID_NORM), (0, TMA_IO_X_BF16 | TMA_IO_ROW_NORM),
-               (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16 | TMA_IO_ROW_NORM))
+               (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16 | TMA_IO_ROW_NORM),
+               (0, TMA_IO_X_BF16 | TMA_IO_ROW_NORM | TMA_IO_NORM_X))
 NORM_FOLD_MAX_PARTS = 256  # linear.cu: the producer's row blocks, the consumer's parts per row
 SOURCE_FOLD = KernelSource("linear.cu", tuple(
     [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
@@ -447,7 +449,7 @@ def tma_geometry(x, weight, *, batch_invariant: bool = False) -> tuple[int, int]
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
-           row_norm=None) -> None:
+           row_norm=None, normed_out=None) -> None:
     """out f32[N,M] = x[N,K] @ weight[M,K]^T (f32 or bf16 weights).
 
     x: f32 (rows strided), or bf16 bits (uint16) where `takes_bf16_x`: C-contiguous on the
@@ -460,6 +462,8 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
     `row_norm` (the norm fold's consumer; `norm_fold_ok`): an object with `parts` (f32 [N, P],
     rows strided, P <= NORM_FOLD_MAX_PARTS: `linear_residual_norm`'s), `dim` and `eps`; x is
     bf16(r * gain) and row n of out is divided by sqrt(sum(parts[n]) / dim + eps).
+    `normed_out` (with `row_norm`; bf16 bits [N, K], rows strided, apart from x): also written,
+    bf16(x / that rms) elementwise (the norm finished for x's other readers).
     """
     bf16_x = C.is_bf16_bits(x)
     C.device_array(x, "x", dtype=np.uint16 if bf16_x else np.float32, ndim=2)
@@ -482,18 +486,25 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
             C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x",
                       "a bf16 x on the GEMV needs a 16-byte aligned base and rows a multiple "
                       "of 4 elements apart")
+    io = TMA_IO_X_BF16 | TMA_IO_ROW_NORM
     if row_norm is not None:
         C.require(bf16_x and not cublas and n <= GEMV_MAX_ROWS, "row_norm",
                   "the row norm runs on the bf16-x GEMV (bf16 x, <= 8 rows)")
         fold = _row_norm_fold(row_norm, n)
+    if normed_out is not None:
+        C.require(row_norm is not None and m > 0, "normed_out", "needs row_norm (and M > 0)")
+        C.device_array(normed_out, "normed_out", dtype=np.uint16, ndim=2, shape=(n, k))
+        C.require(not C.cupy().shares_memory(normed_out, x), "normed_out", "must not overlap x")
+        io |= TMA_IO_NORM_X
+        # (TMA_IO_NORM_X: NormFoldParams.res / res_rs carry normed_out; no residual then)
+        fold.update(res=C.ptr(normed_out), res_rs=C.row_stride(normed_out, "normed_out"))
     if n == 0 or m == 0:
         return
     if k == 0:
         out.fill(0)
         return
     if row_norm is not None:
-        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False,
-                    io=TMA_IO_X_BF16 | TMA_IO_ROW_NORM, fold=fold)
+        _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, io=io, fold=fold)
         return
     if not cublas and bf16_x:
         _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, swiglu=False, io=TMA_IO_X_BF16)

@@ -81,24 +81,30 @@ def linear_residual_norm(x, weight, residual, gain, out, parts) -> None:
     check.kernels(backend, "linear").linear_residual_norm(x, weight, residual, gain, out, parts)
 
 
-def _row_norm(op: str, backend, row_norm: RowNorm | None) -> dict:
-    """The kernels' row_norm argument (none when absent, so other kernels need not take it)."""
+def _row_norm(op: str, backend, row_norm: RowNorm | None, normed_out=None) -> dict:
+    """The kernels' row_norm (and normed_out) arguments (none when absent, so other kernels
+    need not take them)."""
     if row_norm is None:
+        if normed_out is not None:
+            raise ValueError(f"{op}: normed_out needs row_norm")
         return {}
     if backend is not Backend.CUDA:
         raise TypeError(f"{op}: row_norm is CUDA-only (the norm fold's consumer)")
-    return {"row_norm": row_norm}
+    return {"row_norm": row_norm} if normed_out is None else {"row_norm": row_norm,
+                                                              "normed_out": normed_out}
 
 
 def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
-           row_norm: RowNorm | None = None) -> None:
+           row_norm: RowNorm | None = None, normed_out=None) -> None:
     """out[N, M] = x[N, K] @ weight[M, K]^T.
 
     x: f32, rows strided (last axis contiguous), or bf16 bits (uint16, C-contiguous) where
     `reads_bf16_x` holds; weight: Weight (f32 or bf16), C-contiguous; out: f32[N, M]
     C-contiguous, written, must not alias x. Batch invariant: each out[n, m] depends only on
     x[n] and weight[m]. `row_norm` (CUDA, `norm_fold_applies`, bf16 x): out row n divided by
-    the row's rms (`RowNorm`).
+    the row's rms (`RowNorm`). `normed_out` (with `row_norm`): bf16 bits [N, K], apart from x,
+    also written: bf16(x / the row's rms), the norm finished for x's other readers (an MoE
+    layer's router: NINFER_MOE_ROUTER_NORM).
     """
     backend = backend_of(x, weight, out)
     n, k = check.f32_or_bf16("linear", "x", x, backend, (None, None), check.Layout.ROWS)
@@ -112,7 +118,8 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
     check.kernels(backend, "linear").linear(x, weight, out,
                                             **check.scratch(backend, workspace=workspace,
                                                           batch_invariant=batch_invariant or None),
-                                            **_row_norm("linear", backend, row_norm))
+                                            **_row_norm("linear", backend, row_norm,
+                                                        normed_out))
 
 
 def linear_swiglu(x, gate_up, out, *, row_norm: RowNorm | None = None) -> None:

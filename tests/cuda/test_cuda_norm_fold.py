@@ -10,7 +10,9 @@ Checked, on fresh random inputs with poisoned outputs (NaN / 0xFFFF):
   sqrt(sum(parts[n]) / dim + eps) (float64; the SwiGLU before its silu, out rounded to bf16);
 - every output row alone equals that row in a batch of 8 (batch invariance), bitwise;
 - producer then consumer against add_rms_norm then linear (bf16 rounding apart: ~1e-2), and
-  both refused where the fold does not apply.
+  both refused where the fold does not apply;
+- the router's `normed_out` (TMA_IO_NORM_X): bf16(x / rms) bitwise, the rms in the kernel's f32
+  order, for 1, 17 and 132 blocks.
 """
 from __future__ import annotations
 
@@ -155,6 +157,41 @@ def test_consumer_rows_are_batch_invariant(rng, swiglu):
                          batch[i:i + 1], f"row {i}")
 
 
+def _denominators(parts: np.ndarray, dim: int) -> np.ndarray:
+    """The consumer's rms per row, in its f32 order: lane l sums parts[j] for j = l, l + 32, ...
+    in order, the warp butterfly (xor 16, 8, 4, 2, 1) adds the lanes, then sqrt(sum / dim +
+    eps), every step rounded to f32."""
+    n, p = parts.shape
+    lanes = np.zeros((n, 32), np.float32)
+    for j in range(p):
+        lanes[:, j % 32] += parts[:, j]
+    for o in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[:, np.arange(32) ^ o]
+    return np.sqrt(lanes[:, 0] / np.float32(dim) + np.float32(EPS))
+
+
+@pytest.mark.parametrize("m", [16, 257, 4096])
+def test_router_norm_writes_x_over_rms(rng, m):
+    """`linear(..., row_norm=, normed_out=)` (TMA_IO_NORM_X, an MoE layer's router under
+    NINFER_MOE_ROUTER_NORM): normed_out = bf16(x / rms) bitwise, with rms in the kernel's f32
+    order, every column written whatever the grid (1, 17 and 132 blocks here); out is the same
+    bits as without normed_out."""
+    k, p = 2048, 132
+    w_d = _weight(rng, m, k)
+    for n in (1, 3, 8):
+        x_d, x_h = _x(rng, n, k)
+        parts = (rng.random((n, p)) * 30.0 + 0.1).astype(np.float32)
+        out, xn = poisoned((n, m)), cp().full((n, k), 0xFFFF, np.uint16)
+        klinear.linear(x_d, w_d, out, row_norm=RowNorm(dev(parts), k, EPS), normed_out=xn)
+        denom = _denominators(parts, k)
+        assert_same_bits(host(xn), f32_to_bf16_bits(x_h / denom[:, None]), f"xn m={m} n={n}")
+        plain = poisoned((n, m))
+        klinear.linear(x_d, w_d, plain, row_norm=RowNorm(dev(parts), k, EPS))
+        assert_same_bits(out, plain, f"out with / without normed_out, m={m} n={n}")
+        expect = ref.linear(x_h, bf16_bits_to_f32(host(w_d))) / denom[:, None]
+        assert_close(out, expect, what=f"out m={m} n={n}")
+
+
 def test_producer_then_consumer_is_the_norm_then_linear(rng):
     """o_proj-like producer (K 4096 -> H 2048), then a consumer linear and SwiGLU reading the
     folded norm, against f32 add_rms_norm (Qwen 1 + w) and the plain linears on its bf16 x."""
@@ -203,3 +240,8 @@ def test_refusals(rng):
     with pytest.raises(InvalidInput):  # more parts than the kernel sums
         klinear.linear(x1, w_d, poisoned((1, 64)),
                        row_norm=RowNorm(dev(np.ones((1, 257), np.float32)), 64, EPS))
+    norm = RowNorm(dev(np.ones((1, 4), np.float32)), 256, EPS)
+    with pytest.raises(InvalidInput):  # normed_out without row_norm
+        klinear.linear(x1, w_d, poisoned((1, 64)), normed_out=cp().zeros((1, 256), np.uint16))
+    with pytest.raises(InvalidInput):  # normed_out over x
+        klinear.linear(x1, w_d, poisoned((1, 64)), row_norm=norm, normed_out=x1)

@@ -60,7 +60,7 @@ FOLD_PARTS = 5  # the recorded residual_norm_parts
 
 def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3,
                         moe_bf16: bool = False, norm_fold: bool = False,
-                        moe_norm_fold: bool = False):
+                        moe_norm_fold: bool = False, moe_router_norm: bool = False):
     arch = "Qwen3_5MoeForCausalLM" if "num_experts" in preset else "Qwen3_5ForCausalLM"
     cfg = Qwen35Config.from_hf(dict(preset), architecture=arch)
     params = random_parameters(cfg, dtype=DType.BFLOAT16)
@@ -70,7 +70,7 @@ def _record_decode_step(monkeypatch, preset: dict, bf16_x: bool, rows: int = 3,
     ws = Workspace(cfg, rows, rows, bf16_operands=True, norm_parts=8 if norm_fold else 0)
     kws = fwd_mod.KernelWorkspaces(fused_gdn_decode=True, fused_attention_prep=True,
                                    fused_swiglu=True, bf16_operands=True, norm_fold=norm_fold,
-                                   moe_norm_fold=moe_norm_fold)
+                                   moe_norm_fold=moe_norm_fold, moe_router_norm=moe_router_norm)
     recorder = OpRecorder({"moe_block_folds_norm": True})
     monkeypatch.setattr(fwd_mod, "ops", recorder)
     # the norm fold's CUDA answers (bf16 weights on the bf16-x GEMV), its producer recorded
@@ -275,3 +275,30 @@ def test_moe_norm_fold_carries_the_next_input_norm(monkeypatch):
         assert np.shares_memory(reader.args[0], x)
         assert reader.kwargs["row_norm"].parts is parts
     assert "norm_fold" not in calls[blocks[-1]].kwargs
+
+
+def test_moe_router_norm_carries_the_post_attention_norm(monkeypatch):
+    """NINFER_MOE_ROUTER_NORM: each MoE layer's mixer ends in linear_residual_norm writing x
+    into `block_out`'s storage (not the MoE input's); the router reads it with the RowNorm of
+    those parts and writes x / rms (`normed_out`) into `normed`'s storage, which moe_block and
+    the shared expert read; the post-attention add_rms_norm launches are gone."""
+    cfg, calls = _record_decode_step(monkeypatch, TINY_MOE, bf16_x=True, moe_bf16=True,
+                                     norm_fold=True, moe_router_norm=True)
+    names = [c.op for c in calls]
+    layers = cfg.num_hidden_layers
+    assert names.count("add_rms_norm") == layers  # input norms of layers 1.. + the final one
+    folds = [i for i, c in enumerate(calls) if c.op == "linear_residual_norm"]
+    blocks = [i for i, c in enumerate(calls) if c.op == "moe_block"]
+    assert len(folds) == layers and len(blocks) == layers
+    for i, b in zip(folds, blocks):
+        _, _, _, gain, x, parts = calls[i].args
+        router = calls[i + 1]
+        assert router.op == "linear" and np.shares_memory(router.args[0], x)
+        assert router.kwargs["row_norm"].parts is parts
+        normed = router.kwargs["normed_out"]
+        assert normed.dtype == np.uint16 and not np.shares_memory(normed, x)
+        assert np.shares_memory(calls[b].args[0], normed)
+        for c in calls[i + 2:b]:  # the shared expert reads the normalised x, never x itself
+            for a in (*c.args, *c.kwargs.values()):
+                if hasattr(a, "dtype"):
+                    assert not np.shares_memory(a, x), f"{c.op} reads the unnormalised x"

@@ -179,25 +179,37 @@ def _assert_moe_runs_near(ours_runs, ref_runs, what: str) -> None:
     assert np.median(errs) < 1e-2 and np.mean(errs < 2e-2) >= 0.75
 
 
-def test_moe_norm_fold_stays_near_the_norm_launches(tmp_path, monkeypatch):
+@pytest.mark.parametrize("flags, dropped_per_layer", [
+    (("NINFER_MOE_NORM_FOLD",), "input"),
+    (("NINFER_MOE_ROUTER_NORM",), "post"),
+    (("NINFER_MOE_NORM_FOLD", "NINFER_MOE_ROUTER_NORM"), "both"),
+])
+def test_moe_norm_folds_stay_near_the_norm_launches(tmp_path, monkeypatch, flags,
+                                                     dropped_per_layer):
     """NINFER_MOE_NORM_FOLD=1 (each MoE block's last launch carries the next layer's input
-    norm: x rounded to bf16 before the division by the rms) against the norm launches: L - 1
-    graph nodes less; near by `_assert_moe_runs_near`; with the fold, a row alone equals it in
-    a batch and graph replay equals eager launches (bitwise)."""
+    norm) and NINFER_MOE_ROUTER_NORM=1 (the post-attention norm rides on the mixer's output
+    projection and the router, which writes x / rms for the block) against the norm launches:
+    L - 1, L or 2 L - 1 graph nodes less; near by `_assert_moe_runs_near`; with the folds, a
+    row alone equals it in a batch and graph replay equals eager launches (bitwise)."""
     case = build_case(tmp_path, "tiny-moe", dtype="bfloat16")
     plist = prompts(case.vocab_size, [5, 7, 13, 21], seed=4)
-    monkeypatch.setenv("NINFER_MOE_NORM_FOLD", "0")
+    for flag in ("NINFER_MOE_NORM_FOLD", "NINFER_MOE_ROUTER_NORM"):
+        monkeypatch.setenv(flag, "0")
     plain = gpu_program(case)
     base = generate(plain, plist, 24, keep_logits=True)
-    monkeypatch.setenv("NINFER_MOE_NORM_FOLD", "1")
+    for flag in flags:
+        monkeypatch.setenv(flag, "1")
     program = gpu_program(case)
-    assert program.backend.decode_kws.moe_norm_fold
+    kws = program.backend.decode_kws
+    assert (kws.moe_norm_fold, kws.moe_router_norm) == (
+        "NINFER_MOE_NORM_FOLD" in flags, "NINFER_MOE_ROUTER_NORM" in flags)
     folded = generate(program, plist, 24, keep_logits=True)
     layers = len(program.backend.decode_forward.params.layers)
+    want = {"input": layers - 1, "post": layers, "both": 2 * layers - 1}[dropped_per_layer]
     for b in (1, 4):
         dropped = plain.backend.graphs[b].num_nodes() - program.backend.graphs[b].num_nodes()
-        assert dropped == layers - 1, (b, dropped)
-    _assert_moe_runs_near(folded, base, "moe norm fold")
+        assert dropped == want, (b, dropped)
+    _assert_moe_runs_near(folded, base, "moe norm folds " + "+".join(flags))
     _assert_alone_and_eager_same(program, plist, folded)
 
 

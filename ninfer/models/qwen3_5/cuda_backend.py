@@ -155,7 +155,8 @@ class CudaBackend(BackendStores):
                 fused_attention_gate=envs.attn_gate_fused(), moe_route_first=route_first,
                 moe_route_with_swiglu=envs.moe_route_swiglu(),
                 moe_fold_shared_down=envs.moe_fold_shared(), bf16_operands=GEMV_BF16_X,
-                norm_fold=GEMV_BF16_X and envs.norm_fold(), moe_norm_fold=envs.moe_norm_fold())
+                norm_fold=GEMV_BF16_X and envs.norm_fold(), moe_norm_fold=envs.moe_norm_fold(),
+                moe_router_norm=envs.moe_router_norm())
             self.prefill_kws = KernelWorkspaces(
                 moe=moe_ws,
                 gdn_chunk=ChunkWorkspace.allocate(prefill_chunk, 1, cfg.linear_num_value_heads),

@@ -131,6 +131,9 @@ class KernelWorkspaces:
     # with norm_fold: an MoE block's output carries the next layer's input norm too
     # (ops.moe_block norm_fold; NINFER_MOE_NORM_FOLD)
     moe_norm_fold: bool = False
+    # with norm_fold: an MoE layer's post-attention norm rides on the mixer's output projection
+    # and its router GEMV, which also writes x / rms for the MoE block (NINFER_MOE_ROUTER_NORM)
+    moe_router_norm: bool = False
     flash_prefill: bool = False  # prompt chunks' attention on tensor cores (bf16 KV)
     batch_invariant: bool = False  # GEMMs whose row results do not depend on the row count
     bf16_operands: bool = False
@@ -245,10 +248,12 @@ class Qwen35Forward:
         self._linear(normed, p.lm_head, logits)
         return logits
 
-    def _linear(self, x, weight, out, row_norm: RowNorm | None = None) -> None:
+    def _linear(self, x, weight, out, row_norm: RowNorm | None = None, normed_out=None) -> None:
+        extra = {} if row_norm is None else {"row_norm": row_norm}
+        if normed_out is not None:
+            extra["normed_out"] = normed_out
         ops.linear(x, weight, out, batch_invariant=self.kws.batch_invariant,
-                   **self.kws.kw(self.kws.linear_bf16),
-                   **({} if row_norm is None else {"row_norm": row_norm}))
+                   **self.kws.kw(self.kws.linear_bf16), **extra)
 
     def _block_out(self, y, weight, out, fold: NormFold | None) -> None:
         """A block's output projection: into `out` (the caller adds it to the residual stream
@@ -263,9 +268,11 @@ class Qwen35Forward:
     def _norm_fold(self, rows: int, norm, producer, consumer) -> NormFold | None:
         """The NormFold of `norm` between the block ending in `producer` (the Weight of its
         output projection, or an MoE block's MoEParams) and `consumer` (the next LayerParams,
-        whose mixer's input projection reads the norm, or DenseMLPParams, whose fused gate_up
-        reads it), or None where it does not apply (kws.norm_fold, bf16-x GEMVs of decode rows;
-        an MoE producer: kws.moe_norm_fold and ops.moe_block_folds_norm)."""
+        whose mixer's input projection reads the norm; DenseMLPParams, whose fused gate_up
+        reads it; MoEParams, whose router reads it and writes x / rms for the rest of the
+        block), or None where it does not apply (kws.norm_fold, bf16-x GEMVs of decode rows;
+        an MoE producer: kws.moe_norm_fold and ops.moe_block_folds_norm; an MoE consumer:
+        kws.moe_router_norm and a bf16 MoE input, `moe_reads_bf16_x`)."""
         if not self.kws.norm_fold:
             return None
         hidden = self.cfg.hidden_size
@@ -277,20 +284,27 @@ class Qwen35Forward:
             width, linears = moe_norm_fold_parts(hidden), ()
         else:
             width, linears = None, (producer,)
+        x = self.ws.normed_bf16(rows)
         if isinstance(consumer, DenseMLPParams):
             readers = (consumer.gate_up, consumer.down)  # the fused SwiGLU writes a bf16 act
             if not self._fused_swiglu(consumer.gate_up):
                 return None
         elif isinstance(consumer, LayerParams):
             readers = (_mixer_input(consumer),)
+        elif isinstance(consumer, MoEParams):
+            if not (self.kws.moe_router_norm and moe_reads_bf16_x(
+                    rows, consumer.router_gate, consumer.shared_gate_up,
+                    consumer.experts_gate_up, batch_invariant=self.kws.batch_invariant)):
+                return None
+            # the router writes x / rms into normed's storage (the MoE input's buffer)
+            readers, x = (consumer.router_gate,), self.ws.block_out_bf16(rows)
         else:
             return None
         if not all(norm_fold_applies(rows, w) for w in (*linears, *readers)):
             return None
         width = residual_norm_parts(producer) if width is None else width
         parts = self.ws.norm_parts[:rows, :width]
-        return NormFold(self._gains[id(norm)], self.ws.normed_bf16(rows),
-                        RowNorm(parts, hidden, self.cfg.rms_norm_eps))
+        return NormFold(self._gains[id(norm)], x, RowNorm(parts, hidden, self.cfg.rms_norm_eps))
 
     # -- where linear inputs are written -------------------------------------------------------
     def _x_buffer(self, rows: int, width: int, weight, f32_buffer, *, swiglu: bool = False,
@@ -436,13 +450,12 @@ class Qwen35Forward:
     # -- FFN -----------------------------------------------------------------------------------
     def _ffn(self, w: DenseMLPParams | MoEParams, x, out, row_norm: RowNorm | None = None,
              fold: NormFold | None = None) -> None:
-        """`row_norm` / `fold` as `_mixer` takes them (an MoE block takes a `fold`, not a
-        `row_norm`: its router, shared expert and experts read a normalised x)."""
+        """`row_norm` / `fold` as `_mixer` takes them (an MoE block's router reads x with
+        `row_norm` and writes x / rms for the rest of the block)."""
         if isinstance(w, DenseMLPParams):
             self._swiglu_mlp(w.gate_up, w.down, x, out, row_norm=row_norm, fold=fold)
         else:
-            assert row_norm is None, "an MoE block reads a normalised x"
-            self._moe(w, x, out, fold)
+            self._moe(w, x, out, fold, row_norm)
 
     def _swiglu_mlp(self, gate_up, down, x, out, *, f32_act: bool = False,
                     row_norm: RowNorm | None = None, fold: NormFold | None = None) -> None:
@@ -474,12 +487,20 @@ class Qwen35Forward:
                 and ops.moe_route_with_swiglu_applies(logits, self.cfg.num_experts_per_tok, x,
                                                       w.shared_gate_up, workspace=self.kws.moe))
 
-    def _moe(self, w: MoEParams, x, out, norm: NormFold | None = None) -> None:
-        """`norm`: the next layer's input norm, folded into the block's last launch."""
+    def _moe(self, w: MoEParams, x, out, norm: NormFold | None = None,
+             row_norm: RowNorm | None = None) -> None:
+        """`norm`: the next layer's input norm, folded into the block's last launch.
+        `row_norm`: x's norm is deferred (x = bf16(r * (1 + w))); the router divides by it and
+        writes x / rms into normed's storage, which the rest of the block reads."""
         ws, n, e, top_k = self.ws, x.shape[0], self.cfg.num_experts, self.cfg.num_experts_per_tok
         logits = ws.router_logits[:n]  # [router logits | shared-expert gate logit]
         weights, ids = ws.moe_weights[:n], ws.moe_ids[:n]
-        self._linear(x, w.router_gate, logits)
+        if row_norm is None:
+            self._linear(x, w.router_gate, logits)
+        else:
+            normed = ws.normed_bf16(n)
+            self._linear(x, w.router_gate, logits, row_norm, normed_out=normed)
+            x = normed
         routed = self.kws.moe_route_first
         shared = ws.shared_out[:n]
         fold = {}

@@ -110,6 +110,13 @@ class Workspace:
         h = self.normed.shape[1]
         return self.normed.reshape(-1).view(np.uint16)[: rows * h].reshape(rows, h)
 
+    def block_out_bf16(self, rows: int):
+        """Contiguous uint16 [rows, H] buffer (bf16 bits) in the storage of `block_out`: a
+        folded post-attention norm's x for an MoE layer's router (dead before the MoE block
+        writes `block_out`)."""
+        h = self.block_out.shape[1]
+        return self.block_out.reshape(-1).view(np.uint16)[: rows * h].reshape(rows, h)
+
     def ffn_act_bf16(self, rows: int, width: int):
         """Contiguous uint16 [rows, width] buffer (bf16 bits) of the SwiGLU activation, in the
         storage of `ffn_act` (never live at the same time): the fused SwiGLU's output when its
