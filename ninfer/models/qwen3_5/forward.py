@@ -296,7 +296,8 @@ class Qwen35Forward:
                     rows, consumer.router_gate, consumer.shared_gate_up,
                     consumer.experts_gate_up, batch_invariant=self.kws.batch_invariant)):
                 return None
-            # the router writes x / rms into normed's storage (the MoE input's buffer)
+            # r * (1 + w) goes to block_out's storage: the router writes x / rms into normed's
+            # (the MoE input's buffer, which the rest of the block reads)
             readers, x = (consumer.router_gate,), self.ws.block_out_bf16(rows)
         else:
             return None
