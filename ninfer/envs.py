@@ -240,6 +240,14 @@ def norm_fold() -> bool:
     return _flag("NINFER_NORM_FOLD", True)
 
 
+def norm_fold_prefetch() -> bool:
+    """NINFER_NORM_FOLD_PREFETCH (default off; "1" turns it on; read once at import): the norm
+    fold's producers (linear_residual_norm) load their residual and gain elements right after
+    their PDL wait instead of in the epilogue (a dependent load less at the end of each block's
+    output projection; the same bits). Prepared, not yet measured."""
+    return _flag("NINFER_NORM_FOLD_PREFETCH", False)
+
+
 def moe_norm_fold() -> bool:
     """NINFER_MOE_NORM_FOLD (default off; "1" turns it on): with NINFER_NORM_FOLD, an MoE
     block's last launch (the fused down kernel or the combine) carries the next layer's input

@@ -267,6 +267,12 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 #define TMA_IO_ROW_NORM 8
 #define TMA_IO_NORM_X 16
 #define NORM_FOLD_MAX_PARTS 256  // parts_n per row (linear.py NORM_FOLD_MAX_PARTS)
+// NORM_FOLD_PREFETCH (linear.py SOURCE_FOLD_PREFETCH, NINFER_NORM_FOLD_PREFETCH; opt-in):
+// RESID loads the residual and gain elements of the block's first NORM_FOLD_PREFETCH tiles
+// right after its PDL wait, so the epilogue adds without a dependent load (the same bits).
+#ifndef NORM_FOLD_PREFETCH
+#define NORM_FOLD_PREFETCH 0
+#endif
 #define TMA_MAX_STAGES 16
 // dynamic shared memory: full[stages], empty[stages] barriers (256 bytes), two
 // MmaPartials<CONS>, the ring (linear.py tma_smem mirrors this)
@@ -404,6 +410,21 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
       pv[i] = warp < 8 && lane + 32 * i < f.parts_n ? __ldcg(prow + lane + 32 * i) : 0.0f;
   }
   float ss = 0.0f;  // RESID: this thread's sum of r^2 (its column n = threadIdx.x & 7)
+  // NORM_FOLD_PREFETCH: the residual / gain elements of this thread's (row rr, column n) of the
+  // block's j-th tile (blockIdx.x + j G), j < PF (the epilogue's thread mapping: CONS >= 4)
+  constexpr int PF = RESID ? NORM_FOLD_PREFETCH : 0;
+  float r_pre[PF > 0 ? PF : 1], g_pre[PF > 0 ? PF : 1];
+  if constexpr (PF > 0) {
+    static_assert(32 * CONS >= (SWIGLU ? 8 : 16) * 8, "a thread per output of a tile");
+    const int rr = threadIdx.x >> 3, n = threadIdx.x & 7;
+#pragma unroll
+    for (int j = 0; j < PF; ++j) {
+      const int m = (blockIdx.x + j * G) * 16 + rr;
+      const bool ok = threadIdx.x < 128 && m < p.m && n0 + n < p.n;
+      r_pre[j] = ok ? f.res[(i64)(n0 + n) * f.res_rs + m] : 0.0f;
+      g_pre[j] = ok ? f.gain[m] : 0.0f;
+    }
+  }
   const int g = lane >> 2, t = lane & 3;
   // this lane's x elements (f32, or bf16 bits when XB) at k = 2t + warp WK of its row
   const i64 xofs = (i64)min(n0 + g, p.n - 1) * p.x_rs + 2 * t + warp * WK;
@@ -520,7 +541,19 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
           const i64 o = (i64)(n0 + n) * p.out_rs + m0 + rr;
           const float v = mma_reduce_partials<SWIGLU, CONS, ROWN>(
               red[parity], CONS, rr, n, ROWN ? fold_sm[n] : 1.0f);
-          if constexpr (RESID) {
+          if constexpr (RESID && PF > 0) {
+            float* rp = f.res + (i64)(n0 + n) * f.res_rs + m0 + rr;
+            const int j = (tile - (int)blockIdx.x) / G;  // the tile's ordinal in this block
+            float r0 = 0.0f, g0 = 0.0f;
+            bool pre = false;
+#pragma unroll
+            for (int q = 0; q < PF; ++q)
+              if (q == j) r0 = r_pre[q], g0 = g_pre[q], pre = true;
+            const float r = (pre ? r0 : *rp) + v;
+            *rp = r;
+            reinterpret_cast<bf16raw*>(p.out)[o] = f32_to_bf16(r * (pre ? g0 : f.gain[m0 + rr]));
+            ss = fmaf(r, r, ss);
+          } else if constexpr (RESID) {
             float* rp = f.res + (i64)(n0 + n) * f.res_rs + m0 + rr;
             const float r = *rp + v;
             *rp = r;

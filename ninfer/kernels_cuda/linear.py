@@ -24,6 +24,8 @@ Two paths:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ninfer import envs
@@ -74,6 +76,22 @@ SOURCE_FOLD = KernelSource("linear.cu", tuple(
      for sw, io in TMA_FOLD_IO]
     + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
        for sw, io in TMA_FOLD_IO]))
+# NINFER_NORM_FOLD_PREFETCH (read once at import; opt-in, not yet measured): the norm fold's
+# producers load their residual and gain elements right after the PDL wait (linear.cu
+# NORM_FOLD_PREFETCH; the same bits), a build of the producer instances of their own
+NORM_FOLD_PREFETCH = envs.norm_fold_prefetch()
+
+
+def fold_prefetch_source() -> KernelSource:
+    """The NORM_FOLD_PREFETCH build of SOURCE_FOLD's producer instances (4 tiles ahead)."""
+    resid = f", {TMA_IO_X_BF16 | TMA_IO_RESID_NORM}>"
+    return dataclasses.replace(
+        SOURCE_FOLD, options=("-DNORM_FOLD_PREFETCH=4",),
+        name_expressions=tuple(n for n in SOURCE_FOLD.name_expressions if n.endswith(resid)))
+
+
+# (compiled by bench.precompile only where the flag is on)
+SOURCE_FOLD_PREFETCH = fold_prefetch_source() if NORM_FOLD_PREFETCH else None
 _GEMV_FIELDS = (("w", "ptr"), ("x", "ptr"), ("out", "ptr"), ("w_rs", "i64"), ("x_rs", "i64"),
                 ("out_rs", "i64"), ("m", "i32"), ("k", "i32"), ("n", "i32"), ("splits", "i32"))
 GEMV_PARAMS = C.struct(*_GEMV_FIELDS)
@@ -265,10 +283,13 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     if xs or sk != 1024 or consumers != 16:
         tg = 1
     source = SOURCE_FOLD if (int(swiglu), io) in TMA_FOLD_IO else SOURCE
+    if NORM_FOLD_PREFETCH and io & TMA_IO_RESID_NORM:
+        source = fold_prefetch_source()
     if io:
         assert sk == 1024 and consumers == 16, (sk, consumers, io)
         assert (int(swiglu), io) in TMA_BF16_IO + TMA_FOLD_IO, (swiglu, io)
-        assert (fold is not None) == (source is SOURCE_FOLD), io
+        assert (fold is not None) == (source.name_expressions[0] in
+                                      SOURCE_FOLD.name_expressions), io
     _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, {io}>",
                (row_blocks, col_tiles), consumers, params, smem,
                "linear_swiglu_tma" if swiglu else "linear_tma", pdl, source=source)

@@ -12,7 +12,8 @@ Checked, on fresh random inputs with poisoned outputs (NaN / 0xFFFF):
 - producer then consumer against add_rms_norm then linear (bf16 rounding apart: ~1e-2), and
   both refused where the fold does not apply;
 - the router's `normed_out` (TMA_IO_NORM_X): bf16(x / rms) bitwise, the rms in the kernel's f32
-  order, for 1, 17 and 132 blocks.
+  order, for 1, 17 and 132 blocks;
+- the producer's prefetch build (NORM_FOLD_PREFETCH) gives the default build's bits.
 """
 from __future__ import annotations
 
@@ -97,6 +98,24 @@ def test_producer_vs_float64(rng, m, k):
         assert_same_bits(out, f32_to_bf16_bits(r * gain), f"out m={m} k={k} n={n}")
         assert_close(parts[:, :p], _block_sums(r, p), what=f"parts m={m} k={k} n={n}")
         assert np.isnan(parts[:, p:]).all(), "columns past P were written"
+
+
+@pytest.mark.parametrize("m, k", [(733, 12288), (4096, 4096), (12672 + 8, 1024)])
+def test_producer_prefetch_gives_the_same_bits(rng, monkeypatch, m, k):
+    """NINFER_NORM_FOLD_PREFETCH (linear.cu NORM_FOLD_PREFETCH: the residual and gain elements
+    of a block's first 4 tiles loaded right after its PDL wait): the default build's bits, for
+    blocks of 1, 2 and 6 tiles (the last two not prefetched)."""
+    w_d = _weight(rng, m, k)
+    gain = (1.0 + rng.standard_normal(m) * 0.1).astype(np.float32)
+    for n in (1, 8):
+        x_d, _ = _x(rng, n, k)
+        resid_h = rng.standard_normal((n, m)).astype(np.float32)
+        monkeypatch.setattr(klinear, "NORM_FOLD_PREFETCH", False)
+        want = _produce(x_d, w_d, resid_h, gain)
+        monkeypatch.setattr(klinear, "NORM_FOLD_PREFETCH", True)
+        got = _produce(x_d, w_d, resid_h, gain)
+        for a, b, what in zip(got, want, ("residual", "out", "parts")):
+            assert_same_bits(a, b, f"{what} m={m} k={k} n={n}")
 
 
 @pytest.mark.parametrize("k", [1024, 4096, 12288])
