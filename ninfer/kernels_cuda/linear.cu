@@ -553,7 +553,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
             *rp = r;
             reinterpret_cast<bf16raw*>(p.out)[o] = f32_to_bf16(r * (pre ? g0 : f.gain[m0 + rr]));
             ss = fmaf(r, r, ss);
-          } else if constexpr (RESID) {
+          } else if constexpr (RESID) {  // (apart: the measured build's code, PTX unchanged)
             float* rp = f.res + (i64)(n0 + n) * f.res_rs + m0 + rr;
             const float r = *rp + v;
             *rp = r;

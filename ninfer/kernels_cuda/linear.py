@@ -268,11 +268,9 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     bitwise the same results). `io`: linear_tma_kernel's IO flags (TMA_IO_X_BF16: x holds bf16
     bits; TMA_IO_OUT_BF16: out does); nonzero needs the default geometry. `fold`: the
     NormFoldParams fields (TMA_PARAMS) of a norm-fold `io` (TMA_FOLD_IO; SOURCE_FOLD)."""
-    tile = 8 if swiglu else 16
-    tiles, col_tiles = (m + tile - 1) // tile, (n + 7) // 8
-    if row_blocks is None:
-        row_blocks = max(1, current_device().sm_count // col_tiles)
-    row_blocks = max(1, min(tiles, row_blocks))
+    tiles, col_tiles = -(-m // (8 if swiglu else 16)), (n + 7) // 8
+    row_blocks = tma_row_blocks(m, n, swiglu=swiglu) if row_blocks is None else max(
+        1, min(tiles, row_blocks))
     sk = TMA_SK if sk is None else sk
     consumers = TMA_CONSUMERS if consumers is None else consumers
     stages, smem = tma_plan(sk, consumers, TMA_RING_KIB if ring_kib is None else ring_kib)
@@ -293,6 +291,13 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, {io}>",
                (row_blocks, col_tiles), consumers, params, smem,
                "linear_swiglu_tma" if swiglu else "linear_tma", pdl, source=source)
+
+
+def tma_row_blocks(m: int, n: int, *, swiglu: bool = False) -> int:
+    """linear_tma_kernel's default persistent blocks per column tile of 8 rows: one per SM
+    (shared among the column tiles), at most one per row tile (16 rows; SwiGLU: 8)."""
+    tiles, col_tiles = -(-m // (8 if swiglu else 16)), (n + 7) // 8
+    return max(1, min(tiles, current_device().sm_count // col_tiles))
 
 
 def _start_tma(instance: str, grid, consumers: int, params, smem: int, name: str,
@@ -507,15 +512,15 @@ def linear(x, weight, out, *, workspace=None, batch_invariant: bool = False,
             C.require(_mma_ok(w, kind, w_rs, x, x_rs), "x",
                       "a bf16 x on the GEMV needs a 16-byte aligned base and rows a multiple "
                       "of 4 elements apart")
-    io = TMA_IO_X_BF16 | TMA_IO_ROW_NORM
     if row_norm is not None:
         C.require(bf16_x and not cublas and n <= GEMV_MAX_ROWS, "row_norm",
                   "the row norm runs on the bf16-x GEMV (bf16 x, <= 8 rows)")
-        fold = _row_norm_fold(row_norm, n)
+        fold, io = _row_norm_fold(row_norm, n), TMA_IO_X_BF16 | TMA_IO_ROW_NORM
     if normed_out is not None:
         C.require(row_norm is not None and m > 0, "normed_out", "needs row_norm (and M > 0)")
         C.device_array(normed_out, "normed_out", dtype=np.uint16, ndim=2, shape=(n, k))
-        C.require(not C.cupy().shares_memory(normed_out, x), "normed_out", "must not overlap x")
+        C.require(not C.cupy().may_share_memory(normed_out, x), "normed_out",
+                  "must not overlap x")
         io |= TMA_IO_NORM_X
         # (TMA_IO_NORM_X: NormFoldParams.res / res_rs carry normed_out; no residual then)
         fold.update(res=C.ptr(normed_out), res_rs=C.row_stride(normed_out, "normed_out"))
@@ -549,7 +554,7 @@ def residual_norm_parts(weight) -> int:
     """The columns of `parts` that `linear_residual_norm` writes for this weight: its row
     blocks (one per SM, at most one per 16-row tile; `_launch_tma` with one column tile)."""
     w, _ = C.weight_array(weight, "weight")
-    return max(1, min(-(-w.shape[0] // 16), current_device().sm_count))
+    return tma_row_blocks(w.shape[0], 1)
 
 
 def linear_residual_norm(x, weight, residual, gain, out, parts) -> None:

@@ -34,6 +34,7 @@ from ninfer.kernels_cuda._loader import KernelSource, current_device, get_functi
 from ninfer.kernels_cuda.linear import (
     MMA_ROWS_ALIGN,
     MMA_ROWS_WARP_SMEM,
+    NORM_FOLD_MAX_PARTS,
     ROWS_PER_BLOCK,
     k_splits,
     launch_tma_swiglu_route,
@@ -288,8 +289,6 @@ _NORM_FOLD = C.struct(("res", "ptr"), ("gain", "ptr"), ("xg", "ptr"), ("parts", 
                       ("res_rs", "i64"), ("xg_rs", "i64"), ("parts_rs", "i64"))
 assert _NORM_FOLD.itemsize == 56
 _NO_NORM_FOLD = C.pack(_NORM_FOLD)
-NORM_FOLD_MAX_PARTS = 256  # linear.cu: the parts a consumer's row norm sums
-
 
 def norm_fold_parts(hidden: int) -> int:
     """The columns of `parts` an MoE block's norm fold writes: one per 16 output columns."""

@@ -140,8 +140,8 @@ def moe_block_folds_norm(rows: int, top_k: int, hidden: int, gate_up, *,
 
 
 def moe_norm_fold_parts(hidden: int) -> int:
-    """The columns of `parts` that `moe_block`'s norm fold writes (one per 16 of H)."""
-    return -(-hidden // 16)
+    """The columns of `parts` that `moe_block`'s norm fold writes (one per 16 of H; CUDA)."""
+    return check.kernels(Backend.CUDA, "moe").norm_fold_parts(hidden)
 
 
 def moe_block_folds_shared_down(x, top_k: int, gate_up, down, shared_down, shared_act, *,

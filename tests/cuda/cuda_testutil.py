@@ -7,6 +7,7 @@ so an unwritten element fails the comparison.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import numpy as np
 
@@ -368,3 +369,36 @@ def assert_chunk_prefill_splits_bitwise(rng, n, hk, hv, dk, dv, cuts, g_scale, *
                                workspace=ws, **path)
     assert_same_bits(split, whole, "output")
     assert_same_bits(st_split, st_whole, "state")
+
+
+# (name, kernels_cuda.moe flags, moe_block keywords): every path of moe_block's grouped-GEMV call
+MOE_BLOCK_PATHS = (
+    ("fused, bulk-copy gate_up", {}, {}),
+    ("four launches", {}, {"fused": False}),
+    ("rows gate_up", {"MOE_TMA": False}, {}),
+    ("rows gate_up, four launches", {"MOE_TMA": False}, {"fused": False}),
+    ("moe_mma_kernel down (f32 act)", {"GEMV_ROWS": False}, {"fused": False}),
+    ("batch invariant", {}, {"batch_invariant": True}),
+    ("persistent", {"PERSIST": True}, {}),
+    ("bulk-copy down", {"TMA_DOWN": True}, {}),
+)
+_MOE_PATH_FLAGS = ("MOE_TMA", "GEMV_ROWS", "PERSIST", "TMA_DOWN")
+
+
+def set_moe_path(monkeypatch, flags: dict) -> None:
+    """kernels_cuda.moe's path flags: those in `flags`, the rest as the module was imported
+    with (so no path's flag leaks into the next)."""
+    from ninfer.kernels_cuda import moe as kmoe
+
+    defaults = _moe_path_defaults()
+    for name in _MOE_PATH_FLAGS:
+        monkeypatch.setattr(kmoe, name, flags.get(name, defaults[name]))
+
+
+@functools.lru_cache(maxsize=None)
+def _moe_path_defaults() -> dict:
+    """The flags' import-time values (first read at the start of a test: monkeypatch has undone
+    every earlier test's patches by then)."""
+    from ninfer.kernels_cuda import moe as kmoe
+
+    return {name: getattr(kmoe, name) for name in _MOE_PATH_FLAGS}

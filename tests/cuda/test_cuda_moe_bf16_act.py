@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import assert_close, assert_same_bits, dev, host, poisoned, randn, tiled_experts
+from cuda_testutil import (MOE_BLOCK_PATHS, assert_close, assert_same_bits, dev, host, poisoned,
+                           randn, set_moe_path, tiled_experts)
 
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.kernels_cuda import moe as kmoe
@@ -17,22 +18,11 @@ from ninfer.ops import reference as ref
 
 pytestmark = pytest.mark.gpu
 
-# (name, module flags, moe_block keywords): every path of the grouped-GEMV call
-_PATHS = (
-    ("fused, bulk-copy gate_up", {}, {}),
-    ("four launches", {}, {"fused": False}),
-    ("rows gate_up", {"MOE_TMA": False}, {}),
-    ("rows gate_up, four launches", {"MOE_TMA": False}, {"fused": False}),
-    ("moe_mma_kernel down (f32 act)", {"GEMV_ROWS": False}, {"fused": False}),
-    ("batch invariant", {}, {"batch_invariant": True}),
-    ("persistent", {"PERSIST": True}, {}),
-    ("bulk-copy down", {"TMA_DOWN": True}, {}),
-)
+_PATHS = MOE_BLOCK_PATHS
 
 
 def _block(monkeypatch, flags, kw, x, logits, top_k, gu, dn, shared, bf16_act=True):
-    for name in ("MOE_TMA", "GEMV_ROWS", "PERSIST", "TMA_DOWN"):
-        monkeypatch.setattr(kmoe, name, flags.get(name, getattr(kmoe, name)))
+    set_moe_path(monkeypatch, flags)
     n, hidden, inter = x.shape[0], x.shape[1], dn.shape[2]
     experts = logits.shape[1] - 1
     ws = kmoe.MoeWorkspace.allocate(n, top_k, hidden, inter)

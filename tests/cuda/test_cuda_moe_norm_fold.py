@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import assert_same_bits, cp, dev, host, poisoned, randn, tiled_experts
+from cuda_testutil import (MOE_BLOCK_PATHS, assert_same_bits, cp, dev, host, poisoned, randn,
+                           set_moe_path, tiled_experts)
 
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from ninfer.errors import InvalidInput
@@ -22,14 +23,8 @@ from ninfer.kernels_cuda.linear import tma_ok
 
 pytestmark = pytest.mark.gpu
 
-# (name, module flags, moe_block keywords): the paths norm_folds admits
-_PATHS = (
-    ("fused, bulk-copy gate_up", {}, {}),
-    ("four launches", {}, {"fused": False}),
-    ("rows gate_up", {"MOE_TMA": False}, {}),
-    ("rows gate_up, four launches", {"MOE_TMA": False}, {"fused": False}),
-    ("batch invariant", {}, {"batch_invariant": True}),
-)
+# the paths norm_folds admits (not the opt-in persistent and bulk-copy down kernels)
+_PATHS = tuple(p for p in MOE_BLOCK_PATHS if not {"PERSIST", "TMA_DOWN"} & p[1].keys())
 EXPERTS, TOP_K, HIDDEN, INTER, SUB = 64, 8, 1040, 256, 16  # H: 65 column groups
 
 
@@ -45,8 +40,7 @@ def _setup(rng, n, bf16_x):
 
 def _block(monkeypatch, flags, kw, x, logits, gu, dn, shared, fold=None):
     """(out, and with `fold` = (residual host, gain host): residual, xg, parts) on the host."""
-    for name in ("MOE_TMA", "GEMV_ROWS", "PERSIST", "TMA_DOWN"):
-        monkeypatch.setattr(kmoe, name, flags.get(name, getattr(kmoe, name)))
+    set_moe_path(monkeypatch, flags)
     n = x.shape[0]
     ws = kmoe.MoeWorkspace.allocate(n, TOP_K, HIDDEN, INTER)
     w, ids, out = poisoned((n, TOP_K)), poisoned((n, TOP_K), np.int32), poisoned((n, HIDDEN))

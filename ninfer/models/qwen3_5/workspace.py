@@ -37,6 +37,11 @@ class ProjectionSizes:
         return cls(gdn_in=gdn_in, attn_qkv=attn, ffn_gate_up=gate_up, ffn_inner=inner)
 
 
+def _bits_view(buffer, rows: int, width: int):
+    """Contiguous uint16 [rows, width] (bf16 bits) over the start of an f32 buffer's storage."""
+    return buffer.reshape(-1).view(np.uint16)[: rows * width].reshape(rows, width)
+
+
 class Workspace:
     """Activation buffers for up to `max_rows` rows and `max_logit_rows` sampled rows.
 
@@ -107,21 +112,19 @@ class Workspace:
         """Contiguous uint16 [rows, H] buffer (bf16 bits) in the storage of `normed` (never live
         at the same time): an MoE layer's input where its readers take bf16 bits (it must
         outlive the router and the shared expert, so not `operand_bf16`)."""
-        h = self.normed.shape[1]
-        return self.normed.reshape(-1).view(np.uint16)[: rows * h].reshape(rows, h)
+        return _bits_view(self.normed, rows, self.normed.shape[1])
 
     def block_out_bf16(self, rows: int):
         """Contiguous uint16 [rows, H] buffer (bf16 bits) in the storage of `block_out`: a
         folded post-attention norm's x for an MoE layer's router (dead before the MoE block
         writes `block_out`)."""
-        h = self.block_out.shape[1]
-        return self.block_out.reshape(-1).view(np.uint16)[: rows * h].reshape(rows, h)
+        return _bits_view(self.block_out, rows, self.block_out.shape[1])
 
     def ffn_act_bf16(self, rows: int, width: int):
         """Contiguous uint16 [rows, width] buffer (bf16 bits) of the SwiGLU activation, in the
         storage of `ffn_act` (never live at the same time): the fused SwiGLU's output when its
         x is in `operand_bf16`."""
-        return self._ffn_act.view(np.uint16)[: rows * width].reshape(rows, width)
+        return _bits_view(self._ffn_act, rows, width)
 
     @property
     def has_bf16_operands(self) -> bool:
