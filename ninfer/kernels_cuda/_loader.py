@@ -224,9 +224,9 @@ def _count(module, name: str):
 
 
 def _read_buffers(buffer: str, count: str, cap: int, width: int, what: str) -> dict:
-    """Per compiled module file: the first min(count, cap) rows of its uint64 [cap, width]
-    device buffer `buffer` (common.cuh), after a synchronize; warns where a replay wrote past
-    the cap (those rows were dropped)."""
+    """Per compiled module file: the first min(count, cap) rows of each of its builds' uint64
+    [cap, width] device buffers `buffer` (common.cuh), concatenated, after a synchronize; warns
+    where a replay wrote past the cap (those rows were dropped)."""
     import cupy
 
     cupy.cuda.get_current_stream().synchronize()
@@ -237,7 +237,10 @@ def _read_buffers(buffer: str, count: str, cap: int, width: int, what: str) -> d
             warnings.warn(f"timeline: {source.file} wrote {written} {what}, {written - cap} "
                           f"past the buffer's {cap} were dropped", stacklevel=3)
         buf = cupy.ndarray((cap, width), np.uint64, memptr=module.get_global(buffer))
-        out[source.file] = buf[:min(written, cap)].get()
+        rows = buf[:min(written, cap)].get()
+        # a file's second build (e.g. linear.SOURCE_FOLD) is a module of its own: its rows join
+        # the first build's instead of replacing them
+        out[source.file] = np.concatenate([out[source.file], rows]) if source.file in out else rows
     return out
 
 
