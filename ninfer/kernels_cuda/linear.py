@@ -25,6 +25,7 @@ Two paths:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -82,8 +83,11 @@ SOURCE_FOLD = KernelSource("linear.cu", tuple(
 NORM_FOLD_PREFETCH = envs.norm_fold_prefetch()
 
 
+@functools.cache
 def fold_prefetch_source() -> KernelSource:
-    """The NORM_FOLD_PREFETCH build of SOURCE_FOLD's producer instances (4 tiles ahead)."""
+    """The NORM_FOLD_PREFETCH build of SOURCE_FOLD's producer instances (4 tiles ahead); one
+    object per process (KernelSource hashes by identity: a new one would be a module of its own,
+    loaded again at every launch)."""
     resid = f", {TMA_IO_X_BF16 | TMA_IO_RESID_NORM}>"
     return dataclasses.replace(
         SOURCE_FOLD, options=("-DNORM_FOLD_PREFETCH=4",),

@@ -52,3 +52,17 @@ def test_every_bf16_instance_is_declared(monkeypatch, tile_group, source, ios):
                 tg = 1 if xs else tile_group
                 name = f"linear_tma_kernel<{swiglu}, 1024, 16, {xs}, {tg}, {io}>"
                 assert name in declared, name
+
+
+def test_the_prefetch_build_is_one_source():
+    """KernelSource hashes by identity, so the loader keeps one module per object: the norm
+    fold's prefetch build, chosen per launch, must be the same object every time (a new one per
+    launch loaded the module again at every launch)."""
+    first = klinear.fold_prefetch_source()
+    assert klinear.fold_prefetch_source() is first
+    assert "-DNORM_FOLD_PREFETCH=4" in first.options
+    resid = f", {klinear.TMA_IO_X_BF16 | klinear.TMA_IO_RESID_NORM}>"
+    assert first.name_expressions and all(n.endswith(resid) for n in first.name_expressions)
+    assert set(first.name_expressions) <= set(klinear.SOURCE_FOLD.name_expressions)
+    if klinear.NORM_FOLD_PREFETCH:
+        assert klinear.SOURCE_FOLD_PREFETCH is first
