@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 #define TMA_IO_ROW_NORM 8
 #define TMA_IO_NORM_X 16
 #define NORM_FOLD_MAX_PARTS 256  // parts_n per row (linear.py NORM_FOLD_MAX_PARTS)
-// NORM_FOLD_PREFETCH (linear.py SOURCE_FOLD_PREFETCH, NINFER_NORM_FOLD_PREFETCH; opt-in):
+// NORM_FOLD_PREFETCH (linear.py SOURCE_FOLD_PREFETCH, NINFER_NORM_FOLD_PREFETCH; default on):
 // RESID loads the residual and gain elements of the block's first NORM_FOLD_PREFETCH tiles
 // right after its PDL wait, so the epilogue adds without a dependent load (the same bits).
 #ifndef NORM_FOLD_PREFETCH
