@@ -240,6 +240,15 @@ def norm_fold() -> bool:
     return _flag("NINFER_NORM_FOLD", True)
 
 
+def gemv_x_vec() -> bool:
+    """NINFER_GEMV_X_VEC (default off; "1" turns it on; read once at import): linear_tma_kernel
+    loads a bf16 x it keeps in registers 16 bytes per lane and hands the fragments out by two
+    4 x 4 transposes per quad of lanes, instead of 4-byte loads that read every 32-byte sector of
+    x twice (the same bits). Prepared for the N = 8 GEMVs, whose blocks each read all of x
+    (64 KB at K = 4096) after their PDL wait."""
+    return _flag("NINFER_GEMV_X_VEC", False)
+
+
 def norm_fold_prefetch() -> bool:
     """NINFER_NORM_FOLD_PREFETCH (default on; "0" turns it off; read once at import): the norm
     fold's producers (linear_residual_norm) load their residual and gain elements right after

@@ -319,6 +319,70 @@ struct TmaParams {
 static_assert(sizeof(TmaParams) == 120, "TmaParams layout is mirrored in linear.py");
 // NORM_X (a ROW mode, never with RESID): res / res_rs hold x / rms's output, bf16 bits [N, K]
 
+// GEMV_X_VEC (linear.py SOURCE_X_VEC, NINFER_GEMV_X_VEC; opt-in): a bf16 x held in registers
+// (XS > 0) is loaded 16 bytes per lane instead of 4, so each 32-byte sector of x is read by one
+// load instruction instead of two (at N = 8 a block reads 64 KB of x after its PDL wait, before
+// its first MMA). The quad of lanes (g, t = 0..3) loads its row's 64 k of the warp's stage as
+// words [16 a + 4 t, +4) for a = 0, 1; two 4 x 4 transposes in the quad then give each lane its
+// mma fragments. The same fragment values, so the same bits.
+#ifndef GEMV_X_VEC
+#define GEMV_X_VEC 0
+#endif
+#if GEMV_X_VEC
+// v[r] = row t's element r of the quad's 4 x 4 matrix (row = lane t); afterwards v[r] = row r's
+// element t. Each step trades the two elements whose index bit differs from t's with lane t ^ b.
+__device__ __forceinline__ void quad_transpose4(unsigned (&v)[4], const int t) {
+  const bool o = t & 1;
+  unsigned a = o ? v[0] : v[1], b = o ? v[2] : v[3];
+  a = __shfl_xor_sync(0xffffffffu, a, 1);
+  b = __shfl_xor_sync(0xffffffffu, b, 1);
+  if (o) { v[0] = a; v[2] = b; } else { v[1] = a; v[3] = b; }
+  const bool h = t & 2;
+  a = h ? v[0] : v[2];
+  b = h ? v[1] : v[3];
+  a = __shfl_xor_sync(0xffffffffu, a, 2);
+  b = __shfl_xor_sync(0xffffffffu, b, 2);
+  if (h) { v[0] = a; v[1] = b; } else { v[2] = a; v[3] = b; }
+}
+
+// 16-byte loads need x and its rows 16-byte aligned (block-uniform: the shuffles need the warp)
+template <int WK>
+__device__ __forceinline__ bool tma_x_vec_ok(const GemvParams& p) {
+  return WK == 64 && (reinterpret_cast<unsigned long long>(p.x) & 15) == 0 && (p.x_rs & 7) == 0;
+}
+
+// xf[s][j][h] = bf16 words (8 j + 4 h + t) of row `row`'s k range s SK + warp WK (zero past K),
+// as the 4-byte loads give them
+template <int SK, int WK, int XN>
+__device__ __forceinline__ void tma_x_vec_load(const GemvParams& p, const int row, const int warp,
+                                               const int t, unsigned (&xf)[XN][WK / 16][2]) {
+  if constexpr (WK == 64) {
+    const uint4* q = reinterpret_cast<const uint4*>(
+        reinterpret_cast<const bf16raw*>(p.x) + (i64)row * p.x_rs + warp * WK);
+    uint4 w[XN][2];
+#pragma unroll
+    for (int s = 0; s < XN; ++s)
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {  // k 32 a + 8 t: step 2 a + t / 2
+        const bool in = s * SK + warp * WK + 16 * (2 * a + (t >> 1)) < p.k;
+        w[s][a] = in ? __ldg(q + s * (SK / 8) + 4 * a + t) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+    for (int s = 0; s < XN; ++s)
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        unsigned v[4] = {w[s][a].x, w[s][a].y, w[s][a].z, w[s][a].w};
+        quad_transpose4(v, t);  // v[u] = word 16 a + 4 u + t
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          xf[s][2 * a + b][0] = v[2 * b];
+          xf[s][2 * a + b][1] = v[2 * b + 1];
+        }
+      }
+  }
+}
+#endif
+
 // The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
 __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G,
@@ -436,15 +500,22 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   constexpr int XN = XS > 0 ? XS : 1;
   unsigned xf[XN][WK / 16][XW];
   if constexpr (XS > 0 && XB) {
+#if GEMV_X_VEC
+    if (tma_x_vec_ok<WK>(p)) {
+      tma_x_vec_load<SK, WK, XN>(p, min(n0 + g, p.n - 1), warp, t, xf);
+    } else
+#endif
+    {
 #pragma unroll
-    for (int s = 0; s < XN; ++s)
+      for (int s = 0; s < XN; ++s)
 #pragma unroll
-      for (int j = 0; j < WK / 16; ++j) {
-        const bool in = s * SK + warp * WK + 16 * j < p.k;
-        const unsigned* src = reinterpret_cast<const unsigned*>(xrow_b + s * SK + 16 * j);
-        xf[s][j][0] = in ? __ldg(src) : 0u;
-        xf[s][j][1] = in ? __ldg(src + 4) : 0u;
-      }
+        for (int j = 0; j < WK / 16; ++j) {
+          const bool in = s * SK + warp * WK + 16 * j < p.k;
+          const unsigned* src = reinterpret_cast<const unsigned*>(xrow_b + s * SK + 16 * j);
+          xf[s][j][0] = in ? __ldg(src) : 0u;
+          xf[s][j][1] = in ? __ldg(src + 4) : 0u;
+        }
+    }
   } else if constexpr (XS > 0) {
     // every x load is issued before any is used (predicated, no branches), then split
     float2 xv[XN][WK / 16][2];

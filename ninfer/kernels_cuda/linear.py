@@ -50,6 +50,12 @@ TMA_BF16_IO = ((0, TMA_IO_X_BF16), (1, TMA_IO_X_BF16), (1, TMA_IO_X_BF16 | TMA_I
 # NINFER_GEMV_BF16_X (read once at import): decode GEMVs on linear_tma_kernel take x as bf16 bits
 GEMV_BF16_X = envs.gemv_bf16_x()
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
+# NINFER_GEMV_X_VEC (read once at import; opt-in): linear_tma_kernel loads a bf16 x held in
+# registers 16 bytes per lane (linear.cu GEMV_X_VEC; the same bits): every linear.cu build
+# (SOURCE, SOURCE_FOLD, the prefetch build) then carries the define
+GEMV_X_VEC = envs.gemv_x_vec()
+_X_VEC_OPTION = "-DGEMV_X_VEC=1"
+_X_VEC_OPTIONS = (_X_VEC_OPTION,) if GEMV_X_VEC else ()
 
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
@@ -63,7 +69,8 @@ SOURCE = KernelSource("linear.cu", tuple(
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
     + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}, {io}>"
-       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16) for io in (0, TMA_IO_X_BF16)]))
+       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16) for io in (0, TMA_IO_X_BF16)]),
+    options=_X_VEC_OPTIONS)
 # The norm fold (NINFER_NORM_FOLD; linear.cu TMA_IO_RESID_NORM / TMA_IO_ROW_NORM): its own
 # module build, so that its instances compile beside SOURCE's (bench.precompile: a process per
 # KernelSource) instead of after them. (SWIGLU, IO) pairs: the producer (a linear), the consumer
@@ -76,7 +83,7 @@ SOURCE_FOLD = KernelSource("linear.cu", tuple(
     [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
      for sw, io in TMA_FOLD_IO]
     + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
-       for sw, io in TMA_FOLD_IO]))
+       for sw, io in TMA_FOLD_IO]), options=_X_VEC_OPTIONS)
 # NINFER_NORM_FOLD_PREFETCH (read once at import; default on, 0.2-1% faster decode): the norm
 # fold's producers load their residual and gain elements right after the PDL wait (linear.cu
 # NORM_FOLD_PREFETCH; the same bits), a build of the producer instances of their own
@@ -90,8 +97,17 @@ def fold_prefetch_source() -> KernelSource:
     loaded again at every launch)."""
     resid = f", {TMA_IO_X_BF16 | TMA_IO_RESID_NORM}>"
     return dataclasses.replace(
-        SOURCE_FOLD, options=("-DNORM_FOLD_PREFETCH=4",),
+        SOURCE_FOLD, options=SOURCE_FOLD.options + ("-DNORM_FOLD_PREFETCH=4",),
         name_expressions=tuple(n for n in SOURCE_FOLD.name_expressions if n.endswith(resid)))
+
+
+@functools.cache
+def x_vec_variant(source: KernelSource, on: bool) -> KernelSource:
+    """`source` built with GEMV_X_VEC on or off (`source` itself where it already is), one
+    object per (source, on) (tests compare the two builds' bits in one process)."""
+    options = tuple(o for o in source.options if o != _X_VEC_OPTION) + (
+        (_X_VEC_OPTION,) if on else ())
+    return source if options == source.options else dataclasses.replace(source, options=options)
 
 
 # (None where the flag is off: bench.precompile then does not compile it)
