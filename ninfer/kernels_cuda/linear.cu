@@ -319,8 +319,8 @@ struct TmaParams {
 static_assert(sizeof(TmaParams) == 120, "TmaParams layout is mirrored in linear.py");
 // NORM_X (a ROW mode, never with RESID): res / res_rs hold x / rms's output, bf16 bits [N, K]
 
-// GEMV_X_VEC (linear.py SOURCE_X_VEC, NINFER_GEMV_X_VEC; opt-in): a bf16 x held in registers
-// (XS > 0) is loaded 16 bytes per lane instead of 4, so each 32-byte sector of x is read by one
+// GEMV_X_VEC (linear.py x_vec_variant, NINFER_GEMV_X_VEC; default on): a bf16 x of N > 1 rows
+// held in registers (XS > 0) is loaded 16 bytes per lane instead of 4, so each 32-byte sector of x is read by one
 // load instruction instead of two (at N = 8 a block reads 64 KB of x after its PDL wait, before
 // its first MMA). The quad of lanes (g, t = 0..3) loads its row's 64 k of the warp's stage as
 // words [16 a + 4 t, +4) for a = 0, 1; two 4 x 4 transposes in the quad then give each lane its
@@ -501,7 +501,8 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   unsigned xf[XN][WK / 16][XW];
   if constexpr (XS > 0 && XB) {
 #if GEMV_X_VEC
-    if (tma_x_vec_ok<WK>(p)) {
+    if (p.n - n0 > 1 && tma_x_vec_ok<WK>(p)) {  // (one row: its 8 KB gain nothing, the
+      // shuffles cost ~1.5% at 0.8B B = 1)
       tma_x_vec_load<SK, WK, XN>(p, min(n0 + g, p.n - 1), warp, t, xf);
     } else
 #endif

@@ -50,8 +50,8 @@ TMA_BF16_IO = ((0, TMA_IO_X_BF16), (1, TMA_IO_X_BF16), (1, TMA_IO_X_BF16 | TMA_I
 # NINFER_GEMV_BF16_X (read once at import): decode GEMVs on linear_tma_kernel take x as bf16 bits
 GEMV_BF16_X = envs.gemv_bf16_x()
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
-# NINFER_GEMV_X_VEC (read once at import; opt-in): linear_tma_kernel loads a bf16 x held in
-# registers 16 bytes per lane (linear.cu GEMV_X_VEC; the same bits): every linear.cu build
+# NINFER_GEMV_X_VEC (read once at import; default on): linear_tma_kernel loads a bf16 x of N > 1
+# rows held in registers 16 bytes per lane (linear.cu GEMV_X_VEC; the same bits): every linear.cu build
 # (SOURCE, SOURCE_FOLD, the prefetch build) then carries the define
 GEMV_X_VEC = envs.gemv_x_vec()
 _X_VEC_OPTION = "-DGEMV_X_VEC=1"

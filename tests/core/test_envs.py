@@ -26,7 +26,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.norm_fold, "NINFER_NORM_FOLD", True),
     (envs.moe_norm_fold, "NINFER_MOE_NORM_FOLD", False),
     (envs.norm_fold_prefetch, "NINFER_NORM_FOLD_PREFETCH", True),
-    (envs.gemv_x_vec, "NINFER_GEMV_X_VEC", False),
+    (envs.gemv_x_vec, "NINFER_GEMV_X_VEC", True),
     (envs.moe_router_norm, "NINFER_MOE_ROUTER_NORM", True),
 ]
 
