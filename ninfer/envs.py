@@ -242,12 +242,14 @@ def norm_fold() -> bool:
 
 def gemv_x_vec() -> bool:
     """NINFER_GEMV_X_VEC (default on; "0" turns it off; read once at import): linear_tma_kernel
-    loads a bf16 x of more than one row that it keeps in registers 16 bytes per lane and hands
-    the fragments out by two 4 x 4 transposes per quad of lanes, instead of 4-byte loads that
-    read every 32-byte sector of x twice (the same bits). For the N = 8 GEMVs, whose blocks each
-    read all of x (64 KB at K = 4096) after their PDL wait. H200, same call, B = 8 ms off / on:
-    0.8B 0.981, 0.980 / 0.932, 0.928; 9B 4.902 / 4.780; 27B 15.445 / 15.157 (B = 1 took it too
-    then: 0.8B +1.5%, so one row keeps the 4-byte loads)."""
+    calls of more than one row load the bf16 x they keep in registers 16 bytes per lane and
+    hand the fragments out by two 4 x 4 transposes per quad of lanes (instances with
+    TMA_IO_X_VEC), instead of 4-byte loads that read every 32-byte sector of x twice (the same
+    bits). For the N = 8 GEMVs, whose blocks each read all of x (64 KB at K = 4096) after their
+    PDL wait. H200, same call, B = 8 ms off / on: 0.8B 0.981, 0.980 / 0.932, 0.928; 9B 4.902 /
+    4.780; 27B 15.445 / 15.157. One row keeps the 4-byte loads' instances: the build where every
+    instance carried the 16-byte path made 0.8B B = 1 1.5% slower, even where one row took the
+    4-byte loads."""
     return _flag("NINFER_GEMV_X_VEC", True)
 
 

@@ -266,6 +266,7 @@ __global__ void __launch_bounds__(512, 2) linear_mma_rows_kernel(const GemvParam
 #define TMA_IO_RESID_NORM 4
 #define TMA_IO_ROW_NORM 8
 #define TMA_IO_NORM_X 16
+#define TMA_IO_X_VEC 32  // x loaded 16 bytes per lane (tma_x_vec_load)
 #define NORM_FOLD_MAX_PARTS 256  // parts_n per row (linear.py NORM_FOLD_MAX_PARTS)
 // NORM_FOLD_PREFETCH (linear.py SOURCE_FOLD_PREFETCH, NINFER_NORM_FOLD_PREFETCH; default on):
 // RESID loads the residual and gain elements of the block's first NORM_FOLD_PREFETCH tiles
@@ -319,16 +320,12 @@ struct TmaParams {
 static_assert(sizeof(TmaParams) == 120, "TmaParams layout is mirrored in linear.py");
 // NORM_X (a ROW mode, never with RESID): res / res_rs hold x / rms's output, bf16 bits [N, K]
 
-// GEMV_X_VEC (linear.py x_vec_variant, NINFER_GEMV_X_VEC; default on): a bf16 x of N > 1 rows
-// held in registers (XS > 0) is loaded 16 bytes per lane instead of 4, so each 32-byte sector of x is read by one
-// load instruction instead of two (at N = 8 a block reads 64 KB of x after its PDL wait, before
-// its first MMA). The quad of lanes (g, t = 0..3) loads its row's 64 k of the warp's stage as
-// words [16 a + 4 t, +4) for a = 0, 1; two 4 x 4 transposes in the quad then give each lane its
-// mma fragments. The same fragment values, so the same bits.
-#ifndef GEMV_X_VEC
-#define GEMV_X_VEC 0
-#endif
-#if GEMV_X_VEC
+// TMA_IO_X_VEC (with TMA_IO_X_BF16 and x in registers, XS > 0; linear.py: NINFER_GEMV_X_VEC,
+// calls of N > 1 rows): x is loaded 16 bytes per lane instead of 4, so each 32-byte sector of x
+// is read by one load instruction instead of two (at N = 8 a block reads 64 KB of x after its
+// PDL wait, before its first MMA). The quad of lanes (g, t = 0..3) loads its row's 64 k of the
+// warp's stage as words [16 a + 4 t, +4) for a = 0, 1; two 4 x 4 transposes in the quad then
+// give each lane its mma fragments. The same fragment values, so the same bits.
 // v[r] = row t's element r of the quad's 4 x 4 matrix (row = lane t); afterwards v[r] = row r's
 // element t. Each step trades the two elements whose index bit differs from t's with lane t ^ b.
 __device__ __forceinline__ void quad_transpose4(unsigned (&v)[4], const int t) {
@@ -381,7 +378,6 @@ __device__ __forceinline__ void tma_x_vec_load(const GemvParams& p, const int ro
       }
   }
 }
-#endif
 
 // The body of linear_tma_kernel on G persistent row-tile blocks (blockIdx.x < G).
 template <int SWIGLU, int SK, int CONS, int XS, int TG, int IO>
@@ -395,7 +391,8 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   constexpr bool XB = (IO & TMA_IO_X_BF16) != 0;
   constexpr int XW = XB ? 2 : 4;  // bf16x2 words of x per k16 step (tma_step)
   constexpr bool RESID = (IO & TMA_IO_RESID_NORM) != 0, ROWN = (IO & TMA_IO_ROW_NORM) != 0;
-  constexpr bool NORMX = (IO & TMA_IO_NORM_X) != 0;
+  constexpr bool NORMX = (IO & TMA_IO_NORM_X) != 0, XV = (IO & TMA_IO_X_VEC) != 0;
+  static_assert(!XV || (XB && XS > 0 && WK == 64), "16-byte x loads: a bf16 x in registers");
   static_assert(!NORMX || (ROWN && !SWIGLU), "x / rms: a row-norm linear");
   static_assert(!RESID || (XB && !SWIGLU && !ROWN), "the residual fold: a plain bf16-x GEMV");
   static_assert(!ROWN || (XB && CONS >= 8), "the row norm: a bf16 x, a warp per row");
@@ -500,13 +497,11 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   constexpr int XN = XS > 0 ? XS : 1;
   unsigned xf[XN][WK / 16][XW];
   if constexpr (XS > 0 && XB) {
-#if GEMV_X_VEC
-    if (p.n - n0 > 1 && tma_x_vec_ok<WK>(p)) {  // (one row: its 8 KB gain nothing, the
-      // shuffles cost ~1.5% at 0.8B B = 1)
+    bool vec = false;
+    if constexpr (XV) vec = tma_x_vec_ok<WK>(p);
+    if (vec) {
       tma_x_vec_load<SK, WK, XN>(p, min(n0 + g, p.n - 1), warp, t, xf);
-    } else
-#endif
-    {
+    } else {
 #pragma unroll
       for (int s = 0; s < XN; ++s)
 #pragma unroll

@@ -44,18 +44,17 @@ MAX_SPLITS = 8
 # producer (residual add, bf16(r * gain), sums of r^2) and consumer (rows divided by their rms)
 TMA_IO_X_BF16, TMA_IO_OUT_BF16, TMA_IO_RESID_NORM, TMA_IO_ROW_NORM = 1, 2, 4, 8
 TMA_IO_NORM_X = 16  # with TMA_IO_ROW_NORM: also x / rms as bf16 bits (an MoE layer's router)
+TMA_IO_X_VEC = 32  # a bf16 x in registers loaded 16 bytes per lane (NINFER_GEMV_X_VEC, N > 1)
 # the (SWIGLU, IO) pairs with bf16 operands that have instances (default geometry only): bf16 x
 # into an f32 out, and the fused SwiGLU's bf16 x into a bf16 activation
 TMA_BF16_IO = ((0, TMA_IO_X_BF16), (1, TMA_IO_X_BF16), (1, TMA_IO_X_BF16 | TMA_IO_OUT_BF16))
 # NINFER_GEMV_BF16_X (read once at import): decode GEMVs on linear_tma_kernel take x as bf16 bits
 GEMV_BF16_X = envs.gemv_bf16_x()
 ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
-# NINFER_GEMV_X_VEC (read once at import; default on): linear_tma_kernel loads a bf16 x of N > 1
-# rows held in registers 16 bytes per lane (linear.cu GEMV_X_VEC; the same bits): every linear.cu build
-# (SOURCE, SOURCE_FOLD, the prefetch build) then carries the define
+# NINFER_GEMV_X_VEC (read once at import; default on): calls of N > 1 rows whose bf16 x sits in
+# registers (tma_x_stages) take the TMA_IO_X_VEC instances (16-byte x loads; the same bits); one
+# row keeps the 4-byte loads' instances
 GEMV_X_VEC = envs.gemv_x_vec()
-_X_VEC_OPTION = "-DGEMV_X_VEC=1"
-_X_VEC_OPTIONS = (_X_VEC_OPTION,) if GEMV_X_VEC else ()
 
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
@@ -68,9 +67,10 @@ SOURCE = KernelSource("linear.cu", tuple(
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO) if tg > 1 or io]
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io | TMA_IO_X_VEC}>"
+       for xs in range(1, TMA_MAX_X_STAGES + 1) for sw, io in TMA_BF16_IO]
     + [f"linear_tma_swiglu_route_kernel<1024, {TMA_ROUTE_CONSUMERS}, {xs}, {j}, {io}>"
-       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16) for io in (0, TMA_IO_X_BF16)]),
-    options=_X_VEC_OPTIONS)
+       for xs in range(TMA_MAX_X_STAGES + 1) for j in (8, 16) for io in (0, TMA_IO_X_BF16)]))
 # The norm fold (NINFER_NORM_FOLD; linear.cu TMA_IO_RESID_NORM / TMA_IO_ROW_NORM): its own
 # module build, so that its instances compile beside SOURCE's (bench.precompile: a process per
 # KernelSource) instead of after them. (SWIGLU, IO) pairs: the producer (a linear), the consumer
@@ -80,10 +80,10 @@ TMA_FOLD_IO = ((0, TMA_IO_X_BF16 | TMA_IO_RESID_NORM), (0, TMA_IO_X_BF16 | TMA_I
                (0, TMA_IO_X_BF16 | TMA_IO_ROW_NORM | TMA_IO_NORM_X))
 NORM_FOLD_MAX_PARTS = 256  # linear.cu: the producer's row blocks, the consumer's parts per row
 SOURCE_FOLD = KernelSource("linear.cu", tuple(
-    [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
-     for sw, io in TMA_FOLD_IO]
+    [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io | xv}>"
+     for xs in range(1, TMA_MAX_X_STAGES + 1) for sw, io in TMA_FOLD_IO for xv in (0, TMA_IO_X_VEC)]
     + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
-       for sw, io in TMA_FOLD_IO]), options=_X_VEC_OPTIONS)
+       for sw, io in TMA_FOLD_IO]))
 # NINFER_NORM_FOLD_PREFETCH (read once at import; default on, 0.2-1% faster decode): the norm
 # fold's producers load their residual and gain elements right after the PDL wait (linear.cu
 # NORM_FOLD_PREFETCH; the same bits), a build of the producer instances of their own
@@ -95,19 +95,15 @@ def fold_prefetch_source() -> KernelSource:
     """The NORM_FOLD_PREFETCH build of SOURCE_FOLD's producer instances (4 tiles ahead); one
     object per process (KernelSource hashes by identity: a new one would be a module of its own,
     loaded again at every launch)."""
-    resid = f", {TMA_IO_X_BF16 | TMA_IO_RESID_NORM}>"
     return dataclasses.replace(
-        SOURCE_FOLD, options=SOURCE_FOLD.options + ("-DNORM_FOLD_PREFETCH=4",),
-        name_expressions=tuple(n for n in SOURCE_FOLD.name_expressions if n.endswith(resid)))
+        SOURCE_FOLD, options=("-DNORM_FOLD_PREFETCH=4",),
+        name_expressions=tuple(n for n in SOURCE_FOLD.name_expressions
+                               if _instance_io(n) & TMA_IO_RESID_NORM))
 
 
-@functools.cache
-def x_vec_variant(source: KernelSource, on: bool) -> KernelSource:
-    """`source` built with GEMV_X_VEC on or off (`source` itself where it already is), one
-    object per (source, on) (tests compare the two builds' bits in one process)."""
-    options = tuple(o for o in source.options if o != _X_VEC_OPTION) + (
-        (_X_VEC_OPTION,) if on else ())
-    return source if options == source.options else dataclasses.replace(source, options=options)
+def _instance_io(name: str) -> int:
+    """The IO flags of a `linear_tma_kernel<..., IO>` instance name."""
+    return int(name.rsplit(",", 1)[1].rstrip(">"))
 
 
 # (None where the flag is off: bench.precompile then does not compile it)
@@ -278,7 +274,8 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
                 row_blocks: int | None = None, sk: int | None = None,
                 consumers: int | None = None, ring_kib: int | None = None,
                 x_regs: bool = True, pdl: bool | None = None,
-                tile_group: int | None = None, io: int = 0, fold: dict | None = None) -> None:
+                tile_group: int | None = None, io: int = 0, fold: dict | None = None,
+                x_vec: bool | None = None) -> None:
     """linear_tma_kernel with stages of `sk` k, `consumers` warps and a `ring_kib` KiB ring
     (None: TMA_SK, TMA_CONSUMERS, TMA_RING_KIB): `row_blocks` persistent blocks along the row
     tiles (None: one per SM, at most one per tile) per column tile of 8 activation rows.
@@ -287,7 +284,9 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
     `tile_group`: row tiles walked in lockstep when x is read per stage (None: TMA_TILE_GROUP;
     bitwise the same results). `io`: linear_tma_kernel's IO flags (TMA_IO_X_BF16: x holds bf16
     bits; TMA_IO_OUT_BF16: out does); nonzero needs the default geometry. `fold`: the
-    NormFoldParams fields (TMA_PARAMS) of a norm-fold `io` (TMA_FOLD_IO; SOURCE_FOLD)."""
+    NormFoldParams fields (TMA_PARAMS) of a norm-fold `io` (TMA_FOLD_IO; SOURCE_FOLD). `x_vec`:
+    a bf16 x in registers loaded 16 bytes per lane (TMA_IO_X_VEC; None: GEMV_X_VEC where
+    N > 1; bitwise the same results)."""
     tiles, col_tiles = -(-m // (8 if swiglu else 16)), (n + 7) // 8
     row_blocks = tma_row_blocks(m, n, swiglu=swiglu) if row_blocks is None else max(
         1, min(tiles, row_blocks))
@@ -308,9 +307,18 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
         assert (int(swiglu), io) in TMA_BF16_IO + TMA_FOLD_IO, (swiglu, io)
         assert (fold is not None) == (source.name_expressions[0] in
                                       SOURCE_FOLD.name_expressions), io
+    io = tma_vec_io(io, xs, n, x_vec)
     _start_tma(f"linear_tma_kernel<{int(swiglu)}, {sk}, {consumers}, {xs}, {tg}, {io}>",
                (row_blocks, col_tiles), consumers, params, smem,
                "linear_swiglu_tma" if swiglu else "linear_tma", pdl, source=source)
+
+
+def tma_vec_io(io: int, xs: int, n: int, x_vec: bool | None = None) -> int:
+    """`io` with TMA_IO_X_VEC where a call of `n` rows with `xs` x stages in registers takes the
+    16-byte x loads: a bf16 x in registers, and `x_vec` (None: GEMV_X_VEC and n > 1)."""
+    if xs and io & TMA_IO_X_BF16 and (GEMV_X_VEC and n > 1 if x_vec is None else x_vec):
+        return io | TMA_IO_X_VEC
+    return io
 
 
 def tma_row_blocks(m: int, n: int, *, swiglu: bool = False) -> int:

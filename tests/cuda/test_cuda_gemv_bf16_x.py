@@ -72,14 +72,14 @@ def _weight(rng, m, k):
     return dev(full)[:, :k]
 
 
-def _tma(x_d, w_d, *, swiglu, io=0, x_regs=True, tile_group=None, row_blocks=None):
+def _tma(x_d, w_d, *, swiglu, io=0, x_regs=True, tile_group=None, row_blocks=None, x_vec=None):
     n, k = x_d.shape
     m = w_d.shape[0] // 2 if swiglu else w_d.shape[0]
     out_dtype = np.uint16 if io & OUT_BF16 else np.float32
     out = poisoned((n, m), out_dtype)
     klinear._launch_tma(x_d, C.row_stride(x_d, "x"), w_d, C.row_stride(w_d, "w"), out,
                         C.row_stride(out, "out"), m, k, n, swiglu=swiglu, x_regs=x_regs,
-                        tile_group=tile_group, row_blocks=row_blocks, io=io)
+                        tile_group=tile_group, row_blocks=row_blocks, io=io, x_vec=x_vec)
     return out
 
 
@@ -261,12 +261,9 @@ def test_paged_attention_bf16_out_is_the_rounded_f32_out(rng, monkeypatch, varia
         assert not host(ws.counters).any()
 
 
-_SOURCE = klinear.SOURCE  # the import-time build (GEMV_X_VEC as NINFER_GEMV_X_VEC set it)
-
-
 def _odd_rows(rng, n, k):
     """x as bf16 bits [n, k] whose rows are 8 bytes apart from 16-byte alignment (row stride
-    k + 4): the GEMV_X_VEC build must take its 4-byte loads for it."""
+    k + 4): the TMA_IO_X_VEC instances must take their 4-byte loads for it."""
     full = np.full((n, k + 4), 0x7FC0, np.uint16)
     full[:, :k] = f32_to_bf16_bits((rng.standard_normal((n, k)) * 3.0).astype(np.float32))
     return dev(full)[:, :k]
@@ -275,21 +272,18 @@ def _odd_rows(rng, n, k):
 @pytest.mark.parametrize("k", [16, 1040, 3584, 4096, 5120])
 @pytest.mark.parametrize("swiglu, io", [(False, X_BF16), (True, X_BF16),
                                         (True, X_BF16 | OUT_BF16)])
-def test_x_vec_loads_give_the_same_bits(rng, monkeypatch, k, swiglu, io):
-    """NINFER_GEMV_X_VEC (linear.cu GEMV_X_VEC: a bf16 x in registers loaded 16 bytes per lane
+def test_x_vec_loads_give_the_same_bits(rng, k, swiglu, io):
+    """NINFER_GEMV_X_VEC (linear.cu TMA_IO_X_VEC: a bf16 x in registers loaded 16 bytes per lane
     and handed out by quad transposes) gives the 4-byte loads' bits: 1 to 5 x stages, K past the
-    last full stage and past the last full warp range (16, 1040, 3584), N = 1, 3, 8, 11; and an
-    x with rows off 16-byte alignment (the build's 4-byte fallback)."""
+    last full stage and past the last full warp range (16, 1040, 3584), N = 1 (forced), 3, 8,
+    11; and an x with rows off 16-byte alignment (the instances' 4-byte fallback)."""
     assert klinear.tma_x_stages(k, 1024, 16, bf16_x=True) == -(-k // 1024)
     m = 147 if swiglu else 301
     w_d = _weight(rng, 2 * m if swiglu else m, k)
     for n in (1, 3, 8, 11):
         aligned, _, _ = _x_pair(rng, n, k)
         for what, x_d in (("aligned", aligned), ("odd rows", _odd_rows(rng, n, k))):
-            out = []
-            for on in (False, True):
-                monkeypatch.setattr(klinear, "SOURCE", klinear.x_vec_variant(_SOURCE, on))
-                out.append(_tma(x_d, w_d, swiglu=swiglu, io=io))
+            out = [_tma(x_d, w_d, swiglu=swiglu, io=io, x_vec=on) for on in (False, True)]
             assert np.isfinite(bf16_bits_to_f32(host(out[0])) if io & OUT_BF16
                                else host(out[0])).all()
             assert_same_bits(out[1], out[0], f"{what} k={k} n={n}")

@@ -266,15 +266,10 @@ def test_refusals(rng):
         klinear.linear(x1, w_d, poisoned((1, 64)), row_norm=norm, normed_out=x1)
 
 
-_SOURCE_FOLD = klinear.SOURCE_FOLD  # the import-time build
-
-
 @pytest.mark.parametrize("k", [1040, 4096, 5120])
 def test_x_vec_loads_give_the_same_bits(rng, monkeypatch, k):
-    """NINFER_GEMV_X_VEC in the fold's build (SOURCE_FOLD): the producer and both consumers
-    give the 4-byte loads' bits (the producer without its prefetch build, whose source the
-    flag sets at import)."""
-    monkeypatch.setattr(klinear, "NORM_FOLD_PREFETCH", False)
+    """NINFER_GEMV_X_VEC in the fold's instances (TMA_IO_X_VEC): the producer (with and without
+    its prefetch build) and both consumers give the 4-byte loads' bits."""
     m, p, dim = 301, 57, 4096
     w_d = _weight(rng, m, k)
     w2_d = _weight(rng, 2 * m, k)
@@ -284,11 +279,13 @@ def test_x_vec_loads_give_the_same_bits(rng, monkeypatch, k):
         resid_h = rng.standard_normal((n, m)).astype(np.float32)
         parts = (rng.random((n, p)) * 3.0 * dim / p + 0.1).astype(np.float32)
         runs = []
-        for on in (False, True):
-            monkeypatch.setattr(klinear, "SOURCE_FOLD", klinear.x_vec_variant(_SOURCE_FOLD, on))
+        for on, prefetch in ((False, False), (True, False), (True, True)):
+            monkeypatch.setattr(klinear, "GEMV_X_VEC", on)
+            monkeypatch.setattr(klinear, "NORM_FOLD_PREFETCH", prefetch)
             runs.append((*_produce(x_d, w_d, resid_h, gain),
                          _consume(x_d, w_d, parts, dim, swiglu=False),
                          _consume(x_d, w2_d, parts, dim, swiglu=True)))
         assert np.isfinite(runs[0][3]).all() and np.isfinite(runs[0][4]).all()
-        for a, b, what in zip(runs[1], runs[0], ("residual", "out", "parts", "linear", "swiglu")):
-            assert_same_bits(a, b, f"{what} k={k} n={n}")
+        for run, label in ((runs[1], "x_vec"), (runs[2], "x_vec + prefetch")):
+            for a, b, what in zip(run, runs[0], ("residual", "out", "parts", "linear", "swiglu")):
+                assert_same_bits(a, b, f"{label}: {what} k={k} n={n}")

@@ -61,8 +61,41 @@ def test_the_prefetch_build_is_one_source():
     first = klinear.fold_prefetch_source()
     assert klinear.fold_prefetch_source() is first
     assert "-DNORM_FOLD_PREFETCH=4" in first.options
-    resid = f", {klinear.TMA_IO_X_BF16 | klinear.TMA_IO_RESID_NORM}>"
-    assert first.name_expressions and all(n.endswith(resid) for n in first.name_expressions)
+    assert first.name_expressions and all(
+        klinear._instance_io(n) & klinear.TMA_IO_RESID_NORM for n in first.name_expressions)
     assert set(first.name_expressions) <= set(klinear.SOURCE_FOLD.name_expressions)
     if klinear.NORM_FOLD_PREFETCH:
         assert klinear.SOURCE_FOLD_PREFETCH is first
+
+
+def test_x_vec_instances_are_declared_and_chosen_for_several_rows(monkeypatch):
+    """NINFER_GEMV_X_VEC: calls of N > 1 rows with a bf16 x in registers take the TMA_IO_X_VEC
+    instances (declared for every x stage count and every bf16 / fold IO), one row and x read
+    per stage keep the 4-byte loads, and the flag off or x_vec=False never takes them."""
+    vec, xb = klinear.TMA_IO_X_VEC, klinear.TMA_IO_X_BF16
+    monkeypatch.setattr(klinear, "GEMV_X_VEC", True)
+    for io in {io for _, io in klinear.TMA_BF16_IO + klinear.TMA_FOLD_IO}:
+        assert klinear.tma_vec_io(io, 4, 8) == io | vec
+        assert klinear.tma_vec_io(io, 4, 2) == io | vec
+        assert klinear.tma_vec_io(io, 4, 1) == io  # one row: the 4-byte loads
+        assert klinear.tma_vec_io(io, 0, 8) == io  # x read per stage
+        assert klinear.tma_vec_io(io, 4, 1, x_vec=True) == io | vec
+        assert klinear.tma_vec_io(io, 4, 8, x_vec=False) == io
+    assert klinear.tma_vec_io(0, 4, 8) == 0  # an f32 x
+    monkeypatch.setattr(klinear, "GEMV_X_VEC", False)
+    assert klinear.tma_vec_io(xb, 4, 8) == xb
+    for source, ios in (("SOURCE", klinear.TMA_BF16_IO), ("SOURCE_FOLD", klinear.TMA_FOLD_IO)):
+        declared = set(getattr(klinear, source).name_expressions)
+        for swiglu, io in ios:
+            for xs in range(1, klinear.TMA_MAX_X_STAGES + 1):
+                for flags in (io, io | vec):
+                    name = f"linear_tma_kernel<{swiglu}, 1024, 16, {xs}, 1, {flags}>"
+                    assert name in declared, name
+    prefetch = klinear.fold_prefetch_source().name_expressions
+    assert {klinear._instance_io(n) for n in prefetch} == {
+        xb | klinear.TMA_IO_RESID_NORM, xb | klinear.TMA_IO_RESID_NORM | vec}
+    assert "-DNORM_FOLD_PREFETCH=4" in klinear.fold_prefetch_source().options
+
+
+def test_io_flags_include_x_vec():
+    assert int(re.search(r"#define TMA_IO_X_VEC (\d+)", SOURCE).group(1)) == klinear.TMA_IO_X_VEC
