@@ -253,6 +253,14 @@ def gemv_x_vec() -> bool:
     return _flag("NINFER_GEMV_X_VEC", True)
 
 
+def gemv_x_vec_stages() -> bool:
+    """NINFER_GEMV_X_VEC_STAGES (default off; "1" turns it on; read once at import): with
+    NINFER_GEMV_X_VEC, the GEMVs of more than one row that read a bf16 x per stage (K above 5
+    stages of 1024, e.g. the down projections) load it 16 bytes per lane too (the same bits).
+    Prepared, not yet measured."""
+    return _flag("NINFER_GEMV_X_VEC_STAGES", False)
+
+
 def norm_fold_prefetch() -> bool:
     """NINFER_NORM_FOLD_PREFETCH (default on; "0" turns it off; read once at import): the norm
     fold's producers (linear_residual_norm) load their residual and gain elements right after

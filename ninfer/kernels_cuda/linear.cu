@@ -320,10 +320,11 @@ struct TmaParams {
 static_assert(sizeof(TmaParams) == 120, "TmaParams layout is mirrored in linear.py");
 // NORM_X (a ROW mode, never with RESID): res / res_rs hold x / rms's output, bf16 bits [N, K]
 
-// TMA_IO_X_VEC (with TMA_IO_X_BF16 and x in registers, XS > 0; linear.py: NINFER_GEMV_X_VEC,
-// calls of N > 1 rows): x is loaded 16 bytes per lane instead of 4, so each 32-byte sector of x
-// is read by one load instruction instead of two (at N = 8 a block reads 64 KB of x after its
-// PDL wait, before its first MMA). The quad of lanes (g, t = 0..3) loads its row's 64 k of the
+// TMA_IO_X_VEC (with TMA_IO_X_BF16; linear.py: NINFER_GEMV_X_VEC, calls of N > 1 rows whose x
+// sits in registers, XS > 0; x read per stage, XS = 0: also NINFER_GEMV_X_VEC_STAGES): x is
+// loaded 16 bytes per lane instead of 4, so each 32-byte sector of x is read by one load
+// instruction instead of two (at N = 8 a block reads 64 KB of x after its PDL wait, before its
+// first MMA). The quad of lanes (g, t = 0..3) loads its row's 64 k of the
 // warp's stage as words [16 a + 4 t, +4) for a = 0, 1; two 4 x 4 transposes in the quad then
 // give each lane its mma fragments. The same fragment values, so the same bits.
 // v[r] = row t's element r of the quad's 4 x 4 matrix (row = lane t); afterwards v[r] = row r's
@@ -348,8 +349,40 @@ __device__ __forceinline__ bool tma_x_vec_ok(const GemvParams& p) {
   return WK == 64 && (reinterpret_cast<unsigned long long>(p.x) & 15) == 0 && (p.x_rs & 7) == 0;
 }
 
+// This lane's two 16-byte words of row `row`'s k range s SK + warp WK: w[a] = bf16 words
+// [16 a + 4 t, +4) of the quad's 32 (zero past K; WK = 64)
+template <int SK, int WK>
+__device__ __forceinline__ void tma_x_vec_fetch(const GemvParams& p, const int row, const int warp,
+                                                const int t, const int s, uint4 (&w)[2]) {
+  const uint4* q = reinterpret_cast<const uint4*>(
+      reinterpret_cast<const bf16raw*>(p.x) + (i64)row * p.x_rs + warp * WK);
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {  // k 32 a + 8 t: step 2 a + t / 2
+    const bool in = s * SK + warp * WK + 16 * (2 * a + (t >> 1)) < p.k;
+    w[a] = in ? __ldg(q + s * (SK / 8) + 4 * a + t) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// xf[j][h] = bf16 words (8 j + 4 h + t) of the stage, as the 4-byte loads give them, from the
+// quad's tma_x_vec_fetch words
+__device__ __forceinline__ void tma_x_vec_frags(const uint4 (&w)[2], const int t,
+                                                unsigned (&xf)[4][2]) {
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+    unsigned v[4] = {w[a].x, w[a].y, w[a].z, w[a].w};
+    quad_transpose4(v, t);  // v[u] = word 16 a + 4 u + t
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      xf[2 * a + b][0] = v[2 * b];
+      xf[2 * a + b][1] = v[2 * b + 1];
+    }
+  }
+}
+
 // xf[s][j][h] = bf16 words (8 j + 4 h + t) of row `row`'s k range s SK + warp WK (zero past K),
-// as the 4-byte loads give them
+// as the 4-byte loads give them, for every stage s < XN (all loads issued before any transpose).
+// (Written out rather than through tma_x_vec_fetch / _frags: this form's SASS is the one measured
+// on the H200; the helpers' order of selects compiles to other SASS.)
 template <int SK, int WK, int XN>
 __device__ __forceinline__ void tma_x_vec_load(const GemvParams& p, const int row, const int warp,
                                                const int t, unsigned (&xf)[XN][WK / 16][2]) {
@@ -392,7 +425,7 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   constexpr int XW = XB ? 2 : 4;  // bf16x2 words of x per k16 step (tma_step)
   constexpr bool RESID = (IO & TMA_IO_RESID_NORM) != 0, ROWN = (IO & TMA_IO_ROW_NORM) != 0;
   constexpr bool NORMX = (IO & TMA_IO_NORM_X) != 0, XV = (IO & TMA_IO_X_VEC) != 0;
-  static_assert(!XV || (XB && XS > 0 && WK == 64), "16-byte x loads: a bf16 x in registers");
+  static_assert(!XV || (XB && WK == 64), "16-byte x loads: a bf16 x, 4 k16 steps per warp");
   static_assert(!NORMX || (ROWN && !SWIGLU), "x / rms: a row-norm linear");
   static_assert(!RESID || (XB && !SWIGLU && !ROWN), "the residual fold: a plain bf16-x GEMV");
   static_assert(!ROWN || (XB && CONS >= 8), "the row norm: a bf16 x, a warp per row");
@@ -496,9 +529,9 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
   const unsigned ring_s = smem_addr(ring) + lofs + 2 * warp * WK;
   constexpr int XN = XS > 0 ? XS : 1;
   unsigned xf[XN][WK / 16][XW];
+  bool vec = false;  // XV: x aligned for the 16-byte loads
+  if constexpr (XV) vec = tma_x_vec_ok<WK>(p);
   if constexpr (XS > 0 && XB) {
-    bool vec = false;
-    if constexpr (XV) vec = tma_x_vec_ok<WK>(p);
     if (vec) {
       tma_x_vec_load<SK, WK, XN>(p, min(n0 + g, p.n - 1), warp, t, xf);
     } else {
@@ -559,17 +592,28 @@ __device__ __forceinline__ void linear_tma_body(const GemvParams& p, const int G
       const float* xk = xrow + s * SK;
       const int steps = min(WK, p.k - s * SK - warp * WK) >> 4;  // <= 0: none
       unsigned xs[WK / 16][XW];
+      bool fetched = false;
+      if constexpr (XV && XS == 0) {  // the stage's x by 16-byte loads (XW = 2)
+        if (vec) {
+          uint4 w[2];
+          tma_x_vec_fetch<SK, WK>(p, min(n0 + g, p.n - 1), warp, t, s, w);
+          tma_x_vec_frags(w, t, xs);
+          fetched = true;
+        }
+      }
+      if (!fetched) {
 #pragma unroll
-      for (int j = 0; j < WK / 16; ++j) {
-        if (XB && j < steps) {
-          const unsigned* src = reinterpret_cast<const unsigned*>(xrow_b + s * SK + 16 * j);
-          xs[j][0] = __ldg(src);
-          xs[j][1] = __ldg(src + 4);
-        } else if (j < steps) {
-          const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
-          const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
-          split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][XW - 2]);
-          split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][XW - 1]);
+        for (int j = 0; j < WK / 16; ++j) {
+          if (XB && j < steps) {
+            const unsigned* src = reinterpret_cast<const unsigned*>(xrow_b + s * SK + 16 * j);
+            xs[j][0] = __ldg(src);
+            xs[j][1] = __ldg(src + 4);
+          } else if (j < steps) {
+            const float2 x0 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j));
+            const float2 x1 = __ldg(reinterpret_cast<const float2*>(xk + 16 * j + 8));
+            split_bf16x2(x0.x, x0.y, xs[j][0], xs[j][XW - 2]);
+            split_bf16x2(x1.x, x1.y, xs[j][1], xs[j][XW - 1]);
+          }
         }
       }
 #pragma unroll

@@ -55,6 +55,9 @@ ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 # registers (tma_x_stages) take the TMA_IO_X_VEC instances (16-byte x loads; the same bits); one
 # row keeps the 4-byte loads' instances
 GEMV_X_VEC = envs.gemv_x_vec()
+# NINFER_GEMV_X_VEC_STAGES (read once at import; opt-in): with GEMV_X_VEC, calls whose x is read
+# per stage (K > 5 stages, or tile groups) take the TMA_IO_X_VEC instances too
+GEMV_X_VEC_STAGES = envs.gemv_x_vec_stages()
 
 SOURCE = KernelSource("linear.cu", tuple(
     [f"linear_gemv_kernel<{k.ctype}, {nt}, {r}, {al}>"
@@ -63,8 +66,9 @@ SOURCE = KernelSource("linear.cu", tuple(
     + [f"linear_mma_rows_kernel<{sw}, {mode}>" for mode in (0, 1) for sw in (0, 1)]
     + [f"linear_tma_kernel<{sw}, {sk}, {cons}, 0, 1, 0>" for sk in envs.TMA_STAGE_K
        for cons in envs.TMA_CONSUMERS for sw in (0, 1)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
-       for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO) if tg > 1 or io]
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io | xv}>" for tg in envs.TMA_TILE_GROUPS
+       for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO) if tg > 1 or io
+       for xv in ((0, TMA_IO_X_VEC) if io else (0,))]
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io}>" for xs in range(1, TMA_MAX_X_STAGES + 1)
        for sw, io in ((0, 0), (1, 0), *TMA_BF16_IO)]
     + [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io | TMA_IO_X_VEC}>"
@@ -82,8 +86,8 @@ NORM_FOLD_MAX_PARTS = 256  # linear.cu: the producer's row blocks, the consumer'
 SOURCE_FOLD = KernelSource("linear.cu", tuple(
     [f"linear_tma_kernel<{sw}, 1024, 16, {xs}, 1, {io | xv}>"
      for xs in range(1, TMA_MAX_X_STAGES + 1) for sw, io in TMA_FOLD_IO for xv in (0, TMA_IO_X_VEC)]
-    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io}>" for tg in envs.TMA_TILE_GROUPS
-       for sw, io in TMA_FOLD_IO]))
+    + [f"linear_tma_kernel<{sw}, 1024, 16, 0, {tg}, {io | xv}>" for tg in envs.TMA_TILE_GROUPS
+       for sw, io in TMA_FOLD_IO for xv in (0, TMA_IO_X_VEC)]))
 # NINFER_NORM_FOLD_PREFETCH (read once at import; default on, 0.2-1% faster decode): the norm
 # fold's producers load their residual and gain elements right after the PDL wait (linear.cu
 # NORM_FOLD_PREFETCH; the same bits), a build of the producer instances of their own
@@ -314,11 +318,12 @@ def _launch_tma(x, x_rs, w, w_rs, out, out_rs, m, k, n, *, swiglu: bool,
 
 
 def tma_vec_io(io: int, xs: int, n: int, x_vec: bool | None = None) -> int:
-    """`io` with TMA_IO_X_VEC where a call of `n` rows with `xs` x stages in registers takes the
-    16-byte x loads: a bf16 x in registers, and `x_vec` (None: GEMV_X_VEC and n > 1)."""
-    if xs and io & TMA_IO_X_BF16 and (GEMV_X_VEC and n > 1 if x_vec is None else x_vec):
-        return io | TMA_IO_X_VEC
-    return io
+    """`io` with TMA_IO_X_VEC where a call of `n` rows with `xs` x stages in registers (0: x read
+    per stage) takes the 16-byte x loads: a bf16 x and `x_vec` (None: GEMV_X_VEC, n > 1, and x
+    in registers or GEMV_X_VEC_STAGES)."""
+    if x_vec is None:
+        x_vec = GEMV_X_VEC and n > 1 and (xs > 0 or GEMV_X_VEC_STAGES)
+    return io | TMA_IO_X_VEC if io & TMA_IO_X_BF16 and x_vec else io
 
 
 def tma_row_blocks(m: int, n: int, *, swiglu: bool = False) -> int:

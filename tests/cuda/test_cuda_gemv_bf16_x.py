@@ -269,21 +269,27 @@ def _odd_rows(rng, n, k):
     return dev(full)[:, :k]
 
 
-@pytest.mark.parametrize("k", [16, 1040, 3584, 4096, 5120])
+@pytest.mark.parametrize("k, x_regs, tile_group", [
+    (16, True, 1), (1040, True, 1), (3584, True, 1), (4096, True, 1), (5120, True, 1),
+    (2048 + 16, False, 1), (2048, False, 2), (6144 + 48, True, 4), (12288, True, 2),  # per stage
+])
 @pytest.mark.parametrize("swiglu, io", [(False, X_BF16), (True, X_BF16),
                                         (True, X_BF16 | OUT_BF16)])
-def test_x_vec_loads_give_the_same_bits(rng, k, swiglu, io):
+def test_x_vec_loads_give_the_same_bits(rng, k, x_regs, tile_group, swiglu, io):
     """NINFER_GEMV_X_VEC (linear.cu TMA_IO_X_VEC: a bf16 x in registers loaded 16 bytes per lane
     and handed out by quad transposes) gives the 4-byte loads' bits: 1 to 5 x stages, K past the
-    last full stage and past the last full warp range (16, 1040, 3584), N = 1 (forced), 3, 8,
-    11; and an x with rows off 16-byte alignment (the instances' 4-byte fallback)."""
-    assert klinear.tma_x_stages(k, 1024, 16, bf16_x=True) == -(-k // 1024)
+    last full stage and past the last full warp range (16, 1040, 3584, 2064), x read per stage
+    in tile groups of 1, 2, 4 (NINFER_GEMV_X_VEC_STAGES), N = 1 (forced), 3, 8, 11; and an x
+    with rows off 16-byte alignment (the instances' 4-byte fallback)."""
+    if x_regs and k <= 5 * 1024:
+        assert klinear.tma_x_stages(k, 1024, 16, bf16_x=True) == -(-k // 1024)
     m = 147 if swiglu else 301
     w_d = _weight(rng, 2 * m if swiglu else m, k)
     for n in (1, 3, 8, 11):
         aligned, _, _ = _x_pair(rng, n, k)
         for what, x_d in (("aligned", aligned), ("odd rows", _odd_rows(rng, n, k))):
-            out = [_tma(x_d, w_d, swiglu=swiglu, io=io, x_vec=on) for on in (False, True)]
+            out = [_tma(x_d, w_d, swiglu=swiglu, io=io, x_regs=x_regs, tile_group=tile_group,
+                        x_vec=on) for on in (False, True)]
             assert np.isfinite(bf16_bits_to_f32(host(out[0])) if io & OUT_BF16
                                else host(out[0])).all()
             assert_same_bits(out[1], out[0], f"{what} k={k} n={n}")

@@ -266,10 +266,12 @@ def test_refusals(rng):
         klinear.linear(x1, w_d, poisoned((1, 64)), row_norm=norm, normed_out=x1)
 
 
-@pytest.mark.parametrize("k", [1040, 4096, 5120])
+@pytest.mark.parametrize("k", [1040, 4096, 5120, 12288])
 def test_x_vec_loads_give_the_same_bits(rng, monkeypatch, k):
-    """NINFER_GEMV_X_VEC in the fold's instances (TMA_IO_X_VEC): the producer (with and without
-    its prefetch build) and both consumers give the 4-byte loads' bits."""
+    """NINFER_GEMV_X_VEC in the fold's instances (TMA_IO_X_VEC; K = 12288 reads x per stage:
+    NINFER_GEMV_X_VEC_STAGES): the producer (with and without its prefetch build) and both
+    consumers give the 4-byte loads' bits."""
+    monkeypatch.setattr(klinear, "GEMV_X_VEC_STAGES", True)
     m, p, dim = 301, 57, 4096
     w_d = _weight(rng, m, k)
     w2_d = _weight(rng, 2 * m, k)

@@ -70,10 +70,12 @@ def test_the_prefetch_build_is_one_source():
 
 def test_x_vec_instances_are_declared_and_chosen_for_several_rows(monkeypatch):
     """NINFER_GEMV_X_VEC: calls of N > 1 rows with a bf16 x in registers take the TMA_IO_X_VEC
-    instances (declared for every x stage count and every bf16 / fold IO), one row and x read
-    per stage keep the 4-byte loads, and the flag off or x_vec=False never takes them."""
+    instances (declared for every x stage count, every tile group of x read per stage, and
+    every bf16 / fold IO); one row keeps the 4-byte loads, and so does x read per stage unless
+    NINFER_GEMV_X_VEC_STAGES; the flag off or x_vec=False never takes them."""
     vec, xb = klinear.TMA_IO_X_VEC, klinear.TMA_IO_X_BF16
     monkeypatch.setattr(klinear, "GEMV_X_VEC", True)
+    monkeypatch.setattr(klinear, "GEMV_X_VEC_STAGES", False)
     for io in {io for _, io in klinear.TMA_BF16_IO + klinear.TMA_FOLD_IO}:
         assert klinear.tma_vec_io(io, 4, 8) == io | vec
         assert klinear.tma_vec_io(io, 4, 2) == io | vec
@@ -81,15 +83,21 @@ def test_x_vec_instances_are_declared_and_chosen_for_several_rows(monkeypatch):
         assert klinear.tma_vec_io(io, 0, 8) == io  # x read per stage
         assert klinear.tma_vec_io(io, 4, 1, x_vec=True) == io | vec
         assert klinear.tma_vec_io(io, 4, 8, x_vec=False) == io
+        assert klinear.tma_vec_io(io, 0, 8, x_vec=True) == io | vec
     assert klinear.tma_vec_io(0, 4, 8) == 0  # an f32 x
+    monkeypatch.setattr(klinear, "GEMV_X_VEC_STAGES", True)
+    assert klinear.tma_vec_io(xb, 0, 8) == xb | vec
+    assert klinear.tma_vec_io(xb, 0, 1) == xb
     monkeypatch.setattr(klinear, "GEMV_X_VEC", False)
     assert klinear.tma_vec_io(xb, 4, 8) == xb
+    assert klinear.tma_vec_io(xb, 0, 8) == xb
     for source, ios in (("SOURCE", klinear.TMA_BF16_IO), ("SOURCE_FOLD", klinear.TMA_FOLD_IO)):
         declared = set(getattr(klinear, source).name_expressions)
         for swiglu, io in ios:
-            for xs in range(1, klinear.TMA_MAX_X_STAGES + 1):
+            for xs, tg in ([(xs, 1) for xs in range(1, klinear.TMA_MAX_X_STAGES + 1)]
+                           + [(0, tg) for tg in envs.TMA_TILE_GROUPS]):
                 for flags in (io, io | vec):
-                    name = f"linear_tma_kernel<{swiglu}, 1024, 16, {xs}, 1, {flags}>"
+                    name = f"linear_tma_kernel<{swiglu}, 1024, 16, {xs}, {tg}, {flags}>"
                     assert name in declared, name
     prefetch = klinear.fold_prefetch_source().name_expressions
     assert {klinear._instance_io(n) for n in prefetch} == {
