@@ -5,7 +5,7 @@
 # MODEL=1, KERNELS="op ...", KERNEL_ENVS="ENV=0 ENV=1+ENV2=1 ...",
 # KERNEL_SHAPE=9b, PROFILE_ENVS="ENV=1 ...", PROFILE_SHAPE=9b,
 # TIMELINES="name:ENV=1+ENV2=0:shape:batch ..." (bench.timeline per spec; needs the timeline
-# build: add NINFER_KERNEL_TIMELINE=1 to PRECOMPILE_ENVS),
+# build: add NINFER_KERNEL_TIMELINE=1 to PRECOMPILE_ENVS; TIMELINE_ROWS=1: every link too),
 # ATTN_TIMELINES="name:ENV=1+ENV2=0:batch:context[:ready] ..." (bench.attn_timeline: one decode
 # paged_attention launch's phase marks at the KERNEL_SHAPE shape; "ready": past_kv_ready; the
 # timeline build too); PRECOMPILE_ENVS="ENV=1+ENV2=1 ...":
@@ -85,7 +85,8 @@ fi
 for spec in ${TIMELINES:-}; do  # name:ENVS:shape:batch; each link of a step (timeline build)
   IFS=: read -r name envs shape batch <<< "$spec"
   timeout "${TIMELINE_LIMIT:-100}" env X=0 ${envs//+/ } python3 -m bench.timeline \
-    --shape "$shape" --batch "${batch:-1}" --top 25 > "$L/timeline_$name.log" 2>&1
+    --shape "$shape" --batch "${batch:-1}" --top 25 ${TIMELINE_ROWS:+--rows} \
+    > "$L/timeline_$name.log" 2>&1
   note "timeline $name rc=$? $(grep -m1 '^step' "$L/timeline_$name.log")"
 done
 for spec in ${ATTN_TIMELINES:-}; do  # name:ENVS:batch:context[:ready]; one attention launch's phases
