@@ -29,7 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ninfer.kernels_cuda._loader import BASE_OPTIONS, PACKAGE_DIR, expand_source
+from ninfer.kernels_cuda._loader import PACKAGE_DIR, expand_source
+from ninfer.kernels_cuda._nvcc import compile_instances
 
 _PKG = "ninfer/kernels_cuda"
 
@@ -50,29 +51,24 @@ def source_at(rev: str | None, file: str) -> str:
         return expand_source(Path(tmp) / file)
 
 
-def compile_instances(code: str, names: list[str], options: tuple[str, ...],
+def compile_functions(code: str, file: str, names: list[str], options: tuple[str, ...],
                       *, sass: bool) -> dict[str, list[str]]:
     """{mangled name: normalised lines} of `names` compiled from `code` for sm_90."""
-    refs = ",\n  ".join(f"(void*)&{n}" for n in names)
-    code += f"\n\nstatic void* const ptx_diff_instances[] = {{\n  {refs}\n}};\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        cu = Path(tmp) / "module.cu"
-        cu.write_text(code)
-        out = Path(tmp) / ("out.cubin" if sass else "out.ptx")
-        proc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin" if sass else "--ptx",
-                               "-diag-suppress", "177", *BASE_OPTIONS, *options, "-I",
-                               str(PACKAGE_DIR), "-o", str(out), str(cu)],
-                              capture_output=True, text=True)
-        if proc.returncode:
-            print(proc.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(2)
-        if sass:
-            tool = shutil.which("cuobjdump")
-            if tool is None:
-                raise SystemExit("ptx_diff: --sass needs cuobjdump on PATH")
-            return _sass_functions(subprocess.run([tool, "-sass", str(out)], capture_output=True,
-                                                  text=True, check=True).stdout)
-        return _ptx_functions(out.read_text())
+    rc, log, data = compile_instances(code, file, names, options,
+                                      ["-cubin"] if sass else ["--ptx"])
+    if rc:
+        print(log[-3000:], file=sys.stderr)
+        raise SystemExit(2)
+    if not sass:
+        return _ptx_functions(data.decode())
+    tool = shutil.which("cuobjdump")
+    if tool is None:
+        raise SystemExit("ptx_diff: --sass needs cuobjdump on PATH")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(data)
+        f.flush()
+        return _sass_functions(subprocess.run([tool, "-sass", f.name], capture_output=True,
+                                              text=True, check=True).stdout)
 
 
 def _ptx_functions(ptx: str) -> dict[str, list[str]]:
@@ -139,8 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     new_code, old_code = source_at(None, src.file), source_at(args.rev, src.file)
     new_opts = tuple(src.options) + tuple(args.option)
     old_opts = tuple(src.options) + tuple(args.old_option)
-    new = by_instance(compile_instances(new_code, names, new_opts, sass=args.sass))
-    old = by_instance(compile_instances(old_code, old_names, old_opts, sass=args.sass))
+    new = by_instance(compile_functions(new_code, src.file, names, new_opts, sass=args.sass))
+    old = by_instance(compile_functions(old_code, src.file, old_names, old_opts, sass=args.sass))
     bad = 0
     for name, old_name in zip(names, old_names):
         a, b = new.get(_key(name)), old.get(_key(old_name))

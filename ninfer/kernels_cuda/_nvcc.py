@@ -92,26 +92,34 @@ def parse_resources(log: str) -> tuple[KernelResources, ...]:
     return tuple(out)
 
 
+def compile_instances(code: str, file: str, names, options, mode: list[str],
+                      arch: str = "sm_90") -> tuple[int, str, bytes]:
+    """nvcc `mode` (e.g. ["--ptx"], ["-cubin"]) on expanded source `code` (named `file`) with a
+    table taking the address of every instance in `names` (which instantiates the templates).
+    Returns (return code, nvcc's log, the output file's bytes; b"" on failure)."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found on PATH")
+    refs = ",\n  ".join(f"(void*)&{name}" for name in names)
+    code += f"\n\nstatic void* const ninfer_instance_table[] = {{\n  {refs}\n}};\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, out = Path(tmp) / file, Path(tmp) / "out.bin"
+        cu.write_text(code)
+        cmd = [nvcc, f"-arch={arch}", *mode, "-diag-suppress", "177", *BASE_OPTIONS,
+               *options, "-I", str(PACKAGE_DIR), "-o", str(out), str(cu)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        data = out.read_bytes() if proc.returncode == 0 and out.exists() else b""
+    return proc.returncode, proc.stdout + proc.stderr, data
+
+
 def compile_source(source: KernelSource, arch: str = "sm_90", *,
                    check_only: bool = False) -> CompileResult:
     """Compile `source` with every declared instance. check_only: front end only (PTX at -O0,
     a few seconds: syntax, types, template instantiation), no resource report."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise FileNotFoundError("nvcc not found on PATH")
-    code = expand_source(source.path())
-    refs = ",\n  ".join(f"(void*)&{name}" for name in source.name_expressions)
-    code += f"\n\nstatic void* const ninfer_instance_table[] = {{\n  {refs}\n}};\n"
-    with tempfile.TemporaryDirectory() as tmp:
-        cu = Path(tmp) / source.file
-        cu.write_text(code)
-        mode = ["--ptx", "-Xcicc", "-O0"] if check_only else ["-cubin", "--resource-usage"]
-        cmd = [nvcc, f"-arch={arch}", *mode, "-diag-suppress", "177", *BASE_OPTIONS,
-               *source.options, "-I", str(PACKAGE_DIR), "-o", str(Path(tmp) / "out.bin"),
-               str(cu)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    log = proc.stdout + proc.stderr
-    return CompileResult(source, proc.returncode, log, parse_resources(log))
+    mode = ["--ptx", "-Xcicc", "-O0"] if check_only else ["-cubin", "--resource-usage"]
+    rc, log, _ = compile_instances(expand_source(source.path()), source.file,
+                                   source.name_expressions, source.options, mode, arch)
+    return CompileResult(source, rc, log, parse_resources(log))
 
 
 def main() -> int:
