@@ -27,7 +27,7 @@ SWITCHES = [  # (reader, variable, default)
     (envs.moe_norm_fold, "NINFER_MOE_NORM_FOLD", False),
     (envs.norm_fold_prefetch, "NINFER_NORM_FOLD_PREFETCH", True),
     (envs.gemv_x_vec, "NINFER_GEMV_X_VEC", True),
-    (envs.gemv_x_vec_stages, "NINFER_GEMV_X_VEC_STAGES", False),
+    (envs.gemv_x_vec_stages, "NINFER_GEMV_X_VEC_STAGES", True),
     (envs.moe_router_norm, "NINFER_MOE_ROUTER_NORM", True),
 ]
 
