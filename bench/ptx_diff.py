@@ -86,7 +86,7 @@ def _sass_functions(text: str) -> dict[str, list[str]]:
     out = {}
     for part in re.split(r"^\s*Function : ", text, flags=re.M)[1:]:
         name = part.split("\n", 1)[0].strip()
-        out[name] = re.findall(r"/\*[0-9a-f]{4}\*/\s+(.*?);", part)
+        out[name] = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", part)
     return out
 
 
@@ -109,6 +109,21 @@ def by_instance(funcs: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def _key(name: str) -> str:
     return re.sub(r"\s+", "", name)
+
+
+def _lookup(funcs: dict[str, list[str]], name: str) -> list[str] | None:
+    """funcs[name]; a name that leaves trailing template arguments to their defaults
+    ("k<float,1>") matches the demangled instance that spells them out as 0 ("k<float,1,0>";
+    the flag parameters of these kernels default to 0)."""
+    key = _key(name)
+    if key in funcs:
+        return funcs[key]
+    if not key.endswith(">"):
+        return None
+    head = key[:-1] + ","
+    found = [v for k, v in funcs.items() if k.startswith(head)
+             and set(k[len(head):-1].split(",")) == {"0"}]
+    return found[0] if len(found) == 1 else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     old = by_instance(compile_functions(old_code, src.file, old_names, old_opts, sass=args.sass))
     bad = 0
     for name, old_name in zip(names, old_names):
-        a, b = new.get(_key(name)), old.get(_key(old_name))
+        a, b = _lookup(new, name), _lookup(old, old_name)
         if b is None or a is None:
             print(f"missing   {name}" + (f" (as {old_name})" if old_name != name else ""))
             bad += 1

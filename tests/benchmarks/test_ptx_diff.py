@@ -50,3 +50,14 @@ def test_a_module_matches_its_last_commit(capsys):
     out = capsys.readouterr().out
     assert "1 of 1 instances: PTX identical to HEAD" in out or dirty
     assert rc == 0 or dirty
+
+
+def test_a_name_with_defaulted_arguments_finds_its_instance():
+    """name_expressions may leave trailing template flags to their default (0); the demangled
+    instances spell them out. Another value of the flag is another instance."""
+    funcs = {"k<float,1,0>": ["a"], "k<float,1,1>": ["b"], "k<float,2>": ["c"]}
+    assert ptx_diff._lookup(funcs, "k<float, 1>") == ["a"]
+    assert ptx_diff._lookup(funcs, "k<float, 1, 1>") == ["b"]
+    assert ptx_diff._lookup(funcs, "k<float, 2>") == ["c"]
+    assert ptx_diff._lookup(funcs, "k<float, 3>") is None
+    assert ptx_diff._lookup(funcs, "j") is None
