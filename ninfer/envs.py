@@ -325,15 +325,6 @@ def attention_tma() -> bool:
     return _flag("NINFER_ATTN_TMA", False)
 
 
-def attention_tma_cluster() -> bool:
-    """NINFER_ATTN_TMA_CLUSTER (default on; "0" turns it off): with NINFER_ATTN_TMA, the
-    kernel's blocks run in thread-block clusters of one merge group (8 chunks of a row), and
-    the group's partials are folded from the blocks' shared memory after a cluster barrier
-    instead of through the workspace and a counter (paged_attention_tma_cluster_kernel; the
-    same bits). Read once, at import of the launcher."""
-    return _flag("NINFER_ATTN_TMA_CLUSTER", True)
-
-
 NORM_MAX_NV = (4, 8, 16)
 
 

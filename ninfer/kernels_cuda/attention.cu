@@ -344,37 +344,10 @@ __device__ __forceinline__ int attn_key_row(const AttnParams& p, const int* bt, 
 // pass 2 (a thread per 4 dims, all loads in flight; a thread's first two items are loaded
 // before pass 1): the fold. mode 0: the result (M, L, O) goes to group slot `dst`; mode 1:
 // out = the result folded into an empty row state (a row with one group); mode 2: out = O / L. mg: shared a, b, l [G][ATTN_GROUP], M [G].
-// Where attn_merge reads its items' partials: slots [first, first + count) of the G heads of
-// KV head g of row n (o [N, A, stride, D], ml [N, A, stride, 2]) in global memory (the
-// workspace). (AttnClusterParts: the partials in the shared memory of a cluster's blocks.)
-// The addresses come from p.q_heads as written here: another form of the same sums changes the
-// registers of the whole decode kernel (SASS) around it.
-struct AttnGlobalParts {
-  const float* o;
-  const float* ml;
-  int stride, first;
-  // head hl's o at (slot first, 4 dims d4): float4 units of D4 per slot
-  __device__ __forceinline__ const float4* o_base(const AttnParams& p, i64 n, int g, int G,
-                                                  int hl, int d4, int D4) const {
-    return reinterpret_cast<const float4*>(o) +
-           ((n * p.q_heads + g * G + hl) * (i64)stride + first) * D4 + d4;
-  }
-  __device__ __forceinline__ float4 o_at(const float4* base, int i, int D4) const {
-    return __ldcg(base + (i64)i * D4);
-  }
-  // head hl's (m, l) at slot first
-  __device__ __forceinline__ i64 ml_base(const AttnParams& p, i64 n, int g, int G,
-                                         int hl) const {
-    return (n * p.q_heads + g * G + hl) * (i64)stride + first;
-  }
-  __device__ __forceinline__ float2 ml_at(i64 slot0, int i) const {
-    return __ldcg(reinterpret_cast<const float2*>(ml) + slot0 + i);
-  }
-};
-
-template <int D, class Src>
+template <int D>
 __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, int G,
-                                           const Src& src, int count, float* mg, int mode,
+                                           const float* src_o, const float* src_ml, int stride,
+                                           int first, int count, float* mg, int mode,
                                            int dst = 0) {
   const int tid = threadIdx.x, nthreads = blockDim.x, lane = tid & 31, warp = tid >> 5;
   const int nwarps = nthreads >> 5;
@@ -388,17 +361,19 @@ __device__ __forceinline__ void attn_merge(const AttnParams& p, i64 n, int g, in
   // the coefficients), so the o loads overlap the ml loads and the max-scan
   auto load = [&](int e, float4 (&buf)[ATTN_GROUP]) {
     const int hl = e / D4, d4 = e % D4;
-    const auto po = src.o_base(p, n, g, G, hl, d4, D4);
+    const float4* po = reinterpret_cast<const float4*>(src_o) +
+                       ((n * p.q_heads + g * G + hl) * (i64)stride + first) * D4 + d4;
 #pragma unroll
     for (int i = 0; i < ATTN_GROUP; ++i)
-      buf[i] = i < count ? src.o_at(po, i, D4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      buf[i] = i < count ? __ldcg(po + (i64)i * D4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   };
   float4 pre0[ATTN_GROUP], pre1[ATTN_GROUP];
   if (tid < items) load(tid, pre0);
   if (tid + nthreads < items) load(tid + nthreads, pre1);
   for (int hl = warp; hl < G; hl += nwarps) {
-    const auto ml0 = src.ml_base(p, n, g, G, hl);
-    const float2 v = lane < count ? src.ml_at(ml0, lane) : make_float2(-NINFER_INF, 0.0f);
+    const i64 slot0 = (n * p.q_heads + g * G + hl) * (i64)stride + first;
+    const float2 v = lane < count ? __ldcg(reinterpret_cast<const float2*>(src_ml) + slot0 + lane)
+                                  : make_float2(-NINFER_INF, 0.0f);
     float s = v.x;  // inclusive prefix max over slots 0..lane
 #pragma unroll
     for (int o = 1; o < ATTN_GROUP; o <<= 1) {
@@ -747,23 +722,6 @@ __device__ __forceinline__ bool attn_count_last(int* counter, int total, int& sm
 #endif
 }
 
-// Level 2 of the split mode's merge, by every thread of the block that just stored its group's
-// partial (slot grp of grp_o / grp_ml): the last of the row's n_groups groups to count folds
-// them into the output (attn_count_last) and sets the count to 0 again.
-template <int D>
-__device__ __forceinline__ void attn_fold_groups(const AttnParams& p, i64 n, int g, int G,
-                                                 int n_groups, int* counters, float* mg,
-                                                 int& sm_last) {
-  if (!attn_count_last(counters, n_groups, sm_last)) return;
-  timeline_mark(5);  // the last group: the count returned (and its fence)
-  timeline_mark(0);  // level 2: after its fence
-  if (threadIdx.x == 0) counters[0] = 0;
-  attn_merge<D>(p, n, g, G,
-                AttnGlobalParts{p.grp_o, p.grp_ml, ATTN_GROUP, 0},
-                n_groups, mg, 2);
-  timeline_mark(6);  // level 2 folded: the output stored
-}
-
 // SPLIT=1, a row of several chunks, after this block stored its chunk partial (every thread of
 // the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
 // folds the group's partials; level 2: the last group to finish folds the groups
@@ -780,15 +738,19 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   timeline_mark(3);  // the last block of the group: the count returned (and its fence)
   if (tid == 0) counters[1 + grp] = 0;  // 0 again for the next launch (graph replay)
   if (n_groups == 1) {
-    attn_merge<D>(p, n, g, G, AttnGlobalParts{p.part_o, p.part_ml, p.max_chunks, 0}, nc,
-                  mg, 1);
+    attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, 0, nc, mg, 1);
     timeline_mark(6);
     return;
   }
-  attn_merge<D>(p, n, g, G, AttnGlobalParts{p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP},
-                grp_size, mg, 0, grp);
+  attn_merge<D>(p, n, g, G, p.part_o, p.part_ml, p.max_chunks, grp * ATTN_GROUP, grp_size, mg,
+                0, grp);
   timeline_mark(4);  // level 1 folded
-  attn_fold_groups<D>(p, n, g, G, n_groups, counters, mg, sm_last);
+  if (!attn_count_last(counters, n_groups, sm_last)) return;
+  timeline_mark(5);  // the last group: the count returned (and its fence)
+  timeline_mark(0);  // level 2: after its fence
+  if (tid == 0) counters[0] = 0;
+  attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
+  timeline_mark(6);  // level 2 folded: the output stored
 }
 
 #define ATTN_BUF_FLOATS 2048  // one pipeline buffer of a warp (8 KiB): {K, V} x KPW keys x 32 lanes
@@ -1236,106 +1198,9 @@ struct __align__(64) AttnKvMaps {
 
 // MINB: blocks per SM the registers are capped for (launch bounds): 2 (161 registers at
 // D = 256, no spill) or 3 (128 registers, a 24-byte spill), attention.py TMA_BLOCKS.
-#if BULK_COPY_OK
-// Thread-block clusters (sm_90; paged_attention_tma_cluster_kernel): the cluster barrier (every
-// thread of every block of the cluster arrives; release / acquire order shared-memory stores
-// before the other blocks' loads) and loads from another block's shared memory (mapa: this
-// block's shared address of a variable -> the same variable in block `rank` of the cluster).
-__device__ __forceinline__ void cluster_sync_acq_rel() {
-  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_map(unsigned addr, unsigned rank) {
-  unsigned remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  return remote;
-}
-__device__ __forceinline__ float4 ld_cluster_f4(unsigned addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ float2 ld_cluster_f2(unsigned addr) {
-  float2 v;
-  asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
-  return v;
-}
-
-// The cluster merge's chunk partial in a block's shared memory: o [G][D], then (m, l) [G], in
-// the ring's third stage (free at the chunk end: the consumer warps' states take the first two;
-// TMA_STAGES >= 4, and a stage of 64 D bytes holds the partial's 4 G D + 8 G for G <= 8).
-template <int D>
-__device__ __forceinline__ float* attn_tma_part(unsigned char* ring) {
-  return reinterpret_cast<float*>(ring + 2 * attn_tma_stage_bytes(D));
-}
-
-// attn_merge's items in a cluster: item i is the chunk partial (attn_tma_part) of block i of
-// the cluster. base: this block's shared address of its own partial; GD = G * D.
-struct AttnClusterParts {
-  unsigned base;
-  int GD;
-  __device__ __forceinline__ unsigned o_base(const AttnParams&, i64, int, int, int hl, int d4,
-                                             int D4) const {
-    return base + 16u * (unsigned)(hl * D4 + d4);
-  }
-  __device__ __forceinline__ float4 o_at(unsigned addr, int i, int) const {
-    return ld_cluster_f4(cluster_map(addr, (unsigned)i));
-  }
-  __device__ __forceinline__ unsigned ml_base(const AttnParams&, i64, int, int, int hl) const {
-    return base + 4u * (unsigned)(GD + 2 * hl);
-  }
-  __device__ __forceinline__ float2 ml_at(unsigned addr, int i) const {
-    return ld_cluster_f2(cluster_map(addr, (unsigned)i));
-  }
-};
-
-// A block of a several-chunk row with no chunk (chunk >= n_chunks) in the cluster merge: it
-// takes part in both cluster barriers of attn_tma_cluster_finish.
-__device__ __forceinline__ void attn_tma_cluster_idle() {
-  cluster_sync_acq_rel();
-  cluster_sync_acq_rel();
-}
-
-// The split mode's merge in a cluster of ATTN_GROUP blocks = one merge group of the row (every
-// thread of every block with a chunk calls this, after storing its chunk partial in `part`):
-// after a cluster barrier, block 0 of the cluster folds the group's partials from the blocks'
-// shared memory (attn_merge, the same arithmetic and order as attn_split_finish's level 1, so
-// the same bits) into the group partial (or, a row of one group, the output); a second barrier
-// keeps every block resident until then. Level 2 as attn_split_finish's. The level-1 counters
-// are not used.
-template <int D>
-__device__ __forceinline__ void attn_tma_cluster_finish(const AttnParams& p, i64 n, int g, int G,
-                                                        int nc, int chunk, const float* part,
-                                                        float* mg, int& sm_last) {
-  const int n_groups = (nc - 1) / ATTN_GROUP + 1;
-  const int grp = chunk / ATTN_GROUP;
-  const int grp_size = min(ATTN_GROUP, nc - grp * ATTN_GROUP);
-  const bool lead = chunk % ATTN_GROUP == 0;  // cluster rank 0
-  cluster_sync_acq_rel();  // the group's partials are stored
-  timeline_mark(3);
-  if (lead) {
-    attn_merge<D>(p, n, g, G, AttnClusterParts{smem_addr(part), G * D}, grp_size, mg,
-                  n_groups == 1 ? 1 : 0, grp);
-  }
-  cluster_sync_acq_rel();  // block 0 has read the partials
-  if (!lead) return;
-  timeline_mark(4);  // level 1 folded
-  if (n_groups == 1) return;
-  attn_fold_groups<D>(p, n, g, G, n_groups, p.counters + (n * p.q_heads + g) * (ATTN_GROUP + 1),
-                      mg, sm_last);
-}
-
-#define ATTN_TMA_CLUSTER_DIMS __cluster_dims__(ATTN_GROUP, 1, 1)
-#else
-#define ATTN_TMA_CLUSTER_DIMS
-#endif
-
-// CL: the cluster merge (paged_attention_tma_cluster_kernel); the body of both kernels. smem:
-// attn_tma_smem, named by the kernels only (named here, it moves every kernel's dynamic shared
-// memory of this module to a 128-byte boundary).
-template <int D, bool CL>
-__device__ __forceinline__ void attn_tma_block(const AttnParams& p, const AttnKvMaps& maps,
-                                               unsigned char* smem) {
+template <int D, int MINB>
+__global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
+    paged_attention_tma_kernel(const AttnParams p, const __grid_constant__ AttnKvMaps maps) {
 #if BULK_COPY_OK
   constexpr int STAGE_B = attn_tma_stage_bytes(D);
   constexpr int HALF_B = STAGE_B / 2;                   // the K (or V) half of a stage
@@ -1353,9 +1218,9 @@ __device__ __forceinline__ void attn_tma_block(const AttnParams& p, const AttnKv
   const int S = p.stages;
   const int chunk = blockIdx.x;
 
-  mbar_t* full = reinterpret_cast<mbar_t*>(smem);
+  mbar_t* full = reinterpret_cast<mbar_t*>(attn_tma_smem);
   mbar_t* empty = full + S;
-  unsigned char* ring = smem + ATTN_TMA_BAR_BYTES;  // then up to a 1024-byte boundary
+  unsigned char* ring = attn_tma_smem + ATTN_TMA_BAR_BYTES;  // then up to a 1024-byte boundary
   ring += (ATTN_TMA_ALIGN - (smem_addr(ring) & (ATTN_TMA_ALIGN - 1))) & (ATTN_TMA_ALIGN - 1);
   uint4* qf = reinterpret_cast<uint4*>(ring + S * STAGE_B);  // [MT][32]
   float* sm_m = reinterpret_cast<float*>(qf + MT * 32);
@@ -1431,12 +1296,7 @@ __device__ __forceinline__ void attn_tma_block(const AttnParams& p, const AttnKv
   pdl_enter();  // before the early exits: every block waits and triggers
   const TimelineMarks marks;  // (phase marks: timeline build only)
   if (!early) row = attn_row(p, n);
-  if (chunk >= row.n_chunks) {
-    // a cluster's blocks all belong to one row: with several chunks, every block of the
-    // cluster takes part in both cluster barriers (attn_tma_cluster_finish)
-    if (CL && row.n_chunks > 1) attn_tma_cluster_idle();
-    return;
-  }
+  if (chunk >= row.n_chunks) return;
 
   const int gi = lane >> 2, t = lane & 3;
   float o[MT][4];
@@ -1555,40 +1415,11 @@ __device__ __forceinline__ void attn_tma_block(const AttnParams& p, const AttnKv
       ov = fmaf(acc[w * G * D + idx], f, ov);
     }
     const int head = g * G + hl;
-    if (CL && row.n_chunks > 1) {  // the partial stays in this block's ring (attn_tma_part)
-      float* part = attn_tma_part<D>(ring);
-      part[idx] = sm_bad ? NINFER_NAN : ov;
-      if (d == 0) {
-        part[G * D + 2 * hl] = sm_cm[hl];
-        part[G * D + 2 * hl + 1] = sm_bad ? NINFER_NAN : lsum;
-      }
-    } else {
-      attn_chunk_result<D>(p, n, head, d, chunk, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
-    }
+    attn_chunk_result<D>(p, n, head, d, chunk, row.n_chunks, sm_cm + hl, ov, lsum, &sm_bad);
   }
   if (row.n_chunks == 1) return;
-  if (CL) {
-    attn_tma_cluster_finish<D>(p, n, g, G, row.n_chunks, chunk, attn_tma_part<D>(ring), mg,
-                               sm_last);
-  } else {
-    attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, mg, sm_last);
-  }
+  attn_split_finish<D>(p, n, g, G, row.n_chunks, chunk, mg, sm_last);
 #else
   __trap();
 #endif
-}
-
-template <int D, int MINB>
-__global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
-    paged_attention_tma_kernel(const AttnParams p, const __grid_constant__ AttnKvMaps maps) {
-  attn_tma_block<D, false>(p, maps, attn_tma_smem);
-}
-
-// paged_attention_tma_cluster_kernel (NINFER_ATTN_TMA_CLUSTER): grid x a multiple of
-// ATTN_GROUP, so that a cluster is one merge group of a row's chunks.
-template <int D, int MINB>
-__global__ void ATTN_TMA_CLUSTER_DIMS __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
-    paged_attention_tma_cluster_kernel(const AttnParams p,
-                                       const __grid_constant__ AttnKvMaps maps) {
-  attn_tma_block<D, true>(p, maps, attn_tma_smem);
 }

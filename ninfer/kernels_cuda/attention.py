@@ -67,9 +67,6 @@ WIDE_AUTO_GROUPS = (8,)
 TMA = envs.attention_tma()  # NINFER_ATTN_TMA: paged_attention_tma_kernel for split-mode calls
 TMA_STAGES = envs.attention_tma_stages()  # its ring stages (16-key K + V tiles) per block
 TMA_BLOCKS = envs.attention_tma_blocks()  # blocks per SM its registers are capped for (0: auto)
-# NINFER_ATTN_TMA_CLUSTER: its blocks in clusters of one merge group (GROUP chunks), the group's
-# partials folded from the blocks' shared memory (paged_attention_tma_cluster_kernel; same bits)
-TMA_CLUSTER = envs.attention_tma_cluster()
 TMA_MINB = (2, 3)  # the instances' register caps: 2 or 3 blocks per SM
 # NINFER_ATTN_TMA_BLOCKS=0: calls of at least this many rows take the 3-blocks-per-SM instance.
 # H200, 9B shape, graph us, 2 / 3 blocks per SM: B=1 ctx 8192 19.8 / 23.6, ctx 32768 45.1 /
@@ -86,8 +83,7 @@ SOURCE = KernelSource("attention.cu", tuple(
        for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
     + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
        f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
-    + [f"paged_attention_tma{c}_kernel<{d}, {b}>" for c in ("", "_cluster") for d in TMA_DIMS
-       for b in TMA_MINB]
+    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0, 1>"
        for k in C.WKind for gw in ((2, 3, 4) if WIDE else (4,) if WIDE is None else ())
        for dpl in _DPL for split in (0, 1)]),
@@ -248,12 +244,9 @@ def tma_blocks(rows: int) -> int:
     return 3 if rows >= TMA_BLOCKS_AUTO_ROWS else 2
 
 
-def tma_kernel_name(dim: int, rows: int, cluster: bool | None = None) -> str:
-    """The paged_attention_tma_kernel instance for head dim `dim` and a call of `rows` rows;
-    `cluster` (None: TMA_CLUSTER): its cluster-merge twin, paged_attention_tma_cluster_kernel
-    (launched with a grid x that is a multiple of GROUP)."""
-    kernel = "tma_cluster" if (TMA_CLUSTER if cluster is None else cluster) else "tma"
-    return f"paged_attention_{kernel}_kernel<{dim}, {tma_blocks(rows)}>"
+def tma_kernel_name(dim: int, rows: int) -> str:
+    """The paged_attention_tma_kernel instance for head dim `dim` and a call of `rows` rows."""
+    return f"paged_attention_tma_kernel<{dim}, {tma_blocks(rows)}>"
 
 
 def tma_stage_bytes(dim: int) -> int:
@@ -403,7 +396,5 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
             pass
     threads = 32 * (TMA_CONSUMERS + 1) if tma else 32 * hg * kw
     args = (params, kv_maps_arg(kp, vp)) if tma else (params,)
-    if tma and TMA_CLUSTER:  # a cluster is one merge group: blocks past the row's chunks idle
-        chunks = -(-chunks // GROUP) * GROUP
     launch(fn, (chunks if split else 1, kv_heads, n), (threads,), args,
            shared_mem=smem, name="paged_attention", pdl=True)

@@ -16,7 +16,6 @@ SWITCHES = [  # (reader, variable, default)
     (envs.gdn_chunk_local_pair, "NINFER_GDN_CHUNK_LOCAL_PAIR", True),
     (envs.attention_mma, "NINFER_ATTN_MMA", False),
     (envs.attention_tma, "NINFER_ATTN_TMA", False),
-    (envs.attention_tma_cluster, "NINFER_ATTN_TMA_CLUSTER", True),
     (envs.attention_acq_rel, "NINFER_ATTN_ACQ_REL", True),
     (envs.gemv_bf16_x, "NINFER_GEMV_BF16_X", True),
     (envs.moe_tma_down, "NINFER_MOE_TMA_DOWN", False),

@@ -92,8 +92,8 @@ def test_tma_eligibility():
                  (bf16, 4, 32, 16), (bf16, 0, 256, 16)):
         assert not katt.tma_eligible(*args), args
     names = set(katt.SOURCE.name_expressions)
-    assert {f"paged_attention_tma{c}_kernel<{d}, {b}>" for c in ("", "_cluster")
-            for d in katt.TMA_DIMS for b in katt.TMA_MINB} <= names
+    assert {f"paged_attention_tma_kernel<{d}, {b}>" for d in katt.TMA_DIMS
+            for b in katt.TMA_MINB} <= names
 
 
 def test_tma_blocks_by_rows(monkeypatch):
@@ -101,14 +101,8 @@ def test_tma_blocks_by_rows(monkeypatch):
     monkeypatch.setattr(katt, "TMA_BLOCKS", 0)
     rows = katt.TMA_BLOCKS_AUTO_ROWS
     assert [katt.tma_blocks(n) for n in (1, rows - 1, rows, 8, 64)] == [2, 2, 3, 3, 3]
-    assert katt.tma_kernel_name(256, 1, cluster=False) == "paged_attention_tma_kernel<256, 2>"
-    assert katt.tma_kernel_name(128, 8, cluster=False) == "paged_attention_tma_kernel<128, 3>"
-    assert (katt.tma_kernel_name(128, 8, cluster=True)
-            == "paged_attention_tma_cluster_kernel<128, 3>")
-    monkeypatch.setattr(katt, "TMA_CLUSTER", False)
-    assert katt.tma_kernel_name(64, 1) == "paged_attention_tma_kernel<64, 2>"
-    monkeypatch.setattr(katt, "TMA_CLUSTER", True)
-    assert katt.tma_kernel_name(64, 1) == "paged_attention_tma_cluster_kernel<64, 2>"
+    assert katt.tma_kernel_name(256, 1) == "paged_attention_tma_kernel<256, 2>"
+    assert katt.tma_kernel_name(128, 8) == "paged_attention_tma_kernel<128, 3>"
     for fixed in katt.TMA_MINB:
         monkeypatch.setattr(katt, "TMA_BLOCKS", fixed)
         assert {katt.tma_blocks(n) for n in (1, 8, 64)} == {fixed}

@@ -136,8 +136,7 @@ class _Launch:
 
 
 def _assert_tma_ran(launched, d):
-    """Only TMA instances of head dim d ran (the cluster-merge twin where TMA_CLUSTER)."""
-    names = {katt.tma_kernel_name(d, rows) for rows in (1, katt.TMA_BLOCKS_AUTO_ROWS)}
+    names = {f"paged_attention_tma_kernel<{d}, {b}>" for b in katt.TMA_MINB}
     assert launched and all(x in names for x in launched), launched
     launched.clear()
 
@@ -202,16 +201,16 @@ def test_tma_register_caps_give_the_same_bits(rng, monkeypatch, tma, group, d):
     for blocks in katt.TMA_MINB:
         monkeypatch.setattr(katt, "TMA_BLOCKS", blocks)
         outs[blocks] = kv.run(q, row_seq, row_pos, scale, ws, gate=gate)
-        assert tma[-1] == katt.tma_kernel_name(d, 1), tma
+        assert tma[-1] == f"paged_attention_tma_kernel<{d}, {blocks}>", tma
         assert np.isfinite(host(outs[blocks])).all()
     assert_same_bits(outs[3], outs[2], f"G={group} D={d}: 3 vs 2 blocks per SM")
     monkeypatch.setattr(katt, "TMA_BLOCKS", 0)
     batch = kv.run(q, row_seq, row_pos, scale, ws, gate=gate)
-    assert tma[-1] == katt.tma_kernel_name(d, 8), tma
+    assert tma[-1] == f"paged_attention_tma_kernel<{d}, 3>", tma
     for r in range(8):
         alone = kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], scale, ws,
                        gate=gate[r:r + 1])
-        assert tma[-1] == katt.tma_kernel_name(d, 1), tma
+        assert tma[-1] == f"paged_attention_tma_kernel<{d}, 2>", tma
         assert_same_bits(alone, batch[r:r + 1], f"row {r} (len {lengths[r]}) alone vs batch")
     assert not host(ws.counters).any()
 
@@ -334,39 +333,6 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
     assert np.isfinite(host(acq_rel_same_bits(monkeypatch, launch, n, (0, 5, 7),
                                               ws.counters))).all()
     _assert_tma_ran(tma, d)
-
-
-@pytest.mark.parametrize("group,d", [(4, 256), (8, 128), (3, 64)])
-def test_tma_cluster_merge_same_bits(rng, monkeypatch, tma, group, d):
-    """NINFER_ATTN_TMA_CLUSTER (paged_attention_tma_cluster_kernel: a merge group's chunk
-    partials folded from the shared memory of the cluster's blocks) gives the bits of the
-    workspace merge, for rows of 1 chunk, of one group (2, 5, 8 chunks), of several groups with
-    a partial last one (9, 17, 33, 47, 58 chunks): all rows in one call (3 blocks per SM, gated,
-    past_kv_ready; blocks past a row's chunks idle in its clusters) and rows alone (2 blocks per
-    SM); the workspace counters are 0 after every launch."""
-    monkeypatch.setattr(katt, "PREWAIT", True)
-    hkv = 2
-    heads = hkv * group
-    lengths = [1, 65, 300, 512, 513, 1025, 4097, 9000, 33000, 2049]
-    kv = _Paged(rng, lengths, hkv, d)
-    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d)
-    n = len(lengths)
-    ws = kv.workspace(n, heads)
-    calls = [(slice(0, n), True)] + [(slice(r, r + 1), False) for r in (0, 1, 3, 4, 8)]
-    for i, (rows, batched) in enumerate(calls):
-        outs = {}
-        for cluster in (False, True):
-            monkeypatch.setattr(katt, "TMA_CLUSTER", cluster)
-            outs[cluster] = host(kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, ws,
-                                        gate=gate[rows] if batched else None, ready=batched))
-            assert tma[-1] == katt.tma_kernel_name(d, len(row_seq[rows]), cluster), tma
-            assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
-        assert np.isfinite(outs[True]).all(), f"call {i}"
-        assert_same_bits(outs[True], outs[False], f"call {i}: cluster vs workspace merge")
-    want = kv.oracle(host(q), row_seq, row_pos, d ** -0.5)
-    got = host(kv.run(q, row_seq, row_pos, d ** -0.5, ws))
-    for r in range(n):
-        assert_close(got[r], want[r], TOL, f"row {r} (len {lengths[r]})")
 
 
 def test_tma_past_kv_ready_sees_the_key_written_just_before(rng, monkeypatch, tma):
