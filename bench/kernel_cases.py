@@ -90,7 +90,7 @@ def linear_prefill(ctx: BenchContext, cp) -> list[Measure]:
                                       "cuBLAS bf16 gemmEx"))]
 
 
-ATTN_DECODE_CASES = ((1, 1024), (8, 1024), (1, 8192), (8, 8192), (1, 32768))
+ATTN_DECODE_CASES = ((1, 1024), (8, 1024), (1, 8192), (8, 8192), (1, 32768), (8, 32768))
 
 
 def attn_decode_cases() -> tuple[tuple[int, int], ...]:
