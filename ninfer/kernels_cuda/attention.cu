@@ -11,7 +11,8 @@
 //   latency-bound: the work is cut finely and every warp keeps its next tile's loads in flight.
 //
 //   Chunks. The context is cut into chunks of CS = max(64, roundup64(ceil(len / 64))) keys:
-//   n_chunks = ceil(len / CS) <= ATTN_MAX_CHUNKS = 64 (CS = 64 up to len 4096, then it grows).
+//   n_chunks = ceil(len / CS) <= ATTN_MAX_CHUNKS = 64 (CS = 64 up to len 4096, then it grows;
+//   with ATTN_CHUNK_GRAIN_LONG = L, rows past 4096 keys take CS >= L).
 //   CS depends only on the row's own length, so a row's chunk partials never depend on N.
 //
 //   One chunk (a block: KV head g and its G = A / Hkv query heads; HG head groups of GW heads x
@@ -81,6 +82,12 @@
 #define ATTN_MAX_CHUNKS 64   // chunks per row at most (the workspace's chunk dimension)
 #ifndef ATTN_CHUNK_GRAIN     // NINFER_ATTN_CHUNK_GRAIN (attention.py passes -D)
 #define ATTN_CHUNK_GRAIN 64  // chunk sizes are multiples of this (and at least this)
+#endif
+// NINFER_ATTN_CHUNK_GRAIN_LONG (attention.py passes -D when it exceeds the grain): rows longer
+// than ATTN_MAX_CHUNKS chunks of the grain take chunks of at least this many keys (a multiple of
+// the grain); by default the grain itself, which changes nothing
+#ifndef ATTN_CHUNK_GRAIN_LONG
+#define ATTN_CHUNK_GRAIN_LONG ATTN_CHUNK_GRAIN
 #endif
 #define ATTN_GROUP 8         // chunks per merge group (ATTN_MAX_CHUNKS / ATTN_GROUP groups)
 #define ATTN_FULL 0xffffffffu
@@ -165,6 +172,10 @@ __device__ __forceinline__ AttnRow attn_row(const AttnParams& p, i64 n) {
   r.len = r.ok ? pos + 1 : 1;
   const int per = (r.len - 1) / ATTN_MAX_CHUNKS + 1;  // ceil(len / 64), no overflow
   r.chunk_keys = max(ATTN_CHUNK_GRAIN, ((per - 1) / ATTN_CHUNK_GRAIN + 1) * ATTN_CHUNK_GRAIN);
+#if ATTN_CHUNK_GRAIN_LONG > ATTN_CHUNK_GRAIN
+  if (r.len > ATTN_MAX_CHUNKS * ATTN_CHUNK_GRAIN)
+    r.chunk_keys = max(r.chunk_keys, ATTN_CHUNK_GRAIN_LONG);
+#endif
   r.n_chunks = (r.len - 1) / r.chunk_keys + 1;
   return r;
 }

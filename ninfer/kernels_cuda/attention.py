@@ -45,6 +45,9 @@ from ninfer.kernels_cuda._tensor_map import kv_maps_arg
 MAX_CHUNKS = 64   # chunks per row at most (ATTN_MAX_CHUNKS in attention.cu)
 # chunk sizes are multiples of this (ATTN_CHUNK_GRAIN, passed to attention.cu)
 CHUNK_GRAIN = envs.attention_chunk_grain()
+# rows longer than MAX_CHUNKS chunks of the grain take chunks of at least this many keys
+# (NINFER_ATTN_CHUNK_GRAIN_LONG; ATTN_CHUNK_GRAIN_LONG; 0 or not a larger multiple: off)
+CHUNK_GRAIN_LONG = envs.attention_chunk_grain_long()
 GROUP = 8         # chunks per merge group (ATTN_GROUP)
 SPLIT_MAX_ROWS = 64
 _BUF_FLOATS = 2048  # per warp and pipeline buffer (ATTN_BUF_FLOATS)
@@ -77,6 +80,18 @@ TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attenti
 TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
 TMA_MAX_STAGES = 16  # ATTN_TMA_MAX_STAGES
 TMA_RING_ALIGN = 1024  # ATTN_TMA_ALIGN: the ring's alignment (the 128-byte swizzle's period)
+def long_grain_on(grain: int, grain_long: int) -> bool:
+    """Whether NINFER_ATTN_CHUNK_GRAIN_LONG changes the chunking: a larger multiple of the grain."""
+    return grain_long > grain and grain_long % grain == 0
+
+
+def chunk_options(grain: int, grain_long: int) -> tuple[str, ...]:
+    """attention.cu's chunking defines (the long grain only where it changes the chunking, so
+    the default build's options, hence its kernel cache entries, stay as they were)."""
+    long = (f"-DATTN_CHUNK_GRAIN_LONG={grain_long}",) if long_grain_on(grain, grain_long) else ()
+    return (f"-DATTN_CHUNK_GRAIN={grain}",) + long
+
+
 SOURCE = KernelSource("attention.cu", tuple(
     [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
@@ -87,7 +102,7 @@ SOURCE = KernelSource("attention.cu", tuple(
     + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0, 1>"
        for k in C.WKind for gw in ((2, 3, 4) if WIDE else (4,) if WIDE is None else ())
        for dpl in _DPL for split in (0, 1)]),
-    options=(f"-DATTN_CHUNK_GRAIN={CHUNK_GRAIN}",))
+    options=chunk_options(CHUNK_GRAIN, CHUNK_GRAIN_LONG))
 
 # NINFER_ATTN_ACQ_REL (read once at import): the split mode counts its finished partials with
 # one acquire-release atomic per block instead of fences in every thread (attention.cu
@@ -118,7 +133,10 @@ assert _ATTN.itemsize == 216
 def chunk_keys(length: int) -> int:
     """Keys per chunk of a row attending `length` keys (attn_row in attention.cu)."""
     per = -(-max(1, length) // MAX_CHUNKS)
-    return max(CHUNK_GRAIN, -(-per // CHUNK_GRAIN) * CHUNK_GRAIN)
+    keys = max(CHUNK_GRAIN, -(-per // CHUNK_GRAIN) * CHUNK_GRAIN)
+    if long_grain_on(CHUNK_GRAIN, CHUNK_GRAIN_LONG) and length > MAX_CHUNKS * CHUNK_GRAIN:
+        keys = max(keys, CHUNK_GRAIN_LONG)
+    return keys
 
 
 def num_chunks(length: int) -> int:

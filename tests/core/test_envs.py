@@ -52,6 +52,8 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.gemv_tma_ring_kib, "NINFER_GEMV_TMA_RING_KIB", 192, envs.TMA_RING_KIB),
     (envs.attention_tma_stages, "NINFER_ATTN_TMA_STAGES", 4, envs.ATTN_TMA_STAGES),
     (envs.attention_tma_blocks, "NINFER_ATTN_TMA_BLOCKS", 0, envs.ATTN_TMA_BLOCKS),
+    (envs.attention_chunk_grain_long, "NINFER_ATTN_CHUNK_GRAIN_LONG", 0,
+     envs.ATTN_CHUNK_GRAINS_LONG),
     (envs.norm_max_nv, "NINFER_NORM_MAX_NV", 8, envs.NORM_MAX_NV),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):

@@ -254,6 +254,32 @@ def decode_rows(rng, lengths, heads: int, d: int, invalid: tuple[int, int] | Non
     return row_seq, row_pos, q, gate
 
 
+# Row lengths for NINFER_ATTN_CHUNK_GRAIN_LONG = 256 at grain 64: chunking changed (128- or
+# 192-key chunks by default, 256 with it) and kept (64-key chunks, or >= 256 either way)
+LONG_GRAIN_CHANGED = (4097, 5000, 8192, 12288)
+LONG_GRAIN_SAME = (1, 1000, 4096, 12289, 16385, 20000)
+
+
+def use_long_grain_build(monkeypatch, grain_long: int = 256) -> None:
+    """Switches paged_attention to the NINFER_ATTN_CHUNK_GRAIN_LONG build (the host's chunk plan
+    and both counting builds of attention.cu) until the test ends."""
+    import dataclasses
+
+    from ninfer.kernels_cuda import attention as katt
+
+    opts = katt.chunk_options(katt.CHUNK_GRAIN, grain_long)
+    monkeypatch.setattr(katt, "CHUNK_GRAIN_LONG", grain_long)
+    monkeypatch.setattr(katt, "SOURCE", dataclasses.replace(katt.SOURCE, options=opts))
+    monkeypatch.setattr(katt, "SOURCE_ACQ_REL", dataclasses.replace(
+        katt.SOURCE_ACQ_REL, options=opts + ("-DATTN_ACQ_REL=1",)))
+
+
+def differs(a, b) -> bool:
+    """Whether two f32 arrays differ in any bit."""
+    return bool((np.ascontiguousarray(host(a)).view(np.uint32)
+                 != np.ascontiguousarray(host(b)).view(np.uint32)).any())
+
+
 def acq_rel_same_bits(monkeypatch, launch, n: int, rows, counters):
     """paged_attention's NINFER_ATTN_ACQ_REL builds (acquire-release vs fenced counting) give the
     same bits: `launch(rows_slice, batched)` runs rows_slice of the caller's inputs (batched:

@@ -31,6 +31,29 @@ def test_chunk_rule():
     assert katt.launch_chunks(10 ** 7) == katt.MAX_CHUNKS
 
 
+def test_long_grain_chunk_rule(monkeypatch):
+    """NINFER_ATTN_CHUNK_GRAIN_LONG = 256 at grain 64: rows of 4097..12288 keys (128- or 192-key
+    chunks by default) take 256-key chunks; shorter and longer rows keep theirs; the rule's
+    invariants and the launch's chunk bound still hold; the define reaches attention.cu only
+    when it changes the chunking."""
+    monkeypatch.setattr(katt, "CHUNK_GRAIN", 64)
+    default = {n: katt.chunk_keys(n) for n in range(1, 40000, 3)}
+    monkeypatch.setattr(katt, "CHUNK_GRAIN_LONG", 256)
+    assert [katt.chunk_keys(n) for n in (1, 4096, 4097, 8192, 12288, 12289, 16384, 16385,
+                                         32768)] == [64, 64, 256, 256, 256, 256, 256, 320, 512]
+    for length, keys in default.items():
+        changed = katt.chunk_keys(length) != keys
+        assert changed == (4096 < length <= 12288), length
+        cs, nc = katt.chunk_keys(length), katt.num_chunks(length)
+        assert cs % 64 == 0 and nc <= katt.MAX_CHUNKS and (nc - 1) * cs < length <= nc * cs
+        assert katt.launch_chunks(length) >= nc
+    assert katt.chunk_options(64, 256) == ("-DATTN_CHUNK_GRAIN=64", "-DATTN_CHUNK_GRAIN_LONG=256")
+    for off in (0, 64, 128):
+        assert katt.chunk_options(128, off) == ("-DATTN_CHUNK_GRAIN=128",)
+    monkeypatch.setattr(katt, "CHUNK_GRAIN", 256)  # not larger than the grain: off
+    assert katt.chunk_keys(8192) == 256 and katt.chunk_keys(4097) == 256
+
+
 @pytest.mark.parametrize("mma", [True, False])
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 5, 6, 7, 8, 12, 16])
 @pytest.mark.parametrize("dim", [32, 64, 128, 256])

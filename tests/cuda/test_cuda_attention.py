@@ -22,10 +22,11 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (acq_rel_same_bits, assert_attention_graph_replay, assert_close,
-                           assert_same_bits, cp, decode_rows, dev, host,
-                           assert_invalid_attention_rows_nan, nan_own_key_slots, poisoned,
-                           random_block_tables, randn, rel_err)
+from cuda_testutil import (LONG_GRAIN_CHANGED, LONG_GRAIN_SAME, acq_rel_same_bits,
+                           assert_attention_graph_replay, assert_close, assert_same_bits, cp,
+                           decode_rows, dev, differs, host, assert_invalid_attention_rows_nan,
+                           nan_own_key_slots, poisoned, random_block_tables, randn, rel_err,
+                           use_long_grain_build)
 
 pytestmark = pytest.mark.gpu
 
@@ -177,6 +178,42 @@ def test_paged_attention_bitwise_batch_invariance(rng, monkeypatch, heads, hkv, 
     monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
     loop = kv.run(q, row_seq, row_pos, scale)
     assert_same_bits(loop, batch, "loop mode vs split mode")
+
+
+@pytest.mark.parametrize("mma", [True, False])
+@pytest.mark.parametrize("heads,hkv,d,bf16", [(16, 4, 256, True), (8, 2, 128, False)])
+def test_long_grain_vs_float64_and_the_default_build(rng, monkeypatch, heads, hkv, d, bf16, mma):
+    """NINFER_ATTN_CHUNK_GRAIN_LONG = 256 (the build with ATTN_CHUNK_GRAIN_LONG): rows whose
+    chunking it changes match the float64 oracle and differ from the default build's bits;
+    rows whose chunking it keeps are bitwise the default build's; a row alone == the row in
+    the batch, and split == loop mode, bitwise; counters 0 after."""
+    if katt.CHUNK_GRAIN != 64:
+        pytest.skip("the row lengths are those of grain 64")
+    monkeypatch.setattr(katt, "MMA", mma)
+    lengths = LONG_GRAIN_CHANGED + LONG_GRAIN_SAME
+    kv = _Kv(rng, lengths, hkv, d, bf16)
+    n = len(lengths)
+    row_seq, row_pos = np.arange(n, dtype=np.int32), np.array(lengths, np.int32) - 1
+    q = dev(randn(rng, (n, heads, d), 2.0))
+    scale = d ** -0.5
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
+    default = kv.run(q, row_seq, row_pos, scale, workspace=ws)
+    use_long_grain_build(monkeypatch)
+    batch = kv.run(q, row_seq, row_pos, scale, workspace=ws)
+    got = host(batch)
+    expect = kv.oracle(host(q), row_seq, row_pos, scale)
+    for i, length in enumerate(lengths):
+        assert_close(got[i], expect[i], _tol(bf16, heads, hkv, d), f"len {length}")
+        if length in LONG_GRAIN_SAME:
+            assert_same_bits(batch[i], default[i], f"len {length}: its chunks are unchanged")
+        else:
+            assert differs(batch[i], default[i]), f"len {length}: the long grain changed nothing"
+    for r in (0, 2, 5):
+        alone = kv.run(q[[r]], row_seq[[r]], row_pos[[r]], scale, workspace=ws)
+        assert_same_bits(alone, batch[[r]], f"len {lengths[r]} alone vs in the batch")
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
+    monkeypatch.setattr(katt, "SPLIT_MAX_ROWS", 0)
+    assert_same_bits(kv.run(q, row_seq, row_pos, scale), batch, "loop mode vs split mode")
 
 
 # G = 1, 2, 3 (GW 1 / 3 / 2 heads per warp), 4, 5, 6, 8 (8-warp blocks); f32 and bf16 pages

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import (acq_rel_same_bits, assert_attention_graph_replay, assert_close,
-                           assert_same_bits, cp, decode_rows, dev, host,
-                           assert_invalid_attention_rows_nan, nan_own_key_slots, poisoned,
-                           randn, rel_err)
+from cuda_testutil import (LONG_GRAIN_CHANGED, LONG_GRAIN_SAME, acq_rel_same_bits,
+                           assert_attention_graph_replay, assert_close, assert_same_bits, cp,
+                           decode_rows, dev, differs, host, assert_invalid_attention_rows_nan,
+                           nan_own_key_slots, poisoned, randn, rel_err, use_long_grain_build)
 
 from ninfer import ops
 from ninfer.core.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
@@ -332,6 +332,39 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
 
     assert np.isfinite(host(acq_rel_same_bits(monkeypatch, launch, n, (0, 5, 7),
                                               ws.counters))).all()
+    _assert_tma_ran(tma, d)
+
+
+def test_tma_long_grain(rng, monkeypatch, tma):
+    """NINFER_ATTN_CHUNK_GRAIN_LONG = 256 with the TMA kernel: the float64 oracle; rows whose
+    chunking it keeps are bitwise the default build's, the others differ; a row alone == the
+    row in the batch (both register caps), gated and with past_kv_ready; counters 0 after."""
+    if katt.CHUNK_GRAIN != 64:
+        pytest.skip("the row lengths are those of grain 64")
+    monkeypatch.setattr(katt, "PREWAIT", True)
+    heads, hkv, d = 16, 4, 256
+    lengths = LONG_GRAIN_CHANGED + LONG_GRAIN_SAME
+    kv = _Paged(rng, lengths, hkv, d)
+    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d)
+    n, scale = len(lengths), d ** -0.5
+    ws = kv.workspace(n, heads)
+    default = kv.run(q, row_seq, row_pos, scale, ws, gate=gate, ready=True)
+    use_long_grain_build(monkeypatch)
+    batch = kv.run(q, row_seq, row_pos, scale, ws, gate=gate, ready=True)
+    _assert_tma_ran(tma, d)
+    plain = host(kv.run(q, row_seq, row_pos, scale, ws))
+    want = kv.oracle(host(q), row_seq, row_pos, scale)
+    for i, length in enumerate(lengths):
+        assert_close(plain[i], want[i], TOL, f"len {length}")
+        if length in LONG_GRAIN_SAME:
+            assert_same_bits(batch[i], default[i], f"len {length}: its chunks are unchanged")
+        else:
+            assert differs(batch[i], default[i]), f"len {length}: the long grain changed nothing"
+    for r in (0, 3, 5):
+        alone = kv.run(q[r:r + 1], row_seq[r:r + 1], row_pos[r:r + 1], scale, ws,
+                       gate=gate[r:r + 1], ready=True)
+        assert_same_bits(alone, batch[r:r + 1], f"len {lengths[r]} alone vs in the batch")
+    assert not host(ws.counters).any(), "workspace counters must be 0 after a launch"
     _assert_tma_ran(tma, d)
 
 
