@@ -401,12 +401,12 @@ def attention_chunk_grain() -> int:
 def attention_chunk_grain_long() -> int:
     """NINFER_ATTN_CHUNK_GRAIN_LONG (0, 128, 256 or 512; default 0 = off): rows longer than 64
     chunks of NINFER_ATTN_CHUNK_GRAIN keys take chunks of at least this many keys (at grain 64
-    and 256: rows of 4097-16384 keys get 256-key chunks instead of 128-256 keys, so fewer chunks
-    and blocks; longer rows are unchanged). Ignored unless it is a larger multiple of the grain.
-    A row's chunking still depends only on its length. H200, 9B shape, the default (FMA)
-    kernel, graph us per call off / 256: B=8 ctx 8192 99.2 / 92.4, but B=1 ctx 8192 21.2 /
-    27.3 (half the blocks), ctx 1024 unchanged: a B=8 throughput setting, off by default. Read
-    once, at import of the launcher."""
+    and 256: rows of 4097-12288 keys get 256-key chunks instead of 128 or 192 keys, so fewer
+    chunks and blocks; other rows are unchanged). Ignored unless it is a larger multiple of
+    the grain. A row's chunking still depends only on its length. H200, 9B shape, the default
+    (FMA) kernel, graph us per call off / 256: B=8 ctx 8192 99.2 / 92.4, but B=1 ctx 8192
+    21.2 / 27.3 (half the blocks), ctx 1024 unchanged: a B=8 throughput setting, off by
+    default. Read once, at import of the launcher."""
     return _choice("NINFER_ATTN_CHUNK_GRAIN_LONG", 0, ATTN_CHUNK_GRAINS_LONG)
 
 

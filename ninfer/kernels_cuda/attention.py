@@ -80,6 +80,8 @@ TMA_CONSUMERS = 4  # consumer warps (+ 1 producer warp; ATTN_TMA_CONS in attenti
 TMA_TILE = 16  # keys per ring stage (ATTN_TMA_TILE)
 TMA_MAX_STAGES = 16  # ATTN_TMA_MAX_STAGES
 TMA_RING_ALIGN = 1024  # ATTN_TMA_ALIGN: the ring's alignment (the 128-byte swizzle's period)
+
+
 def long_grain_on(grain: int, grain_long: int) -> bool:
     """Whether NINFER_ATTN_CHUNK_GRAIN_LONG changes the chunking: a larger multiple of the grain."""
     return grain_long > grain and grain_long % grain == 0

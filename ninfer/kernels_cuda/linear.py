@@ -55,8 +55,8 @@ ROWS_PER_BLOCK = {1: 2, 2: 2, 4: 4, 8: 8}  # NT -> R (weight rows per block)
 # registers (tma_x_stages) take the TMA_IO_X_VEC instances (16-byte x loads; the same bits); one
 # row keeps the 4-byte loads' instances
 GEMV_X_VEC = envs.gemv_x_vec()
-# NINFER_GEMV_X_VEC_STAGES (read once at import; default on): with GEMV_X_VEC, calls whose x is read
-# per stage (K > 5 stages, or tile groups) take the TMA_IO_X_VEC instances too
+# NINFER_GEMV_X_VEC_STAGES (read once at import; default on): with GEMV_X_VEC, calls whose x is
+# read per stage (K > 5 stages, or tile groups) take the TMA_IO_X_VEC instances too
 GEMV_X_VEC_STAGES = envs.gemv_x_vec_stages()
 
 SOURCE = KernelSource("linear.cu", tuple(
