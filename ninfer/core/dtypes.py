@@ -69,10 +69,11 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    """Widen raw bf16 patterns (uint16) to float32 exactly."""
-    bits = np.ascontiguousarray(bits, dtype=np.uint16)
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+def bf16_bits_to_f32(bits: np.ndarray, xp=np) -> np.ndarray:
+    """Widen raw bf16 patterns (uint16) to float32 exactly (`xp`: numpy, or cupy for a device
+    array)."""
+    bits = xp.ascontiguousarray(bits, dtype=xp.uint16)
+    return (bits.astype(xp.uint32) << 16).view(xp.float32)
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:

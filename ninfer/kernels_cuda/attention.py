@@ -110,7 +110,14 @@ SOURCE = KernelSource("attention.cu", tuple(
 # one acquire-release atomic per block instead of fences in every thread (attention.cu
 # attn_count_last; a second build of the module; the same bits)
 ACQ_REL = envs.attention_acq_rel()
-SOURCE_ACQ_REL = dataclasses.replace(SOURCE, options=SOURCE.options + ("-DATTN_ACQ_REL=1",))
+
+
+def acq_rel_source(source: KernelSource) -> KernelSource:
+    """`source`'s NINFER_ATTN_ACQ_REL build (the same instances, -DATTN_ACQ_REL=1 added)."""
+    return dataclasses.replace(source, options=source.options + ("-DATTN_ACQ_REL=1",))
+
+
+SOURCE_ACQ_REL = acq_rel_source(SOURCE)
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),

@@ -290,6 +290,7 @@ _NORM_FOLD = C.struct(("res", "ptr"), ("gain", "ptr"), ("xg", "ptr"), ("parts", 
 assert _NORM_FOLD.itemsize == 56
 _NO_NORM_FOLD = C.pack(_NORM_FOLD)
 
+
 def norm_fold_parts(hidden: int) -> int:
     """The columns of `parts` an MoE block's norm fold writes: one per 16 output columns."""
     return -(-hidden // 16)

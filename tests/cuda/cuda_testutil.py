@@ -7,6 +7,7 @@ so an unwritten element fails the comparison.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 
 import numpy as np
@@ -131,15 +132,21 @@ def assert_close(out, ref, tol: float = TOL_F32, what: str = "") -> None:
     assert err < tol, f"{what} rel err {err:.3e} >= {tol:.1e}"
 
 
-def assert_same_bits(a, b, what: str = "") -> None:
-    """Bitwise equality (same shape and dtype); a mismatch reports how many elements differ and
-    the first few (index, both values)."""
+def _bitwise_diff(a, b, what: str):
+    """(a, b) on the host, contiguous, and the flat indices of the elements whose bits differ
+    (same shape and dtype asserted)."""
     a = np.ascontiguousarray(host(a) if not isinstance(a, np.ndarray) else a)
     b = np.ascontiguousarray(host(b) if not isinstance(b, np.ndarray) else b)
     assert a.shape == b.shape and a.dtype == b.dtype, (what, a.shape, b.shape, a.dtype, b.dtype)
     width = (a.size, a.dtype.itemsize)
-    diff = np.flatnonzero((a.view(np.uint8).reshape(width) != b.view(np.uint8).reshape(width))
-                          .any(axis=1))
+    return a, b, np.flatnonzero((a.view(np.uint8).reshape(width)
+                                 != b.view(np.uint8).reshape(width)).any(axis=1))
+
+
+def assert_same_bits(a, b, what: str = "") -> None:
+    """Bitwise equality (same shape and dtype); a mismatch reports how many elements differ and
+    the first few (index, both values)."""
+    a, b, diff = _bitwise_diff(a, b, what)
     if diff.size:
         idx = [np.unravel_index(i, a.shape) for i in diff[:5]]
         pairs = ", ".join(f"{tuple(int(v) for v in i)}: {a[i]!r} vs {b[i]!r}" for i in idx)
@@ -263,21 +270,18 @@ LONG_GRAIN_SAME = (1, 1000, 4096, 12289, 16385, 20000)
 def use_long_grain_build(monkeypatch, grain_long: int = 256) -> None:
     """Switches paged_attention to the NINFER_ATTN_CHUNK_GRAIN_LONG build (the host's chunk plan
     and both counting builds of attention.cu) until the test ends."""
-    import dataclasses
-
     from ninfer.kernels_cuda import attention as katt
 
-    opts = katt.chunk_options(katt.CHUNK_GRAIN, grain_long)
+    source = dataclasses.replace(katt.SOURCE, options=katt.chunk_options(katt.CHUNK_GRAIN,
+                                                                          grain_long))
     monkeypatch.setattr(katt, "CHUNK_GRAIN_LONG", grain_long)
-    monkeypatch.setattr(katt, "SOURCE", dataclasses.replace(katt.SOURCE, options=opts))
-    monkeypatch.setattr(katt, "SOURCE_ACQ_REL", dataclasses.replace(
-        katt.SOURCE_ACQ_REL, options=opts + ("-DATTN_ACQ_REL=1",)))
+    monkeypatch.setattr(katt, "SOURCE", source)
+    monkeypatch.setattr(katt, "SOURCE_ACQ_REL", katt.acq_rel_source(source))
 
 
 def differs(a, b) -> bool:
-    """Whether two f32 arrays differ in any bit."""
-    return bool((np.ascontiguousarray(host(a)).view(np.uint32)
-                 != np.ascontiguousarray(host(b)).view(np.uint32)).any())
+    """Whether two arrays (same shape and dtype) differ in any bit."""
+    return _bitwise_diff(a, b, "")[2].size > 0
 
 
 def acq_rel_same_bits(monkeypatch, launch, n: int, rows, counters):

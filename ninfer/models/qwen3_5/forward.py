@@ -17,7 +17,7 @@ import dataclasses
 import numpy as np
 
 from ninfer import envs, ops
-from ninfer.core.dtypes import DType
+from ninfer.core.dtypes import DType, bf16_bits_to_f32
 from ninfer.ops.attn_fused import prefill_attention_supported
 from ninfer.ops.linear import (RowNorm, linear_residual_norm, norm_fold_applies, reads_bf16_x,
                                residual_norm_parts, swiglu_reads_bf16_x)
@@ -78,7 +78,7 @@ def _ffn_output(ffn: DenseMLPParams | MoEParams):
 def _f32(weight, xp):
     """A norm weight's values as f32 (bf16 bits widened exactly)."""
     if weight.dtype is DType.BFLOAT16:
-        return (weight.data.astype(xp.uint32) << 16).view(xp.float32)
+        return bf16_bits_to_f32(weight.data, xp)
     return weight.data.astype(xp.float32)
 
 
