@@ -360,6 +360,19 @@ def attention_acq_rel() -> bool:
     return _flag("NINFER_ATTN_ACQ_REL", True)
 
 
+ATTN_MERGE_KERNEL = (0, 1, 2)
+
+
+def attention_merge_kernel() -> int:
+    """NINFER_ATTN_MERGE_KERNEL (0 = off, the default; 1 or 2): decode (split mode)
+    paged_attention stores every chunk partial and a second kernel (attn_merge_kernel, a thread
+    per output column and merge group) merges the rows of several chunks, instead of the last
+    block of each group and then of the row (atomic counts; no second kernel). The same bits.
+    1: the attention blocks let the merge kernel launch as they exit; 2: at their PDL wait.
+    Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_MERGE_KERNEL", 0, ATTN_MERGE_KERNEL)
+
+
 ATTN_TMA_BLOCKS = (0, 2, 3)
 ATTN_CHUNK_GRAINS = (64, 128, 256)
 ATTN_CHUNK_GRAINS_LONG = (0, 128, 256, 512)

@@ -90,6 +90,14 @@
 #define ATTN_CHUNK_GRAIN_LONG ATTN_CHUNK_GRAIN
 #endif
 #define ATTN_GROUP 8         // chunks per merge group (ATTN_MAX_CHUNKS / ATTN_GROUP groups)
+// NINFER_ATTN_MERGE_KERNEL (attention.py passes -D; a build of its own, split-mode instances
+// only): the split mode's blocks store their chunk partials and exit without counting;
+// attn_merge_kernel, launched right after, folds them with the same arithmetic in the same
+// order (the same bits). 1: the attention blocks trigger their dependents by exiting (the merge
+// kernel's blocks are not resident while the chunks run); 2: at their PDL wait, as by default.
+#ifndef ATTN_MERGE_KERNEL
+#define ATTN_MERGE_KERNEL 0
+#endif
 #define ATTN_FULL 0xffffffffu
 
 struct KvWriteParams {
@@ -737,9 +745,11 @@ __device__ __forceinline__ bool attn_count_last(int* counter, int total, int& sm
 // the block calls this). Level 1: the last block of the chunk's group (<= 8 chunks) to finish
 // folds the group's partials; level 2: the last group to finish folds the groups
 // (attn_count_last: a block's partial is visible before it is counted). sm_last: a shared int.
+// (The ATTN_MERGE_KERNEL build: nothing; attn_merge_kernel merges.)
 template <int D>
 __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, int g, int G,
                                                   int nc, int c_begin, float* mg, int& sm_last) {
+  if (ATTN_MERGE_KERNEL) return;
   const int tid = threadIdx.x;
   const int n_groups = (nc - 1) / ATTN_GROUP + 1;
   const int grp = c_begin / ATTN_GROUP;
@@ -762,6 +772,94 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
   if (tid == 0) counters[0] = 0;
   attn_merge<D>(p, n, g, G, p.grp_o, p.grp_ml, ATTN_GROUP, 0, n_groups, mg, 2);
   timeline_mark(6);  // level 2 folded: the output stored
+}
+
+// The attention kernels' PDL prologue: wait, then let the next kernel launch; in the
+// ATTN_MERGE_KERNEL = 1 build the split mode only waits, so its dependent (attn_merge_kernel,
+// which waits for every partial anyway) launches as the blocks exit.
+template <int SPLIT>
+__device__ __forceinline__ void attn_pdl_enter() {
+  if (SPLIT && ATTN_MERGE_KERNEL == 1)
+    pdl_wait();
+  else
+    pdl_enter();
+}
+
+// attn_merge_kernel<D> (the ATTN_MERGE_KERNEL build; attention.py launches it right after a
+// split-mode paged_attention launch, same params): the merges of the rows of several chunks
+// from the workspace's chunk partials. Grid (ceil(A * D / 4 * ATTN_GROUP / 128), N), 128
+// threads; thread (column = (head, 4 dims), merge group q) folds group q's <= 8 chunk partials
+// (level 1, as attn_merge mode 0 but kept in registers), then lane q = 0 of the column's 8
+// lanes folds the groups taken from them by shuffles (level 2, mode 2; for a row of one group,
+// mode 1, which is the same fold from the empty state) and writes the output. Every fold is
+// attn_merge's (attn_coef / attn_fold in slot order from the empty state; the running max as a
+// sequential fmaxf chain, which the max-scan equals), so the same bits as the in-kernel
+// merges. Rows of one chunk, written by the attention kernel, are skipped. PDL: it triggers
+// first, then waits (its successor waits for its completion anyway).
+template <int D>
+__global__ void __launch_bounds__(128) attn_merge_kernel(const AttnParams p) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const i64 n = blockIdx.y;
+  const int nc = attn_row(p, n).n_chunks;
+  if (nc == 1) return;
+  constexpr int D4 = D / 4;
+  const int item = blockIdx.x * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x & 31, q = item % ATTN_GROUP, col = item / ATTN_GROUP;
+  const int head = col / D4, d4 = col % D4;
+  const bool on = head < p.q_heads;
+  const int first = q * ATTN_GROUP;
+  const int count = on ? max(0, min(ATTN_GROUP, nc - first)) : 0;
+  const i64 slot0 = (n * p.q_heads + (on ? head : 0)) * (i64)p.max_chunks + first;
+  const float4* po = reinterpret_cast<const float4*>(p.part_o) + slot0 * D4 + d4;
+  const float2* pml = reinterpret_cast<const float2*>(p.part_ml) + slot0;
+  float4 part[ATTN_GROUP];
+  float2 ml[ATTN_GROUP];
+#pragma unroll
+  for (int i = 0; i < ATTN_GROUP; ++i) {
+    if (i < count) {
+      part[i] = __ldcg(po + (i64)i * D4);
+      ml[i] = __ldcg(pml + i);
+    }
+  }
+  float m = -NINFER_INF, l = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < ATTN_GROUP; ++i) {
+    if (i < count) {
+      float a, b;
+      m = attn_coef(m, ml[i].x, a, b);
+      o0 = attn_fold(o0, a, b, part[i].x);
+      o1 = attn_fold(o1, a, b, part[i].y);
+      o2 = attn_fold(o2, a, b, part[i].z);
+      o3 = attn_fold(o3, a, b, part[i].w);
+      l = attn_fold(l, a, b, ml[i].y);
+    }
+  }
+  const int n_groups = (nc - 1) / ATTN_GROUP + 1;
+  const int base = lane & ~(ATTN_GROUP - 1);
+  float rm = -NINFER_INF, rl = 0.0f, r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
+#pragma unroll
+  for (int j = 0; j < ATTN_GROUP; ++j) {
+    const float mj = __shfl_sync(ATTN_FULL, m, base + j);
+    const float lj = __shfl_sync(ATTN_FULL, l, base + j);
+    const float x0 = __shfl_sync(ATTN_FULL, o0, base + j);
+    const float x1 = __shfl_sync(ATTN_FULL, o1, base + j);
+    const float x2 = __shfl_sync(ATTN_FULL, o2, base + j);
+    const float x3 = __shfl_sync(ATTN_FULL, o3, base + j);
+    if (j < n_groups) {
+      float a, b;
+      rm = attn_coef(rm, mj, a, b);
+      r0 = attn_fold(r0, a, b, x0);
+      r1 = attn_fold(r1, a, b, x1);
+      r2 = attn_fold(r2, a, b, x2);
+      r3 = attn_fold(r3, a, b, x3);
+      rl = attn_fold(rl, a, b, lj);
+    }
+  }
+  if (on && q == 0) {
+    const float v[4] = {r0 / rl, r1 / rl, r2 / rl, r3 / rl};
+    attn_store_out<4>(p, n, head, d4 * 4, v);
+  }
 }
 
 #define ATTN_BUF_FLOATS 2048  // one pipeline buffer of a warp (8 KiB): {K, V} x KPW keys x 32 lanes
@@ -884,7 +982,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
       }
     }
   }
-  pdl_enter();  // before the early exits: every block waits and triggers
+  attn_pdl_enter<SPLIT>();  // before the early exits: every block waits (and triggers)
   const TimelineMarks marks;  // (phase marks: timeline build only)
   if (!prewait) row = attn_row(p, n);
   const int c_end = SPLIT ? c_begin + 1 : row.n_chunks;
@@ -1304,7 +1402,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
       while (next < pre) issue();
     }
   }
-  pdl_enter();  // before the early exits: every block waits and triggers
+  attn_pdl_enter<1>();  // before the early exits: every block waits (and triggers)
   const TimelineMarks marks;  // (phase marks: timeline build only)
   if (!early) row = attn_row(p, n);
   if (chunk >= row.n_chunks) return;

@@ -33,6 +33,7 @@ loop-mode call (N > SPLIT_MAX_ROWS).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -94,16 +95,22 @@ def chunk_options(grain: int, grain_long: int) -> tuple[str, ...]:
     return (f"-DATTN_CHUNK_GRAIN={grain}",) + long
 
 
+def _attention_instances(splits: tuple[int, ...]) -> list[str]:
+    """The paged_attention instances (FMA, MMA, TMA, WIDE) of the launch modes `splits`."""
+    return ([f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
+             for k in C.WKind for gw in _GW for dpl in _DPL for split in splits]
+            + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
+               f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in splits]
+            + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB
+               if 1 in splits]
+            + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, "
+               "0, 1>" for k in C.WKind
+               for gw in ((2, 3, 4) if WIDE else (4,) if WIDE is None else ())
+               for dpl in _DPL for split in splits])
+
+
 SOURCE = KernelSource("attention.cu", tuple(
-    [f"kv_write_kernel<{k.ctype}>" for k in C.WKind]
-    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0>"
-       for k in C.WKind for gw in _GW for dpl in _DPL for split in (0, 1)]
-    + [f"paged_attention_kernel<{C.WKind.BF16.ctype}, {_MMA_GW}, {dpl}, {split}, "
-       f"{PIPELINE_BUFFERS}, 1>" for dpl in _MMA_DPL for split in (0, 1)]
-    + [f"paged_attention_tma_kernel<{d}, {b}>" for d in TMA_DIMS for b in TMA_MINB]
-    + [f"paged_attention_kernel<{k.ctype}, {gw}, {dpl}, {split}, {PIPELINE_BUFFERS}, 0, 1>"
-       for k in C.WKind for gw in ((2, 3, 4) if WIDE else (4,) if WIDE is None else ())
-       for dpl in _DPL for split in (0, 1)]),
+    [f"kv_write_kernel<{k.ctype}>" for k in C.WKind] + _attention_instances((0, 1))),
     options=chunk_options(CHUNK_GRAIN, CHUNK_GRAIN_LONG))
 
 # NINFER_ATTN_ACQ_REL (read once at import): the split mode counts its finished partials with
@@ -118,6 +125,41 @@ def acq_rel_source(source: KernelSource) -> KernelSource:
 
 
 SOURCE_ACQ_REL = acq_rel_source(SOURCE)
+
+# NINFER_ATTN_MERGE_KERNEL (read once at import; 0 off, 1 or 2): split-mode launches store every
+# chunk partial and attn_merge_kernel, launched next, merges them (the same bits); see
+# merge_source
+MERGE_KERNEL = envs.attention_merge_kernel()
+MERGE_THREADS = 128  # attn_merge_kernel's block
+
+
+def merge_kernel_name(dim: int) -> str:
+    return f"attn_merge_kernel<{dim}>"
+
+
+@functools.lru_cache(maxsize=None)  # one object per build: the loader keys modules by identity
+def merge_source(source: KernelSource, mode: int) -> KernelSource:
+    """`source`'s NINFER_ATTN_MERGE_KERNEL build (mode 1: the attention blocks trigger their
+    dependents by exiting; 2: at their PDL wait): the split-mode instances, whose blocks store
+    their partials without counting, and attn_merge_kernel for every head dim."""
+    return KernelSource(source.file, tuple(
+        _attention_instances((1,)) + [merge_kernel_name(32 * dpl) for dpl in _DPL]),
+        options=source.options + (f"-DATTN_MERGE_KERNEL={mode}",))
+
+
+SOURCE_MERGE = merge_source(SOURCE, MERGE_KERNEL) if MERGE_KERNEL else None  # (precompile)
+
+
+def split_source() -> KernelSource:
+    """The build that split-mode launches take (NINFER_ATTN_MERGE_KERNEL, NINFER_ATTN_ACQ_REL)."""
+    if MERGE_KERNEL:
+        return merge_source(SOURCE, MERGE_KERNEL)
+    return SOURCE_ACQ_REL if ACQ_REL else SOURCE
+
+
+def merge_grid(q_heads: int, dim: int, rows: int) -> tuple[int, int]:
+    """attn_merge_kernel's grid: a thread per (row, head, 4 dims, merge group)."""
+    return -(-q_heads * dim // 4 * GROUP // MERGE_THREADS), rows
 
 _KVW = C.struct(("k", "ptr"), ("v", "ptr"), ("k_pages", "ptr"), ("v_pages", "ptr"),
                 ("block_tables", "ptr"), ("row_seq", "ptr"), ("row_pos", "ptr"), ("k_rs", "i64"),
@@ -411,7 +453,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
                     prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
-    fn = get_function(SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
+    fn = get_function(split_source() if split else SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
         # ~70 KiB per 4-warp block: prefer the largest
@@ -425,3 +467,7 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     args = (params, kv_maps_arg(kp, vp)) if tma else (params,)
     launch(fn, (chunks if split else 1, kv_heads, n), (threads,), args,
            shared_mem=smem, name="paged_attention", pdl=True)
+    if split and MERGE_KERNEL and chunks > 1:
+        launch(get_function(split_source(), merge_kernel_name(dim)),
+               merge_grid(q_heads, dim, n), (MERGE_THREADS,), (params,),
+               name="attn_merge", pdl=True)

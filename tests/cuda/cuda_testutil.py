@@ -284,24 +284,26 @@ def differs(a, b) -> bool:
     return _bitwise_diff(a, b, "")[2].size > 0
 
 
-def acq_rel_same_bits(monkeypatch, launch, n: int, rows, counters):
-    """paged_attention's NINFER_ATTN_ACQ_REL builds (acquire-release vs fenced counting) give the
-    same bits: `launch(rows_slice, batched)` runs rows_slice of the caller's inputs (batched:
-    the whole batch, as the caller configures it, e.g. gated and past_kv_ready) and returns the
-    output; it runs for all `n` rows and for each row of `rows` alone, in both builds, and the
-    workspace `counters` are 0 after each build's launches. Returns the acquire-release build's
-    batched output."""
+def builds_same_bits(monkeypatch, switch: str, values, launch, n: int, rows, counters):
+    """paged_attention gives the same bits with each of `values` of the launcher's `switch`
+    (e.g. "ACQ_REL": acquire-release vs fenced counting; "MERGE_KERNEL": attn_merge_kernel vs
+    the in-kernel merges): `launch(rows_slice, batched)` runs rows_slice of the caller's inputs
+    (batched: the whole batch, as the caller configures it, e.g. gated and past_kv_ready) and
+    returns the output; it runs for all `n` rows and for each row of `rows` alone, with each
+    value, and the workspace `counters` are 0 after each value's launches. Returns the batched
+    output of values[0]."""
     from ninfer.kernels_cuda import attention as katt
 
     outs = {}
-    for acq_rel in (False, True):
-        monkeypatch.setattr(katt, "ACQ_REL", acq_rel)
-        outs[acq_rel] = [launch(slice(0, n), True)]
-        outs[acq_rel] += [launch(slice(r, r + 1), False) for r in rows]
+    for value in values:
+        monkeypatch.setattr(katt, switch, value)
+        outs[value] = [launch(slice(0, n), True)]
+        outs[value] += [launch(slice(r, r + 1), False) for r in rows]
         assert not host(counters).any(), "workspace counters must be 0 after a launch"
-    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
-        assert_same_bits(a, b, f"call {i}: acq_rel vs fenced")
-    return outs[True][0]
+    for value in values[1:]:
+        for i, (a, b) in enumerate(zip(outs[value], outs[values[0]])):
+            assert_same_bits(a, b, f"call {i}: {switch} {value} vs {values[0]}")
+    return outs[values[0]][0]
 
 
 def assert_attention_graph_replay(ctx, rng, name: str, k_pages, v_pages, block_tables, lengths,

@@ -196,3 +196,40 @@ def test_kv_maps_arg_packs_both_maps_and_encodes_each_once(monkeypatch):
     assert tm.kv_maps_arg(k, v) is arg
     assert tm.kv_maps_arg(v, k) is not arg
     assert sorted(encoded) == [4096, 8192]
+
+
+# -- NINFER_ATTN_MERGE_KERNEL ------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_merge_build_holds_every_split_launch(monkeypatch, mode):
+    """The merge-kernel build holds every split-mode instance a launch can pick (FMA, MMA, WIDE,
+    TMA) and attn_merge_kernel for every head dim, no loop-mode instance, and adds its define to
+    the default build's options; it is one object per (source, mode) (the loader keys modules
+    by identity)."""
+    src = katt.merge_source(katt.SOURCE, mode)
+    assert src is katt.merge_source(katt.SOURCE, mode)
+    assert src.options == katt.SOURCE.options + (f"-DATTN_MERGE_KERNEL={mode}",)
+    names = set(src.name_expressions)
+    for mma in (True, False):
+        monkeypatch.setattr(katt, "MMA", mma)
+        for group in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16):
+            for dim in (32, 64, 128, 256):
+                for kind in katt.C.WKind:
+                    assert katt.kernel_plan(kind, group, dim, True)[0] in names
+                    assert katt.kernel_plan(kind, group, dim, False)[0] not in names
+    assert {katt.tma_kernel_name(d, n) for d in katt.TMA_DIMS for n in (1, 8)} <= names
+    assert {katt.merge_kernel_name(d) for d in (32, 64, 128, 256)} <= names
+    monkeypatch.setattr(katt, "MERGE_KERNEL", mode)
+    assert katt.split_source() is src
+    monkeypatch.setattr(katt, "MERGE_KERNEL", 0)
+    monkeypatch.setattr(katt, "ACQ_REL", True)
+    assert katt.split_source() is katt.SOURCE_ACQ_REL
+
+
+@pytest.mark.parametrize("heads,dim,rows", [(16, 256, 1), (24, 256, 8), (8, 128, 3), (5, 32, 2)])
+def test_merge_grid_covers_every_column_and_group(heads, dim, rows):
+    """A thread for each (head, 4 dims, merge group) of a row: the grid's threads cover them
+    with less than one block to spare."""
+    gx, gy = katt.merge_grid(heads, dim, rows)
+    need = heads * dim // 4 * katt.GROUP
+    assert gy == rows and gx * katt.MERGE_THREADS >= need > (gx - 1) * katt.MERGE_THREADS

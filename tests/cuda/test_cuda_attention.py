@@ -22,7 +22,7 @@ from ninfer.errors import InvalidInput
 from ninfer.kernels_cuda import attention as katt
 from ninfer.ops import reference as ref
 
-from cuda_testutil import (LONG_GRAIN_CHANGED, LONG_GRAIN_SAME, acq_rel_same_bits,
+from cuda_testutil import (LONG_GRAIN_CHANGED, LONG_GRAIN_SAME, builds_same_bits,
                            assert_attention_graph_replay, assert_close, assert_same_bits, cp,
                            decode_rows, dev, differs, host, assert_invalid_attention_rows_nan,
                            nan_own_key_slots, poisoned, random_block_tables, randn, rel_err,
@@ -301,8 +301,65 @@ def test_acq_rel_counting_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
         return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, workspace=ws,
                       gate=gate if batched else None, past_kv_ready=batched)
 
-    o = host(acq_rel_same_bits(monkeypatch, launch, n, (0, 4, 7), ws.counters))
+    o = host(builds_same_bits(monkeypatch, "ACQ_REL", (True, False), launch, n, (0, 4, 7),
+                              ws.counters))
     assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
+
+
+# one chunk; 2..8 chunks (one merge group); 9..64 chunks (2..8 groups): every group count
+MERGE_LENGTHS = [1, 64, 65, 100, 512, 513, 1025, 1600, 2100, 2600, 3100, 3584, 3585, 4096, 4097,
+                 9000, 33000]
+
+
+@pytest.mark.parametrize("heads,hkv,d,bf16,mma", [(16, 4, 256, True, False),
+                                                   (16, 4, 256, True, True),
+                                                   (16, 2, 256, True, False),
+                                                   (12, 2, 128, False, False),
+                                                   (6, 2, 32, True, False)])
+def test_merge_kernel_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
+    """NINFER_ATTN_MERGE_KERNEL 1 and 2 (the blocks store their partials; attn_merge_kernel
+    merges them) give the in-kernel merges' bits: rows of one chunk and of 1..8 merge groups,
+    at B=1 and batched, gated, past_kv_ready, an invalid row (NaN); the counters stay 0; and
+    the float64 oracle."""
+    monkeypatch.setattr(katt, "MMA", mma)
+    monkeypatch.setattr(katt, "PREWAIT", True)
+    kv = _Kv(rng, MERGE_LENGTHS, hkv, d, bf16)
+    row_seq, row_pos, q, gate = decode_rows(rng, MERGE_LENGTHS, heads, d,
+                                            (len(MERGE_LENGTHS) + 3, 5))
+    n = len(row_seq)
+    assert sorted({katt.num_chunks(x) for x in MERGE_LENGTHS} - {1})[:2] == [2, 8]
+    assert {-(-katt.num_chunks(x) // katt.GROUP) for x in MERGE_LENGTHS} == set(range(1, 9))
+    ws = katt.AttentionWorkspace.allocate(n, heads, d, kv.bt.shape[1] * kv.page_size)
+
+    def launch(rows, batched):
+        return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, workspace=ws,
+                      gate=gate if batched else None, past_kv_ready=batched)
+
+    o = host(builds_same_bits(monkeypatch, "MERGE_KERNEL", (0, 1, 2), launch, n,
+                              (0, 3, 9, 16), ws.counters))
+    assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
+    monkeypatch.setattr(katt, "MERGE_KERNEL", 1)
+    got = host(kv.run(q, row_seq, row_pos, d ** -0.5, workspace=ws))[:-1]
+    expect = kv.oracle(host(q)[:-1], row_seq[:-1], row_pos[:-1], d ** -0.5)
+    for i, length in enumerate(MERGE_LENGTHS):
+        assert_close(got[i], expect[i], _tol(bf16, heads, hkv, d), f"len {length}")
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_merge_kernel_graph_replay_equals_eager_bitwise(rng, monkeypatch, mode):
+    """NINFER_ATTN_MERGE_KERNEL: a B=8 decode launch (the attention kernel, then the merge
+    kernel) captured in a CUDA graph and replayed with new q gives the eager bits."""
+    from ninfer.core.cuda import DeviceContext
+
+    monkeypatch.setattr(katt, "MERGE_KERNEL", mode)
+    heads, hkv, d = 16, 4, 256
+    lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
+    ctx = DeviceContext(0)
+    with ctx.activate():
+        kv = _Kv(rng, lengths, hkv, d, True)
+        ws = katt.AttentionWorkspace.allocate(8, heads, d, kv.bt.shape[1] * kv.page_size)
+        assert_attention_graph_replay(ctx, rng, "paged_attention", kv.kp_d, kv.vp_d, kv.bt_d,
+                                      lengths, heads, d, ws)
 
 
 @pytest.mark.parametrize("split", [True, False])

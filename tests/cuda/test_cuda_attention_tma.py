@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_testutil import (LONG_GRAIN_CHANGED, LONG_GRAIN_SAME, acq_rel_same_bits,
+from cuda_testutil import (LONG_GRAIN_CHANGED, LONG_GRAIN_SAME, builds_same_bits,
                            assert_attention_graph_replay, assert_close, assert_same_bits, cp,
                            decode_rows, dev, differs, host, assert_invalid_attention_rows_nan,
                            nan_own_key_slots, poisoned, randn, rel_err, use_long_grain_build)
@@ -330,8 +330,34 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
         return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, ws,
                       gate=gate if batched else None, ready=batched)
 
-    assert np.isfinite(host(acq_rel_same_bits(monkeypatch, launch, n, (0, 5, 7),
-                                              ws.counters))).all()
+    assert np.isfinite(host(builds_same_bits(monkeypatch, "ACQ_REL", (True, False), launch, n,
+                                             (0, 5, 7), ws.counters))).all()
+    _assert_tma_ran(tma, d)
+
+
+@pytest.mark.parametrize("group,d", [(4, 256), (8, 128)])
+def test_tma_merge_kernel_same_bits(rng, monkeypatch, tma, group, d):
+    """NINFER_ATTN_MERGE_KERNEL 1 and 2 with the TMA kernel give the in-kernel merges' bits at
+    B=1 and B=11 (both register caps), rows of one chunk and of 1..8 merge groups, gated and
+    with past_kv_ready, an invalid row; counters 0 after; attn_merge_kernel ran."""
+    monkeypatch.setattr(katt, "PREWAIT", True)
+    hkv = 2
+    heads = group * hkv
+    lengths = [1, 64, 65, 513, 1025, 2100, 3100, 4097, 9000, 33000]
+    kv = _Paged(rng, lengths, hkv, d)
+    row_seq, row_pos, q, gate = decode_rows(rng, lengths, heads, d, (len(lengths) + 1, 7))
+    n = len(row_seq)
+    ws = kv.workspace(n, heads)
+
+    def launch(rows, batched):
+        return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, ws,
+                      gate=gate if batched else None, ready=batched)
+
+    o = host(builds_same_bits(monkeypatch, "MERGE_KERNEL", (0, 1, 2), launch, n, (0, 4, 9),
+                              ws.counters))
+    assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
+    assert katt.merge_kernel_name(d) in tma
+    tma[:] = [x for x in tma if x != katt.merge_kernel_name(d)]
     _assert_tma_ran(tma, d)
 
 
