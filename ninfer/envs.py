@@ -364,13 +364,16 @@ ATTN_MERGE_KERNEL = (0, 1, 2)
 
 
 def attention_merge_kernel() -> int:
-    """NINFER_ATTN_MERGE_KERNEL (0 = off, the default; 1 or 2): decode (split mode)
+    """NINFER_ATTN_MERGE_KERNEL (2, the default; 1; 0 = off): decode (split mode)
     paged_attention stores every chunk partial and a second kernel (attn_merge_kernel, a thread
-    per output column and merge group) merges the rows of several chunks, instead of the last
-    block of each group and then of the row (atomic counts; no second kernel). The same bits.
-    1: the attention blocks let the merge kernel launch as they exit; 2: at their PDL wait.
-    Read once, at import of the launcher."""
-    return _choice("NINFER_ATTN_MERGE_KERNEL", 0, ATTN_MERGE_KERNEL)
+    per output column and merge group) merges the rows of several chunks; 0: the last block of
+    each group and then of the row merges them (atomic counts; no second kernel). The same
+    bits. 2: the attention blocks let the merge kernel launch at their PDL wait; 1: as they
+    exit. H200, B=1 / B=8 ms, off / 2 (3 and 2 interleaved runs): 35B-A3B 2.721-2.727 /
+    2.648-2.669, 6.858-6.930 / 6.804-6.842; 27B 13.911-13.952 / 13.784-13.822; 9B 4.394-4.416
+    / 4.371-4.373; 0.8B 0.767-0.770 / 0.748-0.754, 0.924-0.926 / 0.909-0.913; 9B at context
+    32768 unchanged. Read once, at import of the launcher."""
+    return _choice("NINFER_ATTN_MERGE_KERNEL", 2, ATTN_MERGE_KERNEL)
 
 
 ATTN_TMA_BLOCKS = (0, 2, 3)

@@ -7,8 +7,11 @@ chunk of one KV head (all its query heads) with <= 4 warps that keep their next 
 flight (a cp.async double buffer per warp; deeper rings of 3 and 4 buffers measured slower on
 the H200 in every decode case and were removed, docs/performance.md). With at
 most `SPLIT_MAX_ROWS` rows (decode), every chunk runs in its own block (flash-decoding): the
-chunk partials go to an `AttentionWorkspace` and are merged inside the same launch, by the last
-block of each group of 8 chunks and then the last group (atomic counters; no second kernel).
+chunk partials go to an `AttentionWorkspace` and are merged by a second kernel, attn_merge_kernel
+(NINFER_ATTN_MERGE_KERNEL, default 2: a thread per output column and group of 8 chunks, then
+one lane per column over the groups), or, with NINFER_ATTN_MERGE_KERNEL=0, inside the same
+launch by the last block of each group of 8 chunks and then the last group (atomic counters);
+the same arithmetic in the same order, so the same bits.
 Pass a workspace sized for the largest decode batch and context (allocated per call when None,
 which is not capturable). With more rows (prefill), each block loops over its row's chunks: no
 workspace. Both modes give bitwise identical rows. Both kernels are launched with programmatic

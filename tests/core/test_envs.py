@@ -55,7 +55,7 @@ def test_switch(monkeypatch, reader, name, default):
     (envs.attention_chunk_grain_long, "NINFER_ATTN_CHUNK_GRAIN_LONG", 0,
      envs.ATTN_CHUNK_GRAINS_LONG),
     (envs.norm_max_nv, "NINFER_NORM_MAX_NV", 8, envs.NORM_MAX_NV),
-    (envs.attention_merge_kernel, "NINFER_ATTN_MERGE_KERNEL", 0, envs.ATTN_MERGE_KERNEL),
+    (envs.attention_merge_kernel, "NINFER_ATTN_MERGE_KERNEL", 2, envs.ATTN_MERGE_KERNEL),
 ])
 def test_choice(monkeypatch, reader, name, default, allowed):
     """Unset or empty: the default; one of `allowed`: that value; anything else: ValueError."""

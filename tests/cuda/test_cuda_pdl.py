@@ -39,7 +39,8 @@ SMALL_KERNEL_MODULES = ("norm", "elementwise", "attn_prep", "attention", "sampli
 # the launch names of the small kernels the chain runs (`name=` of their launches)
 CHAIN_LAUNCHES = {"embedding", "norm[1]", "norm[2]", "norm[3]", "norm[4]", "attn_prep",
                   "paged_attention", "SigmoidMul", "SiluMul", "SigmoidScaleAdd", "Add", "rope",
-                  "kv_write", "sample_stats", "sample"}
+                  "kv_write", "sample_stats", "sample"} | (
+                      {"attn_merge"} if attention.MERGE_KERNEL else set())  # rows of 2 chunks
 
 
 def _set_pdl(monkeypatch, on: bool) -> None:
