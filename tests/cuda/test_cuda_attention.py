@@ -288,6 +288,7 @@ def test_acq_rel_counting_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
     per block: SOURCE_ACQ_REL) gives the fenced build's bits: rows of one chunk, of one and of
     several merge groups, at B=1 and B=9, gated, past_kv_ready, an invalid row; the counters
     are 0 after every launch."""
+    monkeypatch.setattr(katt, "MERGE_KERNEL", 0)  # the in-kernel merges count
     monkeypatch.setattr(katt, "MMA", mma)
     monkeypatch.setattr(katt, "PREWAIT", True)
     lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000]

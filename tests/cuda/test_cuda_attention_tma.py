@@ -320,6 +320,7 @@ def test_tma_past_kv_ready_same_bits(rng, monkeypatch, tma, group, d, page_size)
 def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
     """NINFER_ATTN_ACQ_REL (SOURCE_ACQ_REL) gives the fenced build's bits with the TMA kernel
     at B=1 and B=9 (both register caps), gated and with past_kv_ready; counters 0 after."""
+    monkeypatch.setattr(katt, "MERGE_KERNEL", 0)  # the in-kernel merges count
     monkeypatch.setattr(katt, "PREWAIT", True)
     heads, hkv, d = 16, 4, 256
     lengths = [1, 64, 65, 513, 1025, 4097, 9000, 33000, 2049]
