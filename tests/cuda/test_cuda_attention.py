@@ -346,23 +346,6 @@ def test_merge_kernel_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
         assert_close(got[i], expect[i], _tol(bf16, heads, hkv, d), f"len {length}")
 
 
-@pytest.mark.parametrize("mode", [1, 2])
-def test_merge_kernel_graph_replay_equals_eager_bitwise(rng, monkeypatch, mode):
-    """NINFER_ATTN_MERGE_KERNEL: a B=8 decode launch (the attention kernel, then the merge
-    kernel) captured in a CUDA graph and replayed with new q gives the eager bits."""
-    from ninfer.core.cuda import DeviceContext
-
-    monkeypatch.setattr(katt, "MERGE_KERNEL", mode)
-    heads, hkv, d = 16, 4, 256
-    lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
-    ctx = DeviceContext(0)
-    with ctx.activate():
-        kv = _Kv(rng, lengths, hkv, d, True)
-        ws = katt.AttentionWorkspace.allocate(8, heads, d, kv.bt.shape[1] * kv.page_size)
-        assert_attention_graph_replay(ctx, rng, "paged_attention", kv.kp_d, kv.vp_d, kv.bt_d,
-                                      lengths, heads, d, ws)
-
-
 @pytest.mark.parametrize("split", [True, False])
 def test_invalid_rows_and_pages_give_nan(rng, monkeypatch, split):
     heads, hkv, d, page_size = 8, 2, 128, 16
@@ -429,15 +412,17 @@ def test_mma_path_vs_float64_and_fma(rng, monkeypatch, group, d):
     assert_same_bits(kv.run(q, row_seq, row_pos, scale), mma, "mma loop mode vs split mode")
 
 
-@pytest.mark.parametrize("mma", [True, False])
-def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma):
-    """A B=8 decode launch (9B shape, bf16 pages) captured in a CUDA graph and replayed with
-    new q gives the eager bits; the workspace counters stay 0."""
+@pytest.mark.parametrize("mma,merge", [(True, 2), (False, 2), (False, 1), (False, 0)])
+def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma, merge):
+    """A B=8 decode launch (9B shape, bf16 pages; with NINFER_ATTN_MERGE_KERNEL 1 / 2 the
+    attention kernel, then the merge kernel) captured in a CUDA graph and replayed with new q
+    gives the eager bits; the workspace counters stay 0."""
     from ninfer.core.cuda import DeviceContext
 
     monkeypatch.setattr(katt, "MMA", mma)
+    monkeypatch.setattr(katt, "MERGE_KERNEL", merge)
     heads, hkv, d = 16, 4, 256
-    lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 1025]
+    lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
     ctx = DeviceContext(0)
     with ctx.activate():
         kv = _Kv(rng, lengths, hkv, d, True)
