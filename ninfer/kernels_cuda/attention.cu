@@ -785,6 +785,22 @@ __device__ __forceinline__ void attn_pdl_enter() {
     pdl_enter();
 }
 
+// A merge level's running state for 4 dims of one head: items (max m_i, sum l_i, o_i) folded
+// in order from the empty state with attn_merge's coefficients and folds.
+struct AttnMergeState {
+  float m = -NINFER_INF, l = 0.0f;
+  float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  __device__ __forceinline__ void fold(float m_i, float l_i, float4 o_i) {
+    float a, b;
+    m = attn_coef(m, m_i, a, b);
+    o.x = attn_fold(o.x, a, b, o_i.x);
+    o.y = attn_fold(o.y, a, b, o_i.y);
+    o.z = attn_fold(o.z, a, b, o_i.z);
+    o.w = attn_fold(o.w, a, b, o_i.w);
+    l = attn_fold(l, a, b, l_i);
+  }
+};
+
 // attn_merge_kernel<D> (the ATTN_MERGE_KERNEL build; attention.py launches it right after a
 // split-mode paged_attention launch, same params): the merges of the rows of several chunks
 // from the workspace's chunk partials. Grid (ceil(A * D / 4 * ATTN_GROUP / 128), N), 128
@@ -822,42 +838,25 @@ __global__ void __launch_bounds__(128) attn_merge_kernel(const AttnParams p) {
       ml[i] = __ldcg(pml + i);
     }
   }
-  float m = -NINFER_INF, l = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+  AttnMergeState grp;
 #pragma unroll
-  for (int i = 0; i < ATTN_GROUP; ++i) {
-    if (i < count) {
-      float a, b;
-      m = attn_coef(m, ml[i].x, a, b);
-      o0 = attn_fold(o0, a, b, part[i].x);
-      o1 = attn_fold(o1, a, b, part[i].y);
-      o2 = attn_fold(o2, a, b, part[i].z);
-      o3 = attn_fold(o3, a, b, part[i].w);
-      l = attn_fold(l, a, b, ml[i].y);
-    }
-  }
+  for (int i = 0; i < ATTN_GROUP; ++i)
+    if (i < count) grp.fold(ml[i].x, ml[i].y, part[i]);
   const int n_groups = (nc - 1) / ATTN_GROUP + 1;
   const int base = lane & ~(ATTN_GROUP - 1);
-  float rm = -NINFER_INF, rl = 0.0f, r0 = 0.0f, r1 = 0.0f, r2 = 0.0f, r3 = 0.0f;
+  AttnMergeState row;
 #pragma unroll
   for (int j = 0; j < ATTN_GROUP; ++j) {
-    const float mj = __shfl_sync(ATTN_FULL, m, base + j);
-    const float lj = __shfl_sync(ATTN_FULL, l, base + j);
-    const float x0 = __shfl_sync(ATTN_FULL, o0, base + j);
-    const float x1 = __shfl_sync(ATTN_FULL, o1, base + j);
-    const float x2 = __shfl_sync(ATTN_FULL, o2, base + j);
-    const float x3 = __shfl_sync(ATTN_FULL, o3, base + j);
-    if (j < n_groups) {
-      float a, b;
-      rm = attn_coef(rm, mj, a, b);
-      r0 = attn_fold(r0, a, b, x0);
-      r1 = attn_fold(r1, a, b, x1);
-      r2 = attn_fold(r2, a, b, x2);
-      r3 = attn_fold(r3, a, b, x3);
-      rl = attn_fold(rl, a, b, lj);
-    }
+    const float mj = __shfl_sync(ATTN_FULL, grp.m, base + j);
+    const float lj = __shfl_sync(ATTN_FULL, grp.l, base + j);
+    const float x0 = __shfl_sync(ATTN_FULL, grp.o.x, base + j);
+    const float x1 = __shfl_sync(ATTN_FULL, grp.o.y, base + j);
+    const float x2 = __shfl_sync(ATTN_FULL, grp.o.z, base + j);
+    const float x3 = __shfl_sync(ATTN_FULL, grp.o.w, base + j);
+    if (j < n_groups) row.fold(mj, lj, make_float4(x0, x1, x2, x3));
   }
   if (on && q == 0) {
-    const float v[4] = {r0 / rl, r1 / rl, r2 / rl, r3 / rl};
+    const float v[4] = {row.o.x / row.l, row.o.y / row.l, row.o.z / row.l, row.o.w / row.l};
     attn_store_out<4>(p, n, head, d4 * 4, v);
   }
 }

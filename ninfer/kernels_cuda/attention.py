@@ -137,6 +137,7 @@ MERGE_THREADS = 128  # attn_merge_kernel's block
 
 
 def merge_kernel_name(dim: int) -> str:
+    """The attn_merge_kernel instance for head dim `dim`."""
     return f"attn_merge_kernel<{dim}>"
 
 
@@ -210,7 +211,8 @@ class AttentionWorkspace:
 
     part_o f32[R, A, C, D], part_ml f32[R, A, C, 2]: chunk partials (o, then max and sum);
     group_o f32[R, A, GROUP, D], group_ml f32[R, A, GROUP, 2]: merge-group partials;
-    counters i32[R, A, 1 + GROUP]: finished blocks per (row, KV head) and group. The counters
+    counters i32[R, A, 1 + GROUP]: finished blocks per (row, KV head) and group (the group
+    partials and counters serve the in-kernel merge, NINFER_ATTN_MERGE_KERNEL=0). The counters
     must be 0 before a launch: they are allocated zeroed and every launch leaves them 0, so one
     workspace serves any number of sequential launches and graph replays (never two launches
     at once). C = launch_chunks(max_context) <= MAX_CHUNKS whatever the context, so the size is
@@ -456,7 +458,8 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
                     page_shift=page_size.bit_length() - 1 if page_size & (page_size - 1) == 0
                     else -1, stages=TMA_STAGES if tma else 0,
                     prewait=int(past_kv_ready and PREWAIT), out_bf16=int(out_bf16))
-    fn = get_function(split_source() if split else SOURCE_ACQ_REL if ACQ_REL else SOURCE, name)
+    source = split_source() if split else SOURCE_ACQ_REL if ACQ_REL else SOURCE
+    fn = get_function(source, name)
     if smem > 48 * 1024 and fn.max_dynamic_shared_size_bytes < smem:
         fn.max_dynamic_shared_size_bytes = smem
         # ~70 KiB per 4-warp block: prefer the largest
@@ -471,6 +474,6 @@ def paged_attention(q, k_pages, v_pages, block_tables, row_seq, row_pos, scale: 
     launch(fn, (chunks if split else 1, kv_heads, n), (threads,), args,
            shared_mem=smem, name="paged_attention", pdl=True)
     if split and MERGE_KERNEL and chunks > 1:
-        launch(get_function(split_source(), merge_kernel_name(dim)),
+        launch(get_function(source, merge_kernel_name(dim)),
                merge_grid(q_heads, dim, n), (MERGE_THREADS,), (params,),
                name="attn_merge", pdl=True)
