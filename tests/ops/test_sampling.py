@@ -83,7 +83,17 @@ def test_flat_distribution_needs_deep_bands(rng):
     p = _params(b, temperature=np.full(b, 4.0), top_p=[1.0, 0.999, 0.99, 0.9] * 2,
                 seeds=rng.integers(1, 2**62, b, dtype=np.uint64), counters=np.arange(b))
     tokens = _run(logits, p)[0]
-    assert tokens.tolist() == ref.sample(logits, *[p[k] for k in _ORDER])[0].tolist()
+    expect = ref.sample(logits, *[p[k] for k in _ORDER])[0]
+    for b in np.nonzero(tokens != expect)[0]:
+        # the kernel's f32 cumulative sum over ~14k probabilities may cross u one token off the
+        # float64 reference's; allowed only when u lies within that rounding of the boundary
+        order, probs = ref.kept_distribution(logits[b], 4.0, 0, float(p["top_p"][b]), 0.0,
+                                             1.0, 0.0, 0.0, [], [])
+        u = ref.uniform(int(p["seeds"][b]), int(p["counters"][b]))
+        rank = {int(t): i for i, t in enumerate(order)}
+        got, want = rank[int(tokens[b])], rank[int(expect[b])]
+        assert abs(got - want) == 1, (b, got, want)
+        assert abs(np.cumsum(probs)[min(got, want)] - u) < 1e-5, (b, got, want, u)
 
 
 def test_greedy_is_argmax_lowest_id_on_ties_after_penalties(rng):
