@@ -360,16 +360,16 @@ def attention_acq_rel() -> bool:
     return _flag("NINFER_ATTN_ACQ_REL", True)
 
 
-ATTN_MERGE_KERNEL = (0, 1, 2)
+ATTN_MERGE_KERNEL = (0, 1, 2, 3)
 
 
 def attention_merge_kernel() -> int:
-    """NINFER_ATTN_MERGE_KERNEL (2, the default; 1; 0 = off): decode (split mode)
+    """NINFER_ATTN_MERGE_KERNEL (2, the default; 1; 3; 0 = off): decode (split mode)
     paged_attention stores every chunk partial and a second kernel (attn_merge_kernel, a thread
     per output column and merge group) merges the rows of several chunks; 0: the last block of
     each group and then of the row merges them (atomic counts; no second kernel). The same
     bits. 2: the attention blocks let the merge kernel launch at their PDL wait; 1: as they
-    exit. H200, B=1 / B=8 ms, off / 2 (3 and 2 interleaved runs): 35B-A3B 2.721-2.727 /
+    exit; 3: once their keys are done (before they fold and store their partials). H200, B=1 / B=8 ms, off / 2 (3 and 2 interleaved runs): 35B-A3B 2.721-2.727 /
     2.648-2.669, 6.858-6.930 / 6.804-6.842; 27B 13.911-13.952 / 13.784-13.822; 9B 4.394-4.416
     / 4.371-4.373; 0.8B 0.767-0.770 / 0.748-0.754, 0.924-0.926 / 0.909-0.913; 9B at context
     32768 unchanged. Read once, at import of the launcher."""

@@ -94,7 +94,9 @@
 // only): the split mode's blocks store their chunk partials and exit without counting;
 // attn_merge_kernel, launched right after, folds them with the same arithmetic in the same
 // order (the same bits). 1: the attention blocks trigger their dependents by exiting (the merge
-// kernel's blocks are not resident while the chunks run); 2: at their PDL wait, as by default.
+// kernel's blocks are not resident while the chunks run); 2: at their PDL wait, as by default;
+// 3: once their keys are done (attn_keys_done), so the merge kernel's blocks are resident, past
+// its launch and its row reads, while the chunks' partials are folded and stored.
 #ifndef ATTN_MERGE_KERNEL
 #define ATTN_MERGE_KERNEL 0
 #endif
@@ -775,14 +777,22 @@ __device__ __forceinline__ void attn_split_finish(const AttnParams& p, i64 n, in
 }
 
 // The attention kernels' PDL prologue: wait, then let the next kernel launch; in the
-// ATTN_MERGE_KERNEL = 1 build the split mode only waits, so its dependent (attn_merge_kernel,
-// which waits for every partial anyway) launches as the blocks exit.
+// ATTN_MERGE_KERNEL = 1 and 3 builds the split mode only waits, so its dependent
+// (attn_merge_kernel, which waits for every partial anyway) launches as the blocks exit (1) or
+// once every block has called attn_keys_done (3).
 template <int SPLIT>
 __device__ __forceinline__ void attn_pdl_enter() {
-  if (SPLIT && ATTN_MERGE_KERNEL == 1)
+  if (SPLIT && (ATTN_MERGE_KERNEL == 1 || ATTN_MERGE_KERNEL == 3))
     pdl_wait();
   else
     pdl_enter();
+}
+
+// Called by every thread of a split-mode block once its chunk's keys are done (before the
+// block folds its warps and stores the partial): the ATTN_MERGE_KERNEL = 3 trigger.
+template <int SPLIT>
+__device__ __forceinline__ void attn_keys_done() {
+  if (SPLIT && ATTN_MERGE_KERNEL == 3) pdl_launch_dependents();
 }
 
 // A merge level's running state for 4 dims of one head: items (max m_i, sum l_i, o_i) folded
@@ -811,13 +821,15 @@ struct AttnMergeState {
 // attn_merge's (attn_coef / attn_fold in slot order from the empty state; the running max as a
 // sequential fmaxf chain, which the max-scan equals), so the same bits as the in-kernel
 // merges. Rows of one chunk, written by the attention kernel, are skipped. PDL: it triggers
-// first, then waits (its successor waits for its completion anyway).
+// first, then reads the row (written before the attention launch, which waited for it before
+// letting this one launch), then waits for the partials (its successor waits for its
+// completion anyway).
 template <int D>
 __global__ void __launch_bounds__(128) attn_merge_kernel(const AttnParams p) {
   pdl_launch_dependents();
-  pdl_wait();
   const i64 n = blockIdx.y;
   const int nc = attn_row(p, n).n_chunks;
+  pdl_wait();
   if (nc == 1) return;
   constexpr int D4 = D / 4;
   const int item = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1155,6 +1167,7 @@ __global__ void __launch_bounds__(GW == 1 || WIDE ? 256 : 128, GW == 1 || WIDE ?
     if (bad) sm_bad = 1;
     __syncthreads();
     timeline_mark(1);  // the chunk's keys done by every warp
+    attn_keys_done<SPLIT>();
     // SPLIT=0 folds the chunk into the group state, and at a group's last chunk the group into
     // the row state (the same two-level fold as the split mode's merge)
     const bool group_end = (c + 1) % ATTN_GROUP == 0 || c + 1 == sm_chunks;
@@ -1497,6 +1510,7 @@ __global__ void __launch_bounds__(32 * (ATTN_TMA_CONS + 1), MINB)
   }
   __syncthreads();  // every copy has landed and been read: the ring is free for the states
   timeline_mark(7);  // the chunk's tiles are computed
+  attn_keys_done<1>();
   if (tid == 0 && sm_bad_pages) sm_bad = 1;  // read after the next barrier
   float* acc = reinterpret_cast<float*>(ring);  // [ATTN_TMA_CONS][G][D]
   if (warp < ATTN_TMA_CONS) {

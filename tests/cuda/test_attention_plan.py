@@ -200,7 +200,7 @@ def test_kv_maps_arg_packs_both_maps_and_encodes_each_once(monkeypatch):
 
 # -- NINFER_ATTN_MERGE_KERNEL ------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", [1, 2])
+@pytest.mark.parametrize("mode", [1, 2, 3])
 def test_merge_build_holds_every_split_launch(monkeypatch, mode):
     """The merge-kernel build holds every split-mode instance a launch can pick (FMA, MMA, WIDE,
     TMA) and attn_merge_kernel for every head dim, no loop-mode instance, and adds its define to

@@ -318,7 +318,7 @@ MERGE_LENGTHS = [1, 64, 65, 100, 512, 513, 1025, 1600, 2100, 2600, 3100, 3584, 3
                                                    (12, 2, 128, False, False),
                                                    (6, 2, 32, True, False)])
 def test_merge_kernel_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
-    """NINFER_ATTN_MERGE_KERNEL 1 and 2 (the blocks store their partials; attn_merge_kernel
+    """NINFER_ATTN_MERGE_KERNEL 1, 2 and 3 (the blocks store their partials; attn_merge_kernel
     merges them) give the in-kernel merges' bits: rows of one chunk and of 1..8 merge groups,
     at B=1 and batched, gated, past_kv_ready, an invalid row (NaN); the counters stay 0; and
     the float64 oracle."""
@@ -336,7 +336,7 @@ def test_merge_kernel_same_bits(rng, monkeypatch, heads, hkv, d, bf16, mma):
         return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, workspace=ws,
                       gate=gate if batched else None, past_kv_ready=batched)
 
-    o = host(builds_same_bits(monkeypatch, "MERGE_KERNEL", (0, 1, 2), launch, n,
+    o = host(builds_same_bits(monkeypatch, "MERGE_KERNEL", (0, 1, 2, 3), launch, n,
                               (0, 3, 9, 16), ws.counters))
     assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
     monkeypatch.setattr(katt, "MERGE_KERNEL", 1)
@@ -412,9 +412,9 @@ def test_mma_path_vs_float64_and_fma(rng, monkeypatch, group, d):
     assert_same_bits(kv.run(q, row_seq, row_pos, scale), mma, "mma loop mode vs split mode")
 
 
-@pytest.mark.parametrize("mma,merge", [(True, 2), (False, 2), (False, 1), (False, 0)])
+@pytest.mark.parametrize("mma,merge", [(True, 2), (False, 2), (False, 1), (False, 3), (True, 3), (False, 0)])
 def test_graph_replay_equals_eager_bitwise(rng, monkeypatch, mma, merge):
-    """A B=8 decode launch (9B shape, bf16 pages; with NINFER_ATTN_MERGE_KERNEL 1 / 2 the
+    """A B=8 decode launch (9B shape, bf16 pages; with NINFER_ATTN_MERGE_KERNEL 1 / 2 / 3 the
     attention kernel, then the merge kernel) captured in a CUDA graph and replayed with new q
     gives the eager bits; the workspace counters stay 0."""
     from ninfer.core.cuda import DeviceContext

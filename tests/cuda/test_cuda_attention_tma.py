@@ -222,11 +222,14 @@ def test_tma_register_caps_give_the_same_bits(rng, monkeypatch, tma, group, d):
     assert not host(ws.counters).any()
 
 
-def test_tma_graph_replay_equals_eager(rng, tma):
+@pytest.mark.parametrize("merge", [2, 3])
+def test_tma_graph_replay_equals_eager(rng, monkeypatch, tma, merge):
     """A B=8 decode launch (9B shape) captured in a CUDA graph and replayed with new q gives
-    the eager bits; the workspace counters stay 0."""
+    the eager bits, with the merge kernel launched by the blocks' PDL wait (2) or once their
+    keys are done (3); the workspace counters stay 0."""
     from ninfer.core.cuda import DeviceContext
 
+    monkeypatch.setattr(katt, "MERGE_KERNEL", merge)
     heads, hkv, d = 16, 4, 256
     lengths = [1024, 1023, 1, 77, 4096, 600, 2049, 33000]
     ctx = DeviceContext(0)
@@ -345,7 +348,7 @@ def test_tma_acq_rel_counting_same_bits(rng, monkeypatch, tma):
 
 @pytest.mark.parametrize("group,d", [(4, 256), (8, 128)])
 def test_tma_merge_kernel_same_bits(rng, monkeypatch, tma, group, d):
-    """NINFER_ATTN_MERGE_KERNEL 1 and 2 with the TMA kernel give the in-kernel merges' bits at
+    """NINFER_ATTN_MERGE_KERNEL 1, 2 and 3 with the TMA kernel give the in-kernel merges' bits at
     B=1 and B=11 (both register caps), rows of one chunk and of 1..8 merge groups, gated and
     with past_kv_ready, an invalid row; counters 0 after; attn_merge_kernel ran."""
     monkeypatch.setattr(katt, "PREWAIT", True)
@@ -361,7 +364,7 @@ def test_tma_merge_kernel_same_bits(rng, monkeypatch, tma, group, d):
         return kv.run(q[rows], row_seq[rows], row_pos[rows], d ** -0.5, ws,
                       gate=gate if batched else None, ready=batched)
 
-    o = host(builds_same_bits(monkeypatch, "MERGE_KERNEL", (0, 1, 2), launch, n, (0, 4, 9),
+    o = host(builds_same_bits(monkeypatch, "MERGE_KERNEL", (0, 1, 2, 3), launch, n, (0, 4, 9),
                               ws.counters))
     assert np.isnan(o[-1]).all() and np.isfinite(o[:-1]).all()
     assert katt.merge_kernel_name(d) in tma
