@@ -47,15 +47,9 @@ if ls .kcache/nk.tgz.* >/dev/null 2>&1; then  # carried from an earlier call (SA
     && note "kernel cache carried: $(du -sh /tmp/nk | cut -f1)"
   find /tmp/nk -type f -exec touch -a -d 2000-01-01 {} + && touch /tmp/nk.marker
 fi
-python3 -m bench.precompile > "$L/precompile.log" 2>&1 &
-i=0
-for e in ${PRECOMPILE_ENVS:-}; do  # other settings' instances (attention.cu compiles ~2 min)
-  i=$((i + 1))
-  env ${e//+/ } python3 -m bench.precompile > "$L/precompile_$i.log" 2>&1 &
-done
-wait
+settings=(); for e in ${PRECOMPILE_ENVS:-}; do settings+=(--setting "$e"); done
+python3 -m bench.precompile "${settings[@]}" > "$L/precompile.log" 2>&1  # attention.cu ~2 min
 note "$(tail -1 "$L/precompile.log")"
-for f in "$L"/precompile_*.log; do [ -f "$f" ] && note "$(basename "$f"): $(tail -1 "$f")"; done
 for spec in ${DECODES:-}; do  # name:ENVS:shape[:context]
   IFS=: read -r name envs shape context <<< "$spec"
   timeout "${DECODE_LIMIT:-120}" env X=0 ${envs//+/ } python3 -m bench.cli decode --batch 1,8 \
